@@ -1,0 +1,27 @@
+# Every dependency comes from the system (scripts/bootstrap installs them); nothing is vendored
+# or downloaded at build time.
+find_package(Threads REQUIRED)
+find_package(yaml-cpp CONFIG REQUIRED)
+if(NOT TARGET yaml-cpp::yaml-cpp)
+  add_library(yaml-cpp::yaml-cpp INTERFACE IMPORTED)
+  target_link_libraries(yaml-cpp::yaml-cpp INTERFACE yaml-cpp)
+endif()
+
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+
+if(HSS_WITH_CUDA)
+  find_package(CUDAToolkit REQUIRED)
+endif()
+
+# NVTX v3 is header-only and ships with the CUDA toolkit; without it hss/nvtx falls back to a
+# shim that still feeds the test trace hook.
+set(HSS_HAVE_NVTX OFF)
+set(_hss_nvtx_hint)
+if(CUDAToolkit_INCLUDE_DIRS)
+  list(APPEND _hss_nvtx_hint ${CUDAToolkit_INCLUDE_DIRS})
+endif()
+find_path(HSS_NVTX_INCLUDE_DIR nvtx3/nvToolsExt.h HINTS ${_hss_nvtx_hint} /usr/local/cuda/include)
+if(HSS_NVTX_INCLUDE_DIR)
+  set(HSS_HAVE_NVTX ON)
+endif()

@@ -1,0 +1,16 @@
+include(CMakePackageConfigHelpers)
+
+install(TARGETS hss EXPORT hssTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/hss DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT hssTargets NAMESPACE hss:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/hss)
+
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/hssConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/hssConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/hss)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/hssConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/hssConfig.cmake ${PROJECT_BINARY_DIR}/hssConfigVersion.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/hss)

@@ -1,0 +1,7 @@
+function(hss_set_warnings target)
+  set(flags -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor)
+  if(HSS_WARNINGS_AS_ERRORS)
+    list(APPEND flags -Werror)
+  endif()
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${flags}>)
+endfunction()

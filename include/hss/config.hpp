@@ -1,0 +1,61 @@
+#pragma once
+// hss::Config: the LMCache configuration keys hsstore understands, with LMCache's names and
+// defaults. Loading is not thread-safe with respect to the process environment (it reads getenv);
+// a constructed Config is an immutable value and may be shared freely.
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hss {
+
+/// How hidden-state rows are kept in the pool.
+enum class StorageDType {
+  kFloat32,  ///< widen everything to float32 on store (LMCache's behaviour)
+  kNative,   ///< keep float16/bfloat16 as 16 bits; widen on restore (bit-identical output)
+};
+
+struct Config {
+  int64_t chunk_size = 256;
+  bool save_unfull_chunk = false;
+  double max_local_cpu_size = 5.0;  ///< GiB, KV pool
+
+  bool enable_hidden_state_cache = false;
+  double max_hidden_state_cpu_size = 0.0;  ///< GiB, hidden-state pool
+  std::optional<std::vector<int64_t>> hidden_state_layers;  ///< allowlist; unset = all layers
+  StorageDType hidden_state_storage_dtype = StorageDType::kFloat32;
+  /// Allocation granule of the hidden-state pool in bytes. 0 (default) picks the byte size of one
+  /// full chunk of the first shape stored, so uniform chunks fill the pool exactly.
+  int64_t hidden_state_block_bytes = 0;
+
+  /// Keys present in the input that hsstore does not use (a warning was logged for each).
+  std::vector<std::string> unknown_keys;
+
+  /// Parses YAML text; throws ConfigError naming key, value and line. Validates.
+  [[nodiscard]] static Config from_yaml(std::string_view yaml_text);
+  /// Reads and parses a YAML file; a missing or unreadable file is a ConfigError. Validates.
+  [[nodiscard]] static Config from_file(const std::filesystem::path& path);
+  /// Reads the file named by LMCACHE_CONFIG_FILE (if set), then applies LMCACHE_<UPPER_KEY>
+  /// environment overrides for single keys, as LMCache does. Validates.
+  [[nodiscard]] static Config from_env();
+
+  /// Throws ConfigError on values that cannot be used together or alone.
+  void validate() const;
+
+  /// Bytes of the hidden-state pool (max_hidden_state_cpu_size GiB).
+  [[nodiscard]] uint64_t hidden_state_pool_bytes() const;
+  /// Bytes of the KV pool (max_local_cpu_size GiB).
+  [[nodiscard]] uint64_t kv_pool_bytes() const;
+  /// True when layer_idx passes the hidden_state_layers allowlist (always, when unset).
+  [[nodiscard]] bool layer_allowed(int64_t layer_idx) const;
+
+  /// The effective values as YAML (round-trips through from_yaml).
+  [[nodiscard]] std::string to_yaml() const;
+};
+
+[[nodiscard]] std::string_view to_string(StorageDType dtype);
+
+}  // namespace hss

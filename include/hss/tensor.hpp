@@ -1,0 +1,86 @@
+#pragma once
+// Tensor views and the owning float32 host tensor that retrieval returns.
+//
+// Thread safety: views are plain values. A HostTensor is an ordinary value type: distinct objects
+// may be used from distinct threads; one object is not synchronised.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "hss/detail/host_buffer.hpp"
+
+namespace hss {
+
+enum class DType { kFloat32, kFloat16, kBFloat16 };
+enum class Device { kHost, kCuda };
+
+[[nodiscard]] constexpr size_t element_size(DType dtype) {
+  return dtype == DType::kFloat32 ? 4 : 2;
+}
+[[nodiscard]] std::string_view to_string(DType dtype);
+[[nodiscard]] std::string_view to_string(Device device);
+
+/// Non-owning 2-D view, rows x cols. row_stride is in elements; 0 means contiguous (== cols).
+struct TensorView {
+  const void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  int64_t rows = 0, cols = 0;
+  int64_t row_stride = 0;
+  Device device = Device::kHost;
+  int device_index = 0;
+
+  [[nodiscard]] int64_t stride() const { return row_stride == 0 ? cols : row_stride; }
+};
+
+/// A writable view; the fields mean what they mean in TensorView.
+struct MutableTensorView {
+  void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  int64_t rows = 0, cols = 0;
+  int64_t row_stride = 0;
+  Device device = Device::kHost;
+  int device_index = 0;
+
+  [[nodiscard]] int64_t stride() const { return row_stride == 0 ? cols : row_stride; }
+  [[nodiscard]] TensorView as_const() const {
+    return {data, dtype, rows, cols, row_stride, device, device_index};
+  }
+};
+
+/// An owning, contiguous [rows, cols] float32 tensor in host memory. Its buffer comes from a
+/// process-wide recycler (released buffers are reused, large ones are backed by huge pages), so a
+/// fresh tensor per call does not pay a page fault per 4 KiB.
+class HostTensor {
+ public:
+  HostTensor() = default;
+  /// Uninitialised contents. rows, cols >= 0, else InvalidArgument.
+  HostTensor(int64_t rows, int64_t cols);
+
+  [[nodiscard]] int64_t rows() const { return rows_; }
+  [[nodiscard]] int64_t cols() const { return cols_; }
+  [[nodiscard]] int64_t numel() const { return rows_ * cols_; }
+  [[nodiscard]] size_t bytes() const { return static_cast<size_t>(numel()) * sizeof(float); }
+  [[nodiscard]] float* data() { return static_cast<float*>(buffer_.data()); }
+  [[nodiscard]] const float* data() const { return static_cast<const float*>(buffer_.data()); }
+  [[nodiscard]] std::span<float> values() { return {data(), static_cast<size_t>(numel())}; }
+  [[nodiscard]] std::span<const float> values() const {
+    return {data(), static_cast<size_t>(numel())};
+  }
+  [[nodiscard]] std::span<const float> row(int64_t r) const {
+    return {data() + r * cols_, static_cast<size_t>(cols_)};
+  }
+  [[nodiscard]] TensorView view() const {
+    return {data(), DType::kFloat32, rows_, cols_, 0, Device::kHost, 0};
+  }
+  [[nodiscard]] MutableTensorView mutable_view() {
+    return {data(), DType::kFloat32, rows_, cols_, 0, Device::kHost, 0};
+  }
+
+ private:
+  detail::HostBuffer buffer_;
+  int64_t rows_ = 0, cols_ = 0;
+};
+
+}  // namespace hss

@@ -1,0 +1,58 @@
+#pragma once
+// Chunk keys from token ids (or from an engine's own block hashes).
+//
+// Thread safety: a TokenDatabase is immutable after construction; every method may be called from
+// any number of threads at once.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "hss/cache_key.hpp"
+
+namespace hss {
+
+/// What the engine exposes and the hidden-state store takes to turn tokens into chunk keys.
+class TokenDatabase {
+ public:
+  virtual ~TokenDatabase() = default;
+
+  /// One Chunk per chunk_size tokens; the trailing partial chunk only with save_unfull_chunk.
+  /// Token ids must lie in [0, 2^32): anything else is InvalidArgument.
+  [[nodiscard]] virtual std::vector<Chunk> process_tokens(std::span<const int32_t> tokens) const = 0;
+  [[nodiscard]] virtual std::vector<Chunk> process_tokens(std::span<const int64_t> tokens) const = 0;
+
+  /// Keys for hashes an engine already has: hashes[i] covers tokens [offsets[i-1], offsets[i])
+  /// (offsets[-1] = 0). Sizes must match and offsets must increase strictly.
+  [[nodiscard]] virtual std::vector<Chunk> process_hashes(std::span<const uint64_t> hashes,
+                                                          std::span<const int64_t> offsets) const = 0;
+
+  [[nodiscard]] virtual int64_t chunk_size() const = 0;
+};
+
+/// Prefix-chained xxHash3-64: chunk i's hash covers its tokens as little-endian uint32, seeded
+/// with chunk i-1's hash (chunk 0 with kRootSeed). Deterministic across processes and machines.
+class ChunkedTokenDatabase final : public TokenDatabase {
+ public:
+  static constexpr uint64_t kRootSeed = 0;
+
+  /// chunk_size > 0, else InvalidArgument.
+  ChunkedTokenDatabase(int64_t chunk_size, bool save_unfull_chunk, Metadata metadata = {});
+
+  [[nodiscard]] std::vector<Chunk> process_tokens(std::span<const int32_t> tokens) const override;
+  [[nodiscard]] std::vector<Chunk> process_tokens(std::span<const int64_t> tokens) const override;
+  [[nodiscard]] std::vector<Chunk> process_hashes(std::span<const uint64_t> hashes,
+                                                  std::span<const int64_t> offsets) const override;
+  [[nodiscard]] int64_t chunk_size() const override { return chunk_size_; }
+  [[nodiscard]] const Metadata& metadata() const { return metadata_; }
+
+  /// The key this database gives a chunk hash.
+  [[nodiscard]] CacheEngineKey make_key(uint64_t chunk_hash) const;
+
+ private:
+  int64_t chunk_size_;
+  bool save_unfull_chunk_;
+  Metadata metadata_;
+};
+
+}  // namespace hss

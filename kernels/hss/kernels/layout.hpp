@@ -1,0 +1,99 @@
+#pragma once
+// Where a hidden-state entry's elements live and how rows map between the caller's tensors, the
+// pool and the restored prefix. Shared by the kernels (kernels/*.cu) and the host path
+// (src/host_data_path.cpp).
+//
+// An entry is `rows x cols` elements of its storage type, row-major, laid over a list of pool
+// blocks of `block_bytes` each: entry element e lives in block (e * esize) / block_bytes at byte
+// (e * esize) % block_bytes. block_bytes is a multiple of 16, so no element straddles two blocks
+// and a block start is 16-byte aligned.
+
+#include <cstdint>
+
+#include "hss/kernels/convert.hpp"
+#include "hss/kernels/host_device.hpp"
+
+namespace hss::kernels {
+
+/// A caller's 2-D input (row_stride in elements).
+struct SourceView {
+  const void* data = nullptr;
+  ElemType type = ElemType::kFloat32;
+  int64_t cols = 0;
+  int64_t row_stride = 0;
+};
+
+/// A float32 2-D output (row_stride in elements).
+struct OutputView {
+  float* data = nullptr;
+  int64_t cols = 0;
+  int64_t row_stride = 0;
+};
+
+/// A run of elements contiguous in the pool (inside one block) and in the flat prefix order.
+/// Restore copies `count` elements from `src` (storage type `src_type`) to flat output elements
+/// [dst_elem, dst_elem + count), flat index = row * cols + col of the output.
+struct GatherSegment {
+  const void* src = nullptr;
+  int64_t dst_elem = 0;
+  int64_t count = 0;
+  ElemType src_type = ElemType::kFloat32;
+};
+
+/// A run of elements contiguous in the pool (inside one block) that a store fills from the
+/// caller's tensor: flat chunk elements [src_elem, src_elem + count) of the chunk whose first row
+/// is caller row `src_row0`, converted to `dst_type`.
+struct WriteSegment {
+  void* dst = nullptr;
+  int64_t src_row0 = 0;
+  int64_t src_elem = 0;
+  int64_t count = 0;
+  ElemType dst_type = ElemType::kFloat32;
+};
+
+/// Address of flat element `flat` (row-major over `cols`) of a strided tensor.
+HSS_HOST_DEVICE const void* source_address(const SourceView& s, int64_t row0, int64_t flat) {
+  const int64_t row = row0 + flat / s.cols;
+  const int64_t col = flat % s.cols;
+  const auto* base = static_cast<const unsigned char*>(s.data);
+  return base + (row * s.row_stride + col) * static_cast<int64_t>(elem_bytes(s.type));
+}
+
+/// Output address of flat prefix element `flat`.
+HSS_HOST_DEVICE float* output_address(const OutputView& o, int64_t flat) {
+  return o.data + (flat / o.cols) * o.row_stride + flat % o.cols;
+}
+
+/// Writes source element `flat` of a store (already widened or kept at 16 bits) into `dst[i]`.
+HSS_HOST_DEVICE void store_element(const SourceView& s, int64_t row0, int64_t flat, void* dst,
+                                   int64_t i, ElemType dst_type) {
+  const void* src = source_address(s, row0, flat);
+  if (dst_type == ElemType::kFloat32) {
+    static_cast<float*>(dst)[i] = load_as_float(src, 0, s.type);
+  } else {  // native 16-bit storage keeps the caller's bits
+    static_cast<uint16_t*>(dst)[i] = *static_cast<const uint16_t*>(src);
+  }
+}
+
+/// Restores element i of a segment into the output.
+HSS_HOST_DEVICE void restore_element(const GatherSegment& seg, int64_t i, const OutputView& out) {
+  *output_address(out, seg.dst_elem + i) = load_as_float(seg.src, i, seg.src_type);
+}
+
+/// Splits flat entry elements [first, first + count) into the pieces that lie in one block each.
+/// Calls piece(block_index, byte_offset_in_block, first_elem_of_piece, elems_in_piece).
+template <typename PieceFn>
+HSS_HOST_DEVICE void for_each_block_piece(int64_t first, int64_t count, int64_t esize,
+                                          int64_t block_bytes, PieceFn&& piece) {
+  const int64_t per_block = block_bytes / esize;
+  while (count > 0) {
+    const int64_t block = first / per_block;
+    const int64_t in_block = first % per_block;
+    const int64_t n = (per_block - in_block) < count ? (per_block - in_block) : count;
+    piece(block, in_block * esize, first, n);
+    first += n;
+    count -= n;
+  }
+}
+
+}  // namespace hss::kernels

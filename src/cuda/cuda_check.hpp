@@ -1,0 +1,30 @@
+#pragma once
+// One error path for CUDA: every runtime call and kernel launch goes through HSS_CUDA_CHECK,
+// which throws hss::Error carrying the call, the CUDA error string, file and line.
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "hss/error.hpp"
+
+namespace hss::detail {
+
+[[noreturn]] inline void throw_cuda_error(cudaError_t status, const char* what, const char* file,
+                                          int line) {
+  throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(status) + " (" +
+              cudaGetErrorString(status) + ") at " + file + ":" + std::to_string(line));
+}
+
+}  // namespace hss::detail
+
+#define HSS_CUDA_CHECK(call)                                                   \
+  do {                                                                         \
+    const cudaError_t hss_status_ = (call);                                    \
+    if (hss_status_ != cudaSuccess) {                                          \
+      ::hss::detail::throw_cuda_error(hss_status_, #call, __FILE__, __LINE__); \
+    }                                                                          \
+  } while (0)
+
+/// After a kernel launch: catches launch-configuration errors without synchronising.
+#define HSS_CUDA_CHECK_LAUNCH() HSS_CUDA_CHECK(cudaPeekAtLastError())

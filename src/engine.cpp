@@ -1,0 +1,156 @@
+#include "hss/engine.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "hss/error.hpp"
+
+namespace hss {
+
+std::unique_ptr<Engine> Engine::create(const Config& config, const Metadata& metadata) {
+  config.validate();
+  return std::unique_ptr<Engine>(new Engine(config, metadata));
+}
+
+Engine::Engine(const Config& config, const Metadata& metadata)
+    : config_(config),
+      token_database_(config.chunk_size, config.save_unfull_chunk, metadata),
+      kv_backend_(config.kv_pool_bytes()) {
+  if (config.enable_hidden_state_cache) {
+    hidden_state_store_ = std::make_unique<HiddenStateStore>(config_, token_database_);
+    hidden_state_store_->bind_storage_manager(&kv_backend_);
+  }
+}
+
+Engine::~Engine() {
+  if (hidden_state_store_) hidden_state_store_->close();
+}
+
+namespace {
+
+size_t row_bytes(int64_t cols, DType dtype) { return static_cast<size_t>(cols) * element_size(dtype); }
+
+void check_host_view(const TensorView& view, const char* name) {
+  if (view.device != Device::kHost) {
+    throw InvalidArgument(std::string(name) + ".device = cuda: the KV backend takes host tensors");
+  }
+  if (view.cols <= 0) {
+    throw InvalidArgument(std::string(name) + ".cols = " + std::to_string(view.cols) + " must be > 0");
+  }
+  if (view.row_stride != 0 && view.row_stride < view.cols) {
+    throw InvalidArgument(std::string(name) + ".row_stride = " + std::to_string(view.row_stride) +
+                          " is smaller than cols = " + std::to_string(view.cols));
+  }
+  if (view.rows > 0 && view.data == nullptr) {
+    throw InvalidArgument(std::string(name) + ".data is null");
+  }
+}
+
+}  // namespace
+
+template <typename Token>
+int64_t Engine::store_impl(std::span<const Token> tokens, const TensorView& kv,
+                           int64_t token_offset) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (token_offset < 0 || token_offset > n) {
+    throw InvalidArgument("token_offset = " + std::to_string(token_offset) + " is outside [0, " +
+                          std::to_string(n) + "]");
+  }
+  check_host_view(kv, "kv");
+  if (kv.rows != n - token_offset) {
+    throw InvalidArgument("kv.rows = " + std::to_string(kv.rows) +
+                          " must equal len(tokens) - token_offset = " +
+                          std::to_string(n - token_offset));
+  }
+  const std::vector<Chunk> chunks = token_database_.process_tokens(tokens);
+  const size_t rb = row_bytes(kv.cols, kv.dtype);
+  const size_t stride_bytes = static_cast<size_t>(kv.stride()) * element_size(kv.dtype);
+  std::vector<std::byte> staging;
+  int64_t held = 0;
+  for (const Chunk& chunk : chunks) {
+    if (chunk.start < token_offset) continue;
+    if (kv_backend_.contains(chunk.key)) {
+      ++held;
+      continue;
+    }
+    const auto* first = static_cast<const std::byte*>(kv.data) +
+                        static_cast<size_t>(chunk.start - token_offset) * stride_bytes;
+    std::span<const std::byte> bytes;
+    if (stride_bytes == rb) {
+      bytes = {first, rb * static_cast<size_t>(chunk.size())};
+    } else {
+      staging.resize(rb * static_cast<size_t>(chunk.size()));
+      for (int64_t r = 0; r < chunk.size(); ++r) {
+        std::memcpy(staging.data() + static_cast<size_t>(r) * rb,
+                    first + static_cast<size_t>(r) * stride_bytes, rb);
+      }
+      bytes = staging;
+    }
+    if (!kv_backend_.put(chunk.key, bytes)) break;  // keep the KV prefix contiguous
+    ++held;
+  }
+  return held;
+}
+
+template <typename Token>
+int64_t Engine::retrieve_impl(std::span<const Token> tokens, const MutableTensorView& kv_out) {
+  check_host_view(kv_out.as_const(), "kv_out");
+  const std::vector<Chunk> chunks = token_database_.process_tokens(tokens);
+  const size_t rb = row_bytes(kv_out.cols, kv_out.dtype);
+  const size_t stride_bytes = static_cast<size_t>(kv_out.stride()) * element_size(kv_out.dtype);
+  std::vector<std::byte> staging;
+  int64_t done = 0;
+  for (const Chunk& chunk : chunks) {
+    if (chunk.end > kv_out.rows) {
+      throw InvalidArgument("kv_out.rows = " + std::to_string(kv_out.rows) +
+                            " is too small for the cached prefix (needs " +
+                            std::to_string(chunk.end) + ")");
+    }
+    const std::optional<size_t> size = kv_backend_.size_of(chunk.key);
+    if (!size) break;
+    if (*size != rb * static_cast<size_t>(chunk.size())) {
+      throw InvalidArgument("kv_out rows are " + std::to_string(rb) +
+                            " bytes but the cached chunk was stored with another width");
+    }
+    auto* first = static_cast<std::byte*>(kv_out.data) + static_cast<size_t>(chunk.start) * stride_bytes;
+    if (stride_bytes == rb) {
+      if (!kv_backend_.get(chunk.key, {first, *size})) break;  // evicted meanwhile
+    } else {
+      staging.resize(*size);
+      if (!kv_backend_.get(chunk.key, staging)) break;
+      for (int64_t r = 0; r < chunk.size(); ++r) {
+        std::memcpy(first + static_cast<size_t>(r) * stride_bytes,
+                    staging.data() + static_cast<size_t>(r) * rb, rb);
+      }
+    }
+    done = chunk.end;
+  }
+  return done;
+}
+
+template <typename Token>
+int64_t Engine::lookup_impl(std::span<const Token> tokens) const {
+  int64_t hit = 0;
+  for (const Chunk& chunk : token_database_.process_tokens(tokens)) {
+    if (!kv_backend_.contains(chunk.key)) break;
+    hit = chunk.end;
+  }
+  return hit;
+}
+
+int64_t Engine::store(std::span<const int32_t> t, const TensorView& kv, int64_t offset) {
+  return store_impl(t, kv, offset);
+}
+int64_t Engine::store(std::span<const int64_t> t, const TensorView& kv, int64_t offset) {
+  return store_impl(t, kv, offset);
+}
+int64_t Engine::retrieve(std::span<const int32_t> t, const MutableTensorView& out) {
+  return retrieve_impl(t, out);
+}
+int64_t Engine::retrieve(std::span<const int64_t> t, const MutableTensorView& out) {
+  return retrieve_impl(t, out);
+}
+int64_t Engine::lookup(std::span<const int32_t> t) const { return lookup_impl(t); }
+int64_t Engine::lookup(std::span<const int64_t> t) const { return lookup_impl(t); }
+
+}  // namespace hss

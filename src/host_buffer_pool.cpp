@@ -1,0 +1,124 @@
+// Process-wide recycler for HostTensor buffers.
+//
+// Why: an engine asks for a fresh restored tensor per request. Fresh anonymous memory pays a page
+// fault per 4 KiB page on first touch, which by itself caps a restore at a few percent of memcpy
+// speed for large prefixes. Large buffers are therefore mmapped with MADV_HUGEPAGE (one fault per
+// 2 MiB) and, when released, kept for reuse up to a byte limit (HSS_OUTPUT_CACHE_MB, default
+// 2048), so the steady state touches no new pages at all. Small buffers use malloc.
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "hss/detail/host_buffer.hpp"
+#include "hss/error.hpp"
+
+namespace hss::detail {
+namespace {
+
+constexpr size_t kLargeThreshold = size_t{1} << 20;
+constexpr size_t kHugePage = size_t{2} << 20;
+
+size_t limit_from_env() {
+  if (const char* value = std::getenv("HSS_OUTPUT_CACHE_MB")) {
+    return static_cast<size_t>(std::strtoull(value, nullptr, 10)) << 20;
+  }
+  return size_t{2048} << 20;
+}
+
+class Recycler {
+ public:
+  HostBuffer::Parts acquire(size_t bytes) {
+    if (bytes < kLargeThreshold) {
+      void* ptr = std::aligned_alloc(64, (std::max<size_t>(bytes, 64) + 63) / 64 * 64);
+      if (ptr == nullptr) throw std::bad_alloc();
+      return {ptr, bytes};
+    }
+    const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    {
+      std::lock_guard lock(mutex_);
+      // Best fit, but never hand out more than twice the request: that memory is better used by
+      // a later large request.
+      auto it = free_.lower_bound(rounded);
+      if (it != free_.end() && it->first <= 2 * rounded) {
+        HostBuffer::Parts parts{it->second, it->first};
+        cached_bytes_ -= it->first;
+        free_.erase(it);
+        ++reuses_;
+        return parts;
+      }
+      ++fresh_;
+    }
+    void* mem = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) throw std::bad_alloc();
+    (void)madvise(mem, rounded, MADV_HUGEPAGE);
+    return {mem, rounded};
+  }
+
+  void release(void* ptr, size_t capacity) noexcept {
+    if (capacity < kLargeThreshold) {
+      std::free(ptr);
+      return;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      if (cached_bytes_ + capacity <= limit_) {
+        free_.emplace(capacity, ptr);
+        cached_bytes_ += capacity;
+        return;
+      }
+    }
+    munmap(ptr, capacity);
+  }
+
+  HostBufferPoolStats stats() {
+    std::lock_guard lock(mutex_);
+    return {cached_bytes_, limit_, reuses_, fresh_};
+  }
+
+  void trim() {
+    std::multimap<size_t, void*> drained;
+    {
+      std::lock_guard lock(mutex_);
+      drained.swap(free_);
+      cached_bytes_ = 0;
+    }
+    for (auto& [capacity, ptr] : drained) munmap(ptr, capacity);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::multimap<size_t, void*> free_;
+  size_t cached_bytes_ = 0;
+  const size_t limit_ = limit_from_env();
+  size_t reuses_ = 0;
+  size_t fresh_ = 0;
+};
+
+// Leaked on purpose: HostTensors may be destroyed during static destruction of other objects.
+Recycler& recycler() {
+  static auto* instance = new Recycler();
+  return *instance;
+}
+
+}  // namespace
+
+HostBuffer HostBuffer::acquire(size_t bytes) {
+  const Parts parts = recycler().acquire(bytes);
+  return HostBuffer(parts.data, parts.capacity);
+}
+
+void HostBuffer::reset() noexcept {
+  if (data_ != nullptr) recycler().release(data_, capacity_);
+  data_ = nullptr;
+  capacity_ = 0;
+}
+
+HostBufferPoolStats host_buffer_pool_stats() { return recycler().stats(); }
+void host_buffer_pool_trim() { recycler().trim(); }
+
+}  // namespace hss::detail

@@ -1,0 +1,15 @@
+// Host-only build: no CUDA runtime is linked.
+#include "cuda_runtime.hpp"
+
+namespace hss::detail {
+
+RuntimeInfo detect_runtime() {
+  RuntimeInfo info;
+  info.reason = "built without CUDA (HSS_ENABLE_CUDA=OFF)";
+  return info;
+}
+
+void* pinned_host_alloc(size_t) { return nullptr; }
+void pinned_host_free(void*) noexcept {}
+
+}  // namespace hss::detail

@@ -1,0 +1,107 @@
+#include "hss/token_database.hpp"
+
+#include <xxhash.h>
+
+#include <bit>
+#include <cstdio>
+#include <string>
+
+#include "hss/error.hpp"
+
+namespace hss {
+
+std::string CacheEngineKey::to_string() const {
+  char hash_hex[17];
+  std::snprintf(hash_hex, sizeof hash_hex, "%016llx", static_cast<unsigned long long>(chunk_hash));
+  return fmt + "@" + model_name + "@" + std::to_string(world_size) + "@" +
+         std::to_string(worker_id) + "@" + hash_hex + "@" + kv_dtype;
+}
+
+ChunkedTokenDatabase::ChunkedTokenDatabase(int64_t chunk_size, bool save_unfull_chunk,
+                                           Metadata metadata)
+    : chunk_size_(chunk_size),
+      save_unfull_chunk_(save_unfull_chunk),
+      metadata_(std::move(metadata)) {
+  if (chunk_size <= 0) {
+    throw InvalidArgument("chunk_size must be > 0, got " + std::to_string(chunk_size));
+  }
+}
+
+CacheEngineKey ChunkedTokenDatabase::make_key(uint64_t chunk_hash) const {
+  return CacheEngineKey{metadata_.fmt,       metadata_.model_name, metadata_.world_size,
+                        metadata_.worker_id, chunk_hash,           metadata_.kv_dtype};
+}
+
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "token canonicalisation assumes a little-endian host");
+
+// Token ids are hashed as little-endian uint32. int32 ids are that already (after the sign
+// check); int64 ids are narrowed into a small stack buffer per chunk.
+template <typename Token>
+std::vector<Chunk> chunk_tokens(const ChunkedTokenDatabase& db, std::span<const Token> tokens,
+                                bool save_unfull_chunk) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const auto t = static_cast<int64_t>(tokens[i]);
+    if (t < 0 || t > static_cast<int64_t>(UINT32_MAX)) {
+      throw InvalidArgument("token_ids[" + std::to_string(i) + "] = " + std::to_string(t) +
+                            " is outside [0, 2^32)");
+    }
+  }
+  const int64_t chunk = db.chunk_size();
+  const int64_t full = n / chunk;
+  const int64_t count = full + ((save_unfull_chunk && n % chunk != 0) ? 1 : 0);
+  std::vector<Chunk> chunks;
+  chunks.reserve(static_cast<size_t>(count));
+  uint64_t seed = ChunkedTokenDatabase::kRootSeed;
+  std::vector<uint32_t> narrowed;
+  for (int64_t c = 0; c < count; ++c) {
+    const int64_t start = c * chunk;
+    const int64_t end = std::min(n, start + chunk);
+    const void* bytes = nullptr;
+    if constexpr (sizeof(Token) == sizeof(uint32_t)) {
+      bytes = tokens.data() + start;
+    } else {
+      narrowed.assign(tokens.begin() + start, tokens.begin() + end);
+      bytes = narrowed.data();
+    }
+    seed = XXH3_64bits_withSeed(bytes, static_cast<size_t>(end - start) * sizeof(uint32_t), seed);
+    chunks.push_back(Chunk{start, end, db.make_key(seed)});
+  }
+  return chunks;
+}
+
+}  // namespace
+
+std::vector<Chunk> ChunkedTokenDatabase::process_tokens(std::span<const int32_t> tokens) const {
+  return chunk_tokens(*this, tokens, save_unfull_chunk_);
+}
+
+std::vector<Chunk> ChunkedTokenDatabase::process_tokens(std::span<const int64_t> tokens) const {
+  return chunk_tokens(*this, tokens, save_unfull_chunk_);
+}
+
+std::vector<Chunk> ChunkedTokenDatabase::process_hashes(std::span<const uint64_t> hashes,
+                                                        std::span<const int64_t> offsets) const {
+  if (hashes.size() != offsets.size()) {
+    throw InvalidArgument("process_hashes: hashes has " + std::to_string(hashes.size()) +
+                          " entries but offsets has " + std::to_string(offsets.size()));
+  }
+  std::vector<Chunk> chunks;
+  chunks.reserve(hashes.size());
+  int64_t start = 0;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    if (offsets[i] <= start) {
+      throw InvalidArgument("process_hashes: offsets[" + std::to_string(i) +
+                            "] = " + std::to_string(offsets[i]) + " must be > " +
+                            std::to_string(start) + " (offsets increase strictly from 0)");
+    }
+    chunks.push_back(Chunk{start, offsets[i], make_key(hashes[i])});
+    start = offsets[i];
+  }
+  return chunks;
+}
+
+}  // namespace hss
