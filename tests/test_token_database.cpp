@@ -1,0 +1,113 @@
+// Chunk keys: determinism, the prefix property, partial chunks, engine-provided hashes.
+#include <gtest/gtest.h>
+
+#include <xxhash.h>
+
+#include "hss/error.hpp"
+#include "hss/token_database.hpp"
+#include "test_util.hpp"
+
+namespace hss {
+namespace {
+
+TEST(TokenDatabase, OneChunkPerFullChunkAndNoPartialByDefault) {
+  ChunkedTokenDatabase db(256, false);
+  const auto chunks = db.process_tokens(test::make_tokens(1000, 1));
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0].start, 0);
+  EXPECT_EQ(chunks[0].end, 256);
+  EXPECT_EQ(chunks[2].start, 512);
+  EXPECT_EQ(chunks[2].end, 768);
+}
+
+TEST(TokenDatabase, PartialChunkOnlyWithSaveUnfullChunk) {
+  ChunkedTokenDatabase db(256, true);
+  const auto chunks = db.process_tokens(test::make_tokens(1000, 1));
+  ASSERT_EQ(chunks.size(), 4u);
+  EXPECT_EQ(chunks[3].start, 768);
+  EXPECT_EQ(chunks[3].end, 1000);
+  EXPECT_EQ(chunks[3].size(), 232);
+}
+
+TEST(TokenDatabase, HashIsXxh3OfLittleEndianUint32ChainedBySeed) {
+  ChunkedTokenDatabase db(4, false);
+  const std::vector<int32_t> tokens{1, 2, 3, 4, 5, 6, 7, 8};
+  const auto chunks = db.process_tokens(tokens);
+  ASSERT_EQ(chunks.size(), 2u);
+  const uint32_t first[4] = {1, 2, 3, 4};
+  const uint32_t second[4] = {5, 6, 7, 8};
+  const uint64_t h0 = XXH3_64bits_withSeed(first, sizeof first, ChunkedTokenDatabase::kRootSeed);
+  EXPECT_EQ(chunks[0].key.chunk_hash, h0);
+  EXPECT_EQ(chunks[1].key.chunk_hash, XXH3_64bits_withSeed(second, sizeof second, h0));
+}
+
+TEST(TokenDatabase, DeterministicAcrossInstancesAndTokenWidths) {
+  Metadata m;
+  m.model_name = "Qwen/Qwen2.5-Omni-7B";
+  ChunkedTokenDatabase a(16, true, m), b(16, true, m);
+  const auto tokens = test::make_tokens(100, 7);
+  const std::vector<int64_t> wide(tokens.begin(), tokens.end());
+  const auto ka = a.process_tokens(tokens);
+  const auto kb = b.process_tokens(std::span<const int64_t>(wide));
+  ASSERT_EQ(ka.size(), kb.size());
+  for (size_t i = 0; i < ka.size(); ++i) EXPECT_EQ(ka[i].key, kb[i].key);
+}
+
+TEST(TokenDatabase, ChangingOneTokenChangesThatChunkAndEveryLaterOneOnly) {
+  ChunkedTokenDatabase db(16, false);
+  auto tokens = test::make_tokens(5 * 16, 3);
+  const auto before = db.process_tokens(tokens);
+  tokens[2 * 16 + 5] += 1;
+  const auto after = db.process_tokens(tokens);
+  ASSERT_EQ(before.size(), after.size());
+  EXPECT_EQ(before[0].key, after[0].key);
+  EXPECT_EQ(before[1].key, after[1].key);
+  for (size_t i = 2; i < before.size(); ++i) EXPECT_NE(before[i].key, after[i].key) << i;
+}
+
+TEST(TokenDatabase, KeyCarriesMetadataAndFormatsLikeLmcache) {
+  Metadata m{"vllm", "llama", 2, 1, "bfloat16"};
+  ChunkedTokenDatabase db(4, false, m);
+  const auto chunks = db.process_tokens(std::vector<int32_t>{0, 1, 2, 3});
+  const CacheEngineKey& key = chunks.at(0).key;
+  EXPECT_EQ(key.model_name, "llama");
+  EXPECT_EQ(key.world_size, 2);
+  EXPECT_EQ(key.worker_id, 1);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(key.chunk_hash));
+  EXPECT_EQ(key.to_string(), std::string("vllm@llama@2@1@") + hex + "@bfloat16");
+  CacheEngineKey other = key;
+  other.worker_id = 0;
+  EXPECT_NE(key, other);
+}
+
+TEST(TokenDatabase, TokensOutsideUint32AreRejected) {
+  ChunkedTokenDatabase db(4, false);
+  EXPECT_THROW((void)db.process_tokens(std::vector<int32_t>{1, -1, 2, 3}), InvalidArgument);
+  EXPECT_THROW((void)db.process_tokens(std::vector<int64_t>{1, 2, int64_t{1} << 32, 3}),
+               InvalidArgument);
+  const auto ok = db.process_tokens(std::vector<int64_t>{1, 2, int64_t{UINT32_MAX}, 3});
+  EXPECT_EQ(ok.size(), 1u);
+}
+
+TEST(TokenDatabase, ChunkSizeMustBePositive) {
+  EXPECT_THROW(ChunkedTokenDatabase(0, false), InvalidArgument);
+}
+
+TEST(TokenDatabase, ProcessHashesUsesEngineHashesAndOffsets) {
+  ChunkedTokenDatabase db(16, false, Metadata{"vllm", "m", 1, 0, "float16"});
+  const std::vector<uint64_t> hashes{11, 22, 33};
+  const std::vector<int64_t> offsets{16, 32, 40};
+  const auto chunks = db.process_hashes(hashes, offsets);
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[1].start, 16);
+  EXPECT_EQ(chunks[1].end, 32);
+  EXPECT_EQ(chunks[2].size(), 8);
+  EXPECT_EQ(chunks[2].key.chunk_hash, 33u);
+  EXPECT_EQ(chunks[2].key.kv_dtype, "float16");
+  EXPECT_THROW((void)db.process_hashes(hashes, std::vector<int64_t>{16, 32}), InvalidArgument);
+  EXPECT_THROW((void)db.process_hashes(hashes, std::vector<int64_t>{16, 16, 40}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace hss
