@@ -32,7 +32,7 @@ asan: bootstrap
 	cmake --preset asan
 	cmake --build $(ASAN_DIR) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --test-dir $(ASAN_DIR) --output-on-failure -j $(JOBS) -LE bench
+	  ctest --test-dir $(ASAN_DIR) --output-on-failure -j $(JOBS) -LE "bench|install"
 
 format:
 	git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format -i
