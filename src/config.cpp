@@ -100,8 +100,8 @@ std::string line_of(const YAML::Mark& mark) {
   throw ConfigError(msg);
 }
 
-// A quoted scalar is a string in YAML even when it looks like a number; accepting it for a
-// numeric key would hide a typo such as chunk_size: "25 6".
+// A quoted scalar is a string in YAML even when it looks like a number (PyYAML hands LMCache a
+// str for chunk_size: "256"), so numeric and boolean keys take plain scalars only.
 bool is_plain_scalar(const YAML::Node& node) { return node.IsScalar() && node.Tag() != "!"; }
 
 std::string lower(std::string_view text) {
@@ -252,8 +252,9 @@ std::string plain_double(double value) {
 }
 
 void check_gib(const Origins& origins, std::string_view key, double gib) {
-  if (!std::isfinite(gib))
+  if (!std::isfinite(gib)) {
     fail_key(origins, key, "must be a finite number of GiB", plain_double(gib));
+  }
   if (gib < 0.0) fail_key(origins, key, "must be >= 0 (GiB)", plain_double(gib));
   if (gib * kBytesPerGiB >= kUint64Limit) {
     fail_key(origins, key, "must be less than 2^34 GiB", plain_double(gib));
@@ -266,6 +267,10 @@ void validate_with(const Config& cfg, const Origins& origins) {
   }
   check_gib(origins, kMaxLocalCpuSize, cfg.max_local_cpu_size);
   check_gib(origins, kMaxHiddenStateCpuSize, cfg.max_hidden_state_cpu_size);
+  if (cfg.kv_pool_bytes() == 0) {
+    fail_key(origins, kMaxLocalCpuSize, "must be > 0 (the KV pool needs at least one byte)",
+             plain_double(cfg.max_local_cpu_size));
+  }
   if (cfg.enable_hidden_state_cache && cfg.hidden_state_pool_bytes() == 0) {
     constexpr std::string_view kProblem =
         "must be > 0 (at least one byte) when enable_hidden_state_cache is true";
@@ -350,6 +355,8 @@ void parse_file(Config& cfg, Origins& origins, const std::filesystem::path& path
   } catch (const ConfigError& e) {
     throw ConfigError("config file '" + name + "': " + e.what());
   }
+  // Validation runs later, possibly after environment overrides, so each key carries its file.
+  for (auto& [key, source] : origins) source.where += " of config file '" + name + "'";
 }
 
 std::string env_name(std::string_view key) {
@@ -382,25 +389,19 @@ Config Config::from_file(const std::filesystem::path& path) {
   Config cfg;
   Origins origins;
   parse_file(cfg, origins, path);
-  try {
-    validate_with(cfg, origins);
-  } catch (const ConfigError& e) {
-    throw ConfigError("config file '" + path.string() + "': " + e.what());
-  }
+  validate_with(cfg, origins);
   return cfg;
 }
 
 Config Config::from_env() {
   Config cfg;
   Origins origins;
-  std::string file_prefix;
   if (const char* file = std::getenv("LMCACHE_CONFIG_FILE"); file != nullptr && *file != '\0') {
     try {
       parse_file(cfg, origins, file);
     } catch (const ConfigError& e) {
       throw ConfigError(std::string("LMCACHE_CONFIG_FILE: ") + e.what());
     }
-    file_prefix = "config file '" + std::string(file) + "': ";
   }
   // Only hsstore's own keys are looked up: the environment of an LMCache worker carries many
   // LMCACHE_* variables meant for LMCache itself, and warning about each would be noise.
@@ -419,12 +420,7 @@ Config Config::from_env() {
     apply_key(cfg, key, value, where, /*where_is_line=*/false);
     origins[std::string(key)] = Source{where, raw};
   }
-  try {
-    validate_with(cfg, origins);
-  } catch (const ConfigError& e) {
-    // Lines in the message refer to the file; say which one.
-    throw ConfigError(file_prefix + e.what());
-  }
+  validate_with(cfg, origins);
   return cfg;
 }
 

@@ -200,7 +200,13 @@ TEST(Config, ScalarSpellings) {
   EXPECT_EQ(Config::from_yaml("chunk_size: +64").chunk_size, 64);
   EXPECT_EQ(Config::from_yaml("chunk_size: 0x100").chunk_size, 256);
   EXPECT_DOUBLE_EQ(Config::from_yaml("max_local_cpu_size: 1e-3").max_local_cpu_size, 1e-3);
-  EXPECT_DOUBLE_EQ(Config::from_yaml("max_local_cpu_size: 0").max_local_cpu_size, 0.0);
+  try {
+    (void)Config::from_yaml("max_local_cpu_size: 0");
+    ADD_FAILURE() << "a KV pool of 0 bytes must be rejected";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("max_local_cpu_size"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("line 1"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(Config::from_yaml("hidden_state_storage_dtype: float32").hidden_state_storage_dtype,
             StorageDType::kFloat32);
   EXPECT_EQ(Config::from_yaml("hidden_state_storage_dtype: 'native'").hidden_state_storage_dtype,
@@ -555,6 +561,29 @@ TEST(ConfigEnv, MissingConfigFileNamesPathAndVariable) {
   const ScopedEnv a("LMCACHE_CONFIG_FILE", missing);
   expect_mentions(config_error_of([] { (void)Config::from_env(); }),
                   {"LMCACHE_CONFIG_FILE", missing});
+}
+
+TEST(ConfigEnv, FileErrorsNameFileAndLine) {
+  const CleanEnv clean;
+  const TempFile file("save_unfull_chunk: true\nchunk_size: 0\n");
+  const ScopedEnv a("LMCACHE_CONFIG_FILE", file.path().string());
+  expect_mentions(config_error_of([] { (void)Config::from_env(); }),
+                  {"chunk_size", "'0'", "line 2", file.path().string()});
+  // An override that fixes the value fixes the load.
+  const ScopedEnv b("LMCACHE_CHUNK_SIZE", "32");
+  EXPECT_EQ(Config::from_env().chunk_size, 32);
+}
+
+TEST(ConfigEnv, UnknownKeysInFileRecorded) {
+  const CleanEnv clean;
+  const TempFile file("chunk_size: 32\nremote_url: null\n");
+  const ScopedEnv a("LMCACHE_CONFIG_FILE", file.path().string());
+  testing::internal::CaptureStderr();
+  const Config cfg = Config::from_env();
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(cfg.chunk_size, 32);
+  EXPECT_EQ(cfg.unknown_keys, (std::vector<std::string>{"remote_url"}));
+  EXPECT_NE(err.find("unknown config key 'remote_url' (line 2) ignored"), std::string::npos) << err;
 }
 
 TEST(ConfigEnv, ScopedEnvRestores) {

@@ -49,7 +49,8 @@ struct Config {
   [[nodiscard]] uint64_t hidden_state_pool_bytes() const;
   /// Bytes of the KV pool (max_local_cpu_size GiB).
   [[nodiscard]] uint64_t kv_pool_bytes() const;
-  /// True when layer_idx passes the hidden_state_layers allowlist (always, when unset).
+  /// True when layer_idx passes the hidden_state_layers allowlist (always, when unset). Layer
+  /// indices are storage labels compared literally: -1 is "the final state" by convention only.
   [[nodiscard]] bool layer_allowed(int64_t layer_idx) const;
 
   /// The effective values as YAML (round-trips through from_yaml).

@@ -24,20 +24,21 @@ struct KvStats {
   uint64_t hits = 0;
   uint64_t misses = 0;
   uint64_t evictions = 0;
-  uint64_t put_failures = 0;  ///< chunk larger than the pool, or every entry pinned
+  uint64_t put_failures = 0;  ///< chunk larger than the whole pool
 };
 
 class LocalCpuBackend final : public StorageManager {
  public:
-  /// capacity_bytes > 0, else InvalidArgument. Pages are committed on first use.
+  /// capacity_bytes > 0, else InvalidArgument. Chunks are allocated individually, counted
+  /// against capacity_bytes.
   explicit LocalCpuBackend(uint64_t capacity_bytes);
   ~LocalCpuBackend() override;
 
   /// Stores a copy of `bytes` under key, evicting least-recently-used chunks as needed. Replaces an
   /// existing entry. False when it cannot fit (nothing changed then).
   bool put(const CacheEngineKey& key, std::span<const std::byte> bytes);
-  /// Copies the chunk into `out` (which must be at least its size) and refreshes its LRU position.
-  /// Returns its size, or nullopt when absent.
+  /// Copies the chunk into `out` and refreshes its LRU position. Returns its size, or nullopt
+  /// when absent. `out` smaller than the chunk: InvalidArgument, nothing changed.
   std::optional<size_t> get(const CacheEngineKey& key, std::span<std::byte> out);
   /// Size of the held chunk, without touching LRU.
   [[nodiscard]] std::optional<size_t> size_of(const CacheEngineKey& key) const;

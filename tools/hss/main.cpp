@@ -1,0 +1,238 @@
+// hss: the operator's command line around the library.
+//   hss config check FILE [--hidden-dim N] [--layers N] [--dtype D]
+//   hss keys --tokens FILE|- [--config FILE] [--chunk-size N] [--save-unfull-chunk] [--model NAME]
+//            [--world-size N] [--worker-id N] [--fmt NAME] [--kv-dtype NAME]
+//   hss info
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/cli.hpp"
+#include "hss/hss.hpp"
+
+namespace {
+
+using hss::cli::Args;
+using hss::cli::UsageError;
+
+constexpr const char* kUsage = R"(usage: hss <command> [options]
+
+commands:
+  config check FILE   load and validate a config, print the effective values and what the
+                      pools hold
+      --hidden-dim N  hidden size used for the pool figures (default 4096)
+      --layers N      hidden-state layers cached per token (default: the allowlist size, or 1)
+      --dtype D       dtype the engine stores: bfloat16 (default), float16 or float32
+  keys --tokens FILE|-
+                      print the chunk key of each chunk of a token list (ids separated by
+                      whitespace; - reads stdin), to compare keys with another process
+      --config FILE   take chunk_size and save_unfull_chunk from a config
+      --chunk-size N  (default 256)   --save-unfull-chunk
+      --model NAME  --fmt NAME  --world-size N  --worker-id N  --kv-dtype NAME
+                      the key metadata (defaults: vllm, "", 1, 0, bfloat16)
+  info                version, build options, devices, pinned memory
+  --help              this text
+
+exit status: 0 success, 1 bad input (the message says what), 2 usage error
+)";
+
+int config_check(Args& args) {
+  if (args.done()) throw UsageError("config check needs a FILE");
+  std::string file;
+  int64_t hidden_dim = 4096;
+  int64_t layers = 0;
+  std::string dtype = "bfloat16";
+  while (!args.done()) {
+    if (args.take_flag("--hidden-dim")) {
+      hidden_dim = hss::cli::parse_int("--hidden-dim", args.value("--hidden-dim"), 1, 1 << 20);
+    } else if (args.take_flag("--layers")) {
+      layers = hss::cli::parse_int("--layers", args.value("--layers"), 1, 100000);
+    } else if (args.take_flag("--dtype")) {
+      dtype = args.value("--dtype");
+      if (dtype != "bfloat16" && dtype != "float16" && dtype != "float32") {
+        throw UsageError("--dtype must be bfloat16, float16 or float32, got '" + dtype + "'");
+      }
+    } else if (args.peek().starts_with("-") && args.peek() != "-") {
+      throw UsageError("unknown option '" + args.peek() + "' for config check");
+    } else if (file.empty()) {
+      file = args.next();
+    } else {
+      throw UsageError("config check takes one FILE, got also '" + args.peek() + "'");
+    }
+  }
+  if (file.empty()) throw UsageError("config check needs a FILE");
+
+  const hss::Config config = hss::Config::from_file(file);  // ConfigError -> exit 1
+  std::printf("%s: OK\n\n# effective values\n%s", file.c_str(), config.to_yaml().c_str());
+  for (const std::string& key : config.unknown_keys) {
+    std::printf("# ignored key (not used by hsstore): %s\n", key.c_str());
+  }
+
+  if (layers == 0)
+    layers =
+        config.hidden_state_layers ? static_cast<int64_t>(config.hidden_state_layers->size()) : 1;
+  const bool wide =
+      dtype == "float32" || config.hidden_state_storage_dtype == hss::StorageDType::kFloat32;
+  const int64_t elem = wide ? 4 : 2;
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double token_bytes = static_cast<double>(hidden_dim * elem);
+  std::printf("\n# pools\n");
+  std::printf("KV pool: %s\n",
+              hss::cli::format_bytes(static_cast<double>(config.kv_pool_bytes())).c_str());
+  if (!config.enable_hidden_state_cache) {
+    std::printf("hidden-state pool: disabled (enable_hidden_state_cache: false)\n");
+    return hss::cli::kExitOk;
+  }
+  const auto pool = static_cast<double>(config.hidden_state_pool_bytes());
+  const double chunk_bytes = token_bytes * static_cast<double>(config.chunk_size);
+  const auto chunks = static_cast<int64_t>(pool / chunk_bytes);
+  std::printf("hidden-state pool: %s, rows stored as %s (%lld bytes per value)\n",
+              hss::cli::format_bytes(pool).c_str(), wide ? "float32" : dtype.c_str(),
+              static_cast<long long>(elem));
+  std::printf("  at hidden_dim %lld: %.0f tokens per GiB per layer\n",
+              static_cast<long long>(hidden_dim), gib / token_bytes);
+  std::printf(
+      "  the pool holds %lld chunks of %lld tokens for one layer = %lld tokens for each of "
+      "%lld layers\n",
+      static_cast<long long>(chunks), static_cast<long long>(config.chunk_size),
+      static_cast<long long>(chunks / layers * config.chunk_size), static_cast<long long>(layers));
+  return hss::cli::kExitOk;
+}
+
+std::vector<int64_t> read_tokens(const std::string& source) {
+  std::ifstream file;
+  std::istream* in = &std::cin;
+  if (source != "-") {
+    file.open(source);
+    if (!file) throw std::runtime_error("cannot open token file '" + source + "'");
+    in = &file;
+  }
+  std::vector<int64_t> tokens;
+  std::string word;
+  while (*in >> word) {
+    int64_t value = 0;
+    try {
+      value = hss::cli::parse_int("token", word, 0, 0xFFFFFFFFLL);
+    } catch (const UsageError&) {
+      throw std::runtime_error("bad token '" + word + "' at position " +
+                               std::to_string(tokens.size()) + " of " + source +
+                               ": ids are integers in [0, 4294967295]");
+    }
+    tokens.push_back(value);
+  }
+  return tokens;
+}
+
+int keys(Args& args) {
+  std::string tokens_source, config_file;
+  std::optional<int64_t> chunk_size;
+  bool save_unfull = false;
+  hss::Metadata metadata;
+  while (!args.done()) {
+    if (args.take_flag("--tokens")) {
+      tokens_source = args.value("--tokens");
+    } else if (args.take_flag("--config")) {
+      config_file = args.value("--config");
+    } else if (args.take_flag("--chunk-size")) {
+      chunk_size = hss::cli::parse_int("--chunk-size", args.value("--chunk-size"), 1, 1 << 24);
+    } else if (args.take_flag("--save-unfull-chunk")) {
+      save_unfull = true;
+    } else if (args.take_flag("--model")) {
+      metadata.model_name = args.value("--model");
+    } else if (args.take_flag("--fmt")) {
+      metadata.fmt = args.value("--fmt");
+    } else if (args.take_flag("--kv-dtype")) {
+      metadata.kv_dtype = args.value("--kv-dtype");
+    } else if (args.take_flag("--world-size")) {
+      metadata.world_size =
+          hss::cli::parse_int("--world-size", args.value("--world-size"), 1, 1 << 20);
+    } else if (args.take_flag("--worker-id")) {
+      metadata.worker_id =
+          hss::cli::parse_int("--worker-id", args.value("--worker-id"), 0, 1 << 20);
+    } else {
+      throw UsageError("unknown argument '" + args.peek() + "' for keys");
+    }
+  }
+  if (tokens_source.empty()) throw UsageError("keys needs --tokens FILE (or - for stdin)");
+  int64_t size = 256;
+  if (!config_file.empty()) {
+    const hss::Config config = hss::Config::from_file(config_file);
+    size = config.chunk_size;
+    save_unfull = save_unfull || config.save_unfull_chunk;
+  }
+  if (chunk_size) size = *chunk_size;
+  const std::vector<int64_t> tokens = read_tokens(tokens_source);
+  const hss::ChunkedTokenDatabase db(size, save_unfull, metadata);
+  const std::vector<hss::Chunk> chunks = db.process_tokens(tokens);
+  for (const hss::Chunk& chunk : chunks) {
+    std::printf("%lld %lld %s\n", static_cast<long long>(chunk.start),
+                static_cast<long long>(chunk.end), chunk.key.to_string().c_str());
+  }
+  std::fprintf(stderr, "%zu tokens, %zu chunks of %lld%s\n", tokens.size(), chunks.size(),
+               static_cast<long long>(size),
+               save_unfull ? " (partial last chunk kept)" : " (partial last chunk not keyed)");
+  return hss::cli::kExitOk;
+}
+
+int info(Args& args) {
+  if (!args.done()) throw UsageError("info takes no arguments, got '" + args.peek() + "'");
+  const hss::BuildInfo build = hss::build_info();
+  const hss::RuntimeInfo& runtime = hss::runtime_info();
+  std::printf("hsstore %s\n", build.version.c_str());
+  std::printf("build: CUDA %s", build.cuda ? "on" : "off");
+  if (build.cuda) std::printf(" (architectures %s)", build.cuda_architectures.c_str());
+  std::printf(", NVTX %s\n", build.nvtx ? "on" : "off");
+  if (runtime.device_available) {
+    std::printf("devices: %zu\n", runtime.devices.size());
+    for (const hss::DeviceInfo& d : runtime.devices) {
+      std::printf("  [%d] %s, compute %d.%d, %s\n", d.index, d.name.c_str(), d.compute_major,
+                  d.compute_minor,
+                  hss::cli::format_bytes(static_cast<double>(d.total_memory)).c_str());
+    }
+  } else {
+    std::printf("devices: none (%s)\n",
+                runtime.reason.empty() ? "not built with CUDA" : runtime.reason.c_str());
+  }
+  std::printf("pinned memory: %s\n", runtime.pinned_memory ? "available" : "not available");
+  std::printf("data path: %s\n", runtime.device_available && build.cuda ? "cuda" : "host");
+  return hss::cli::kExitOk;
+}
+
+int dispatch(Args& args) {
+  if (args.done()) throw UsageError("missing command");
+  const std::string command = args.next();
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::printf("%s", kUsage);
+    return hss::cli::kExitOk;
+  }
+  if (command == "config") {
+    if (args.done()) throw UsageError("config needs a subcommand: check");
+    const std::string sub = args.next();
+    if (sub != "check") throw UsageError("unknown config subcommand '" + sub + "'");
+    return config_check(args);
+  }
+  if (command == "keys") return keys(args);
+  if (command == "info") return info(args);
+  throw UsageError("unknown command '" + command + "'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Args args(argc, argv);
+    return dispatch(args);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "hss: %s\n\n%s", e.what(), kUsage);
+    return hss::cli::kExitUsage;
+  } catch (const hss::ConfigError& e) {
+    std::fprintf(stderr, "hss: config error: %s\n", e.what());
+    return hss::cli::kExitFailure;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hss: error: %s\n", e.what());
+    return hss::cli::kExitFailure;
+  }
+}

@@ -1,0 +1,57 @@
+# Runs hss-demo with a small workload and asserts its JSON figures:
+#   cmake -DDEMO=<hss-demo> -DJSON=<file> -P check_demo_json.cmake
+# The workload is seeded and the demo single-threaded, so every figure is deterministic; the
+# assertions are lower bounds that any working store meets.
+file(REMOVE "${JSON}")
+execute_process(
+  COMMAND "${DEMO}" --requests 24 --hidden-dim 256 --quiet --host --json "${JSON}"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "hss-demo exited with ${rc}\n${out}${err}")
+endif()
+if(NOT EXISTS "${JSON}")
+  message(FATAL_ERROR "hss-demo wrote no JSON to ${JSON}\n${out}${err}")
+endif()
+file(READ "${JSON}" json)
+
+function(expect key op bound)
+  string(JSON value ERROR_VARIABLE error GET "${json}" "${key}")
+  if(error)
+    message(FATAL_ERROR "JSON has no '${key}': ${error}\n${json}")
+  endif()
+  if(NOT value ${op} ${bound})
+    message(FATAL_ERROR "${key} = ${value}, expected ${op} ${bound}\n${json}")
+  endif()
+  message(STATUS "${key} = ${value} (${op} ${bound})")
+endfunction()
+
+expect(requests EQUAL 24)
+expect(mismatches EQUAL 0)
+expect(prompt_tokens GREATER 0)
+expect(kv_hit_tokens GREATER 0)
+expect(hs_hit_tokens GREATER 0)
+expect(talker_tokens_not_recomputed GREATER 0)
+expect(draft_hits GREATER 0)
+expect(draft_rows_restored GREATER 0)
+expect(hs_only_evictions GREATER 0)
+expect(coupled_evictions GREATER 0)
+expect(kv_evictions GREATER 0)
+expect(store_bytes GREATER 0)
+expect(restore_bytes GREATER 0)
+
+# The talker restores at most what the KV prefix covers, and both at most the prompt.
+string(JSON prompt GET "${json}" prompt_tokens)
+string(JSON kv GET "${json}" kv_hit_tokens)
+string(JSON talker GET "${json}" talker_tokens_not_recomputed)
+string(JSON recomputed GET "${json}" talker_tokens_recomputed)
+if(talker GREATER kv OR kv GREATER prompt)
+  message(FATAL_ERROR "hit figures out of order: talker ${talker}, KV ${kv}, prompt ${prompt}")
+endif()
+math(EXPR sum "${talker} + ${recomputed}")
+if(NOT sum EQUAL prompt)
+  message(FATAL_ERROR "restored ${talker} + recomputed ${recomputed} != prompt tokens ${prompt}")
+endif()
+string(JSON path GET "${json}" path)
+if(NOT path STREQUAL "host")
+  message(FATAL_ERROR "path = ${path}, expected host with --host")
+endif()

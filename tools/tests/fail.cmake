@@ -1,0 +1,2 @@
+# A test that fails with a message: cmake -DMESSAGE=<text> -P fail.cmake
+message(FATAL_ERROR "${MESSAGE}")

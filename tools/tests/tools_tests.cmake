@@ -1,0 +1,113 @@
+# Tests of the tools: included from tools/CMakeLists.txt when HSS_BUILD_TESTS is on.
+set(_t ${CMAKE_CURRENT_LIST_DIR})
+set(_data ${_t}/data)
+set(_expect ${CMAKE_COMMAND} -P ${_t}/run_expect.cmake --)
+
+# Workload unit tests (GoogleTest), a separate executable so tests/ need not link hss_workload.
+find_package(GTest REQUIRED)
+include(GoogleTest)
+add_executable(hss_tools_tests ${_t}/workload_test.cpp)
+target_link_libraries(hss_tools_tests PRIVATE hss_workload GTest::gtest GTest::gtest_main)
+hss_set_warnings(hss_tools_tests)
+gtest_discover_tests(hss_tools_tests DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "unit" TIMEOUT 120)
+
+# hss_expect(NAME rc REGEX cmd...): runs cmd, asserts exit code rc and output matching REGEX.
+function(hss_expect name rc regex)
+  add_test(NAME ${name}
+           COMMAND ${CMAKE_COMMAND} -DEXPECT_RC=${rc} -DEXPECT_REGEX=${regex}
+                   -P ${_t}/run_expect.cmake -- ${ARGN})
+  set_tests_properties(${name} PROPERTIES LABELS "cli" TIMEOUT 120)
+endfunction()
+
+set(_hss $<TARGET_FILE:hss-cli>)
+set(_demo $<TARGET_FILE:hss-demo>)
+
+# --- hss ---------------------------------------------------------------------------------
+hss_expect(cli_help 0 "usage: hss <command>" ${_hss} --help)
+hss_expect(cli_no_command 2 "missing command" ${_hss})
+hss_expect(cli_unknown_command 2 "unknown command 'frobnicate'" ${_hss} frobnicate)
+hss_expect(cli_info 0 "hsstore [0-9]+\\.[0-9]+\\.[0-9]+.*build: CUDA (on|off).*NVTX (on|off).*devices: .*pinned memory: (available|not available)"
+           ${_hss} info)
+hss_expect(cli_info_extra_argument 2 "info takes no arguments" ${_hss} info --verbose)
+hss_expect(cli_config_no_subcommand 2 "config needs a subcommand" ${_hss} config)
+hss_expect(cli_config_unknown_subcommand 2 "unknown config subcommand 'lint'" ${_hss} config lint)
+hss_expect(cli_config_check_no_file 2 "config check needs a FILE" ${_hss} config check)
+# chunk_size 4, native storage, 1 GiB pool, bfloat16 at hidden_dim 1024: 2 KiB a token-layer, so
+# 524288 tokens per GiB and 131072 chunks of 4 tokens, 262144 tokens for each of the 2 layers.
+hss_expect(cli_config_check_good 0
+           "good.yaml: OK.*chunk_size: 4.*hidden_state_storage_dtype: native.*524288 tokens per GiB per layer.*131072 chunks of 4 tokens for one layer = 262144 tokens for each of 2 layers"
+           ${_hss} config check ${_data}/good.yaml --hidden-dim 1024)
+hss_expect(cli_config_check_float32 0 "rows stored as float32 \\(4 bytes per value\\).*262144 tokens per GiB"
+           ${_hss} config check ${_data}/good.yaml --hidden-dim 1024 --dtype float32)
+hss_expect(cli_config_check_missing_file 1 "config error: .*does not exist"
+           ${_hss} config check ${_data}/no_such_file.yaml)
+hss_expect(cli_config_check_bad_yaml 1 "config error: .*malformed YAML" ${_hss} config check
+           ${_data}/bad_yaml.yaml)
+hss_expect(cli_config_check_bad_value 1 "config error: .*chunk_size.*-3" ${_hss} config check
+           ${_data}/bad_value.yaml)
+hss_expect(cli_config_check_bad_hidden_dim 2 "--hidden-dim expects an integer, got 'wide'"
+           ${_hss} config check ${_data}/good.yaml --hidden-dim wide)
+hss_expect(cli_config_check_bad_dtype 2 "--dtype must be" ${_hss} config check
+           ${_data}/good.yaml --dtype int8)
+# Keys are a pure function of (tokens, chunk size, metadata): pinned so that a change of the key
+# scheme, which would split caches across versions, shows up here.
+hss_expect(cli_keys_file 0
+           "^0 4 vllm@m@1@0@[0-9a-f]+@bfloat16\n4 8 vllm@m@1@0@[0-9a-f]+@bfloat16\n.*10 tokens, 2 chunks of 4"
+           ${_hss} keys --tokens ${_data}/tokens.txt --chunk-size 4 --model m)
+hss_expect(cli_keys_unfull 0 "8 10 vllm@@1@0@[0-9a-f]+@bfloat16.*3 chunks of 4" ${_hss} keys
+           --tokens ${_data}/tokens.txt --config ${_data}/good.yaml --save-unfull-chunk)
+hss_expect(cli_keys_worker 0 "^0 4 vllm@m@4@3@[0-9a-f]+@fp8\n" ${_hss} keys --tokens
+           ${_data}/tokens.txt --chunk-size 4 --model m --world-size 4 --worker-id 3
+           --kv-dtype fp8)
+add_test(NAME cli_keys_stdin
+         COMMAND ${CMAKE_COMMAND} -DEXPECT_RC=0 -DSTDIN_FILE=${_data}/tokens.txt
+                 "-DEXPECT_REGEX=^0 4 vllm@@1@0@[0-9a-f]+@bfloat16\n4 8 "
+                 -P ${_t}/run_expect.cmake -- ${_hss} keys --tokens - --chunk-size 4)
+set_tests_properties(cli_keys_stdin PROPERTIES LABELS "cli")
+hss_expect(cli_keys_no_tokens 2 "keys needs --tokens" ${_hss} keys --chunk-size 4)
+hss_expect(cli_keys_missing_file 1 "cannot open token file" ${_hss} keys --tokens
+           ${_data}/no_such_tokens.txt)
+hss_expect(cli_keys_bad_token 1 "bad token 'four' at position 3" ${_hss} keys --tokens
+           ${_data}/bad_tokens.txt)
+hss_expect(cli_keys_negative_token 1 "bad token '-4' at position 3" ${_hss} keys --tokens
+           ${_data}/negative_tokens.txt)
+hss_expect(cli_keys_bad_chunk_size 2 "--chunk-size = 0 is outside" ${_hss} keys --tokens
+           ${_data}/tokens.txt --chunk-size 0)
+hss_expect(cli_keys_bad_config 1 "config error: .*malformed YAML" ${_hss} keys --tokens
+           ${_data}/tokens.txt --config ${_data}/bad_yaml.yaml)
+hss_expect(cli_keys_unknown_option 2 "unknown argument '--colour'" ${_hss} keys --colour)
+
+# --- hss-demo --------------------------------------------------------------------------------
+add_test(NAME demo_small_workload
+         COMMAND ${CMAKE_COMMAND} -DDEMO=${_demo}
+                 -DJSON=${CMAKE_CURRENT_BINARY_DIR}/demo_small.json -P ${_t}/check_demo_json.cmake)
+set_tests_properties(demo_small_workload PROPERTIES LABELS "demo" TIMEOUT 300)
+# A flipped bit in one restored row must fail the run and name request, layer and row.
+hss_expect(demo_corrupt_restore_fails 1
+           "MISMATCH request [0-9]+ talker layer -1 row [0-9]+ col 0: got 0x[0-9a-f]+, expected 0x[0-9a-f]+.*FAILED: 1 restored rows differ"
+           ${_demo} --requests 24 --hidden-dim 256 --quiet --host --corrupt-restore)
+hss_expect(demo_help 0 "usage: hss-demo.*--corrupt-restore" ${_demo} --help)
+hss_expect(demo_unknown_flag 2 "unknown argument '--turbo'" ${_demo} --turbo)
+hss_expect(demo_bad_layers 2 "--layers expects an integer, got 'x'" ${_demo} --layers -1,x)
+hss_expect(demo_print_config 0
+           "chunk_size: 256.*enable_hidden_state_cache: true.*hidden_state_layers: \\[-1, 4\\].*hidden_state_storage_dtype: native"
+           ${_demo} --print-config --requests 8 --layers -1,4)
+hss_expect(demo_config_file_used 0 "mismatched rows +0 .*config: [^\n]*good.yaml" ${_demo}
+           --config ${_data}/good.yaml --requests 4 --hidden-dim 16 --layers -1,8 --max-prompt 512
+           --quiet)
+hss_expect(demo_config_hs_disabled 1 "enable_hidden_state_cache: false" ${_demo} --config
+           ${_data}/hs_disabled.yaml --quiet)
+hss_expect(demo_config_bad_yaml 1 "config error: .*malformed YAML" ${_demo} --config
+           ${_data}/bad_yaml.yaml)
+hss_expect(demo_config_from_env 0 "config: LMCACHE_CONFIG_FILE=.*good.yaml" ${_demo}
+           --requests 2 --hidden-dim 16 --layers -1,8 --max-prompt 512 --quiet)
+set_tests_properties(demo_config_from_env PROPERTIES ENVIRONMENT
+                     "LMCACHE_CONFIG_FILE=${_data}/good.yaml")
+foreach(_name demo_corrupt_restore_fails demo_help demo_unknown_flag demo_bad_layers
+        demo_print_config demo_config_file_used demo_config_hs_disabled demo_config_bad_yaml
+        demo_config_from_env)
+  set_tests_properties(${_name} PROPERTIES LABELS "demo")
+endforeach()
+
+# --- README ----------------------------------------------------------------------------------
+include(${_t}/readme_snippets.cmake)
