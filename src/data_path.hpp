@@ -42,9 +42,12 @@ class DevicePath {
       std::span<const kernels::WriteSegment> segments, void* stream) = 0;
 
   /// One batched gather kernel on `stream` reads the segments from the (device-mapped) pool and
-  /// writes the float32 prefix into `out` (device or host memory). Returns once enqueued.
+  /// writes the float32 prefix into `out` (device or host memory). Returns once enqueued;
+  /// `keep_alive` (the pinned entries being read) is held until the kernel has read the pool, so
+  /// no eviction can hand those blocks to another store meanwhile. Null: blocks until done.
   virtual void restore(std::span<const kernels::GatherSegment> segments,
-                       const kernels::OutputView& out, int device_index, void* stream) = 0;
+                       const kernels::OutputView& out, int device_index, void* stream,
+                       std::shared_ptr<const void> keep_alive) = 0;
 
   /// Waits for every copy issued so far.
   virtual void flush() = 0;

@@ -488,7 +488,9 @@ int64_t HiddenStateStore::Impl::retrieve_into(std::span<const Token> token_ids,
   HSS_RANGE("retrieve/assemble");
   const kernels::OutputView view{static_cast<float*>(out.data), cols, out.stride()};
   if (out.device == Device::kCuda) {
-    device_path_->restore(plan_restore(w, 0, opt.row_begin), view, out.device_index, opt.stream);
+    const auto segments = plan_restore(w, 0, opt.row_begin);
+    auto pins = std::make_shared<std::vector<std::vector<EntryRef>>>(std::move(w.pinned));
+    device_path_->restore(segments, view, out.device_index, opt.stream, std::move(pins));
   } else {
     detail::host_restore(plan_restore(w, 0, opt.row_begin), view);
   }

@@ -12,6 +12,9 @@ namespace hss::detail {
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t status, const char* what, const char* file,
                                           int line) {
+  // Reset the thread's last-error slot: a non-sticky error (out of memory, a bad launch
+  // configuration) must not make the next HSS_CUDA_CHECK_LAUNCH report it again.
+  (void)cudaGetLastError();
   throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(status) + " (" +
               cudaGetErrorString(status) + ") at " + file + ":" + std::to_string(line));
 }
@@ -26,5 +29,6 @@ namespace hss::detail {
     }                                                                          \
   } while (0)
 
-/// After a kernel launch: catches launch-configuration errors without synchronising.
-#define HSS_CUDA_CHECK_LAUNCH() HSS_CUDA_CHECK(cudaPeekAtLastError())
+/// After a kernel launch: catches launch-configuration errors without synchronising, and clears
+/// them (cudaGetLastError, not cudaPeekAtLastError) so one failed launch does not fail the next.
+#define HSS_CUDA_CHECK_LAUNCH() HSS_CUDA_CHECK(cudaGetLastError())

@@ -1,0 +1,34 @@
+#pragma once
+// Host-callable launchers for the kernels in kernels/*.cu. The .cu files only size the grid and
+// launch; what each thread does lives in the HSS_HOST_DEVICE headers (tiling.hpp, layout.hpp,
+// convert.hpp). Every launcher checks its launch and throws hss::Error with the CUDA error string.
+// Thread-safe: launchers keep no state.
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "hss/kernels/layout.hpp"
+
+namespace hss::kernels {
+
+/// Store: one block per tile gathers the caller's rows and casts them to `dst_type` into device
+/// staging. `tiles` is a device array of store tiles (tiling.hpp) whose dst is staging memory.
+/// Supported (source, storage) pairs: f32->f32, f16->f32, bf16->f32, f16->f16, bf16->bf16.
+void launch_gather_cast(const SourceView& src, ElemType dst_type, const WriteSegment* tiles,
+                        int64_t num_tiles, cudaStream_t stream);
+
+/// Restore: one block per tile reads pool memory (device-mapped pinned host memory) and writes the
+/// float32 output. `tiles` is a device array of restore tiles (tiling.hpp), any storage types.
+void launch_restore_gather(const GatherSegment* tiles, int64_t num_tiles, const OutputView& out,
+                           cudaStream_t stream);
+
+/// cub::DeviceMemcpy::Batched over device arrays of source pointers, destination pointers and
+/// byte sizes. The first call sizes the temporary storage; the second copies.
+[[nodiscard]] size_t cub_batched_memcpy_temp_bytes(int64_t num_buffers);
+void launch_cub_batched_memcpy(void* temp, size_t temp_bytes, const void* const* srcs,
+                               void* const* dsts, const uint64_t* sizes, int64_t num_buffers,
+                               cudaStream_t stream);
+
+}  // namespace hss::kernels

@@ -1,0 +1,48 @@
+// Restore kernels: the custom batched gather (one block per tile, widening 16-bit storage through
+// restore_tile in hss/kernels/tiling.hpp) and the cub::DeviceMemcpy::Batched baseline it is
+// measured against (docs/kernels.md).
+
+#include <cub/device/device_memcpy.cuh>
+
+#include "cuda/cuda_check.hpp"
+#include "hss/error.hpp"
+#include "hss/kernels/launch.hpp"
+#include "hss/kernels/tiling.hpp"
+
+namespace hss::kernels {
+namespace {
+
+__global__ void __launch_bounds__(kBlockThreads)
+    restore_gather_kernel(const GatherSegment* __restrict__ tiles, OutputView out) {
+  const GatherSegment tile = tiles[blockIdx.x];
+  restore_tile_any(tile, out, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+}
+
+}  // namespace
+
+void launch_restore_gather(const GatherSegment* tiles, int64_t num_tiles, const OutputView& out,
+                           cudaStream_t stream) {
+  if (num_tiles <= 0) return;
+  if (num_tiles > 0x7FFFFFFF) throw Error("restore_gather: too many tiles for one grid");
+  restore_gather_kernel<<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles, out);
+  HSS_CUDA_CHECK_LAUNCH();
+}
+
+size_t cub_batched_memcpy_temp_bytes(int64_t num_buffers) {
+  size_t bytes = 0;
+  HSS_CUDA_CHECK(cub::DeviceMemcpy::Batched(
+      nullptr, bytes, static_cast<const void* const*>(nullptr), static_cast<void* const*>(nullptr),
+      static_cast<const uint64_t*>(nullptr), num_buffers));
+  return bytes;
+}
+
+void launch_cub_batched_memcpy(void* temp, size_t temp_bytes, const void* const* srcs,
+                               void* const* dsts, const uint64_t* sizes, int64_t num_buffers,
+                               cudaStream_t stream) {
+  if (num_buffers <= 0) return;
+  HSS_CUDA_CHECK(
+      cub::DeviceMemcpy::Batched(temp, temp_bytes, srcs, dsts, sizes, num_buffers, stream));
+  HSS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace hss::kernels

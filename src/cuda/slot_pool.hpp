@@ -1,0 +1,150 @@
+#pragma once
+// A small set of reusable device resources (staging buffers, upload tables), each guarded by the
+// event recorded after the last GPU work that used it.
+//
+// Slot states:  idle --acquire--> leased --record(stream)--> idle+pending --event done--> idle
+//                                      \--lease dropped without record (error)--> idle
+// * acquire() hands out an idle slot whose event has completed; when every slot is pending and
+//   the cap is reached it waits for one event (outside the lock); when all are leased it waits
+//   for a lease to end. Slots are created lazily up to max_slots: bounded device memory.
+// * A lease dropped without record() (an exception after enqueueing work) synchronises the
+//   streams it touched before the slot is reused: no later user overwrites memory a DMA or kernel
+//   still reads.
+// Thread-safe.
+
+#include <array>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/cuda_raii.hpp"
+
+namespace hss::detail::cuda {
+
+template <typename Payload>
+class SlotPool {
+  struct Slot {
+    explicit Slot(Payload p) : payload(std::move(p)), done(Event::create()) {}
+    Payload payload;
+    Event done;
+    bool leased = false;
+    bool pending = false;  // `done` recorded; the work may still run
+  };
+
+ public:
+  SlotPool(size_t max_slots, std::function<Payload()> make)
+      : max_slots_(max_slots), make_(std::move(make)) {}
+  ~SlotPool() { synchronize(); }
+  SlotPool(const SlotPool&) = delete;
+  SlotPool& operator=(const SlotPool&) = delete;
+
+  class Lease {
+   public:
+    Lease(SlotPool* pool, Slot* slot) : pool_(pool), slot_(slot) {}
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() {
+      if (!recorded_) {
+        for (int i = 0; i < touched_count_; ++i) (void)cudaStreamSynchronize(touched_[i]);
+      }
+      pool_->give_back(slot_, recorded_);
+    }
+
+    Payload& operator*() { return slot_->payload; }
+    Payload* operator->() { return &slot_->payload; }
+    /// Work using the slot is (about to be) enqueued on `stream`.
+    void touch(cudaStream_t stream) {
+      for (int i = 0; i < touched_count_; ++i) {
+        if (touched_[i] == stream) return;
+      }
+      if (touched_count_ < static_cast<int>(touched_.size())) touched_[touched_count_++] = stream;
+    }
+    /// Marks the end of the slot's work: `stream` must be ordered after every use.
+    void record(cudaStream_t stream) {
+      HSS_CUDA_CHECK(cudaEventRecord(slot_->done.get(), stream));
+      recorded_ = true;
+    }
+    /// Blocks until the recorded work has finished.
+    void wait() { HSS_CUDA_CHECK(cudaEventSynchronize(slot_->done.get())); }
+
+   private:
+    SlotPool* pool_;
+    Slot* slot_;
+    std::array<cudaStream_t, 2> touched_{};
+    int touched_count_ = 0;
+    bool recorded_ = false;
+  };
+
+  /// The caller's device must be current (a new slot allocates on it).
+  [[nodiscard]] std::unique_ptr<Lease> acquire() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      Slot* wait_for = nullptr;
+      for (auto& slot : slots_) {
+        if (slot->leased) continue;
+        if (!slot->pending || event_done(slot->done.get())) {
+          return lease(*slot);
+        }
+        if (wait_for == nullptr) wait_for = slot.get();
+      }
+      if (slots_.size() < max_slots_) {
+        slots_.push_back(std::make_unique<Slot>(make_()));
+        return lease(*slots_.back());
+      }
+      if (wait_for != nullptr) {
+        wait_for->leased = true;
+        lock.unlock();
+        auto held = std::make_unique<Lease>(this, wait_for);  // gives the slot back on a throw
+        held->wait();
+        return held;
+      }
+      released_.wait(lock);
+    }
+  }
+
+  /// Calls fn(payload) for every idle slot whose work has completed (to drop what it kept alive).
+  template <typename Fn>
+  void sweep(Fn&& fn) {
+    std::lock_guard lock(mutex_);
+    for (auto& slot : slots_) {
+      if (slot->leased) continue;
+      if (slot->pending && !event_done(slot->done.get())) continue;
+      slot->pending = false;
+      fn(slot->payload);
+    }
+  }
+
+  /// Waits for every recorded event (best effort: errors are left to the next checked call).
+  void synchronize() noexcept {
+    std::lock_guard lock(mutex_);
+    for (auto& slot : slots_) {
+      if (slot->pending) (void)cudaEventSynchronize(slot->done.get());
+    }
+  }
+
+ private:
+  std::unique_ptr<Lease> lease(Slot& slot) {
+    slot.leased = true;
+    slot.pending = false;
+    return std::make_unique<Lease>(this, &slot);
+  }
+  void give_back(Slot* slot, bool pending) {
+    {
+      std::lock_guard lock(mutex_);
+      slot->leased = false;
+      slot->pending = pending;
+    }
+    released_.notify_one();
+  }
+
+  const size_t max_slots_;
+  std::function<Payload()> make_;
+  std::mutex mutex_;
+  std::condition_variable released_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+};
+
+}  // namespace hss::detail::cuda
