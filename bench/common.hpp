@@ -1,0 +1,85 @@
+#pragma once
+// What every workload of hss-bench shares: the run context, synthetic inputs, stores built
+// outside the timed regions, and the memcpy reference.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+#include "hss/hss.hpp"
+
+namespace hss::bench {
+
+struct Context {
+  Report& report;
+  bool quick = false;
+};
+
+/// Pseudo-random token ids in [0, 32000); `seed` picks the sequence.
+[[nodiscard]] std::vector<int32_t> make_tokens(int64_t n, uint64_t seed);
+/// Gives `tokens` keys no earlier call gave them (its first token changes every call), so a
+/// store writes every chunk again without the previous keys being dropped.
+void refresh_keys(std::vector<int32_t>& tokens);
+
+/// Host tensors of random values, touched on creation (no page fault in a timed region).
+[[nodiscard]] std::vector<float> random_f32(int64_t n, uint64_t seed);
+[[nodiscard]] std::vector<uint16_t> random_bf16(int64_t n, uint64_t seed);
+
+[[nodiscard]] TensorView host_view(const void* data, DType dtype, int64_t rows, int64_t cols);
+
+/// A hidden-state store with no KV backend bound (every chunk's KV counts as present), so the
+/// figures measure the store alone.
+struct BareStore {
+  ChunkedTokenDatabase db;
+  HiddenStateStore store;
+
+  /// pool_bytes is rounded up to what Config can express; the pool is prefaulted here.
+  BareStore(int64_t chunk_size, uint64_t pool_bytes, StorageDType storage);
+  /// Drops every key of `tokens` (untimed resets between reps).
+  void drop(std::span<const int32_t> tokens);
+};
+
+/// Pool bytes for `entries` full chunks of chunk_size x hidden_dim elements of `elem_bytes`, plus
+/// one chunk of slack.
+[[nodiscard]] uint64_t pool_bytes_for(int64_t entries, int64_t chunk_size, int64_t hidden_dim,
+                                      int64_t elem_bytes);
+
+/// A buffer for the memcpy reference, touched on creation.
+class CopyBuffer {
+ public:
+  explicit CopyBuffer(size_t bytes);
+  [[nodiscard]] std::byte* data() { return data_.data(); }
+  [[nodiscard]] size_t size() const { return data_.size(); }
+
+ private:
+  std::vector<std::byte> data_;
+};
+
+/// The reference every host figure is held against: memcpy of `bytes` from `src` into a buffer
+/// that already exists, `copies` times into consecutive destinations (one per layer).
+[[nodiscard]] Timed memcpy_reference(const void* src, size_t bytes, int copies = 1,
+                                     const std::string& name = "memcpy");
+
+/// The same copy with non-temporal stores (the bench's own loop): the most a streaming copy gets
+/// out of this machine's memory, for figures whose candidate streams. Plain memcpy off x86-64.
+void stream_copy(void* dst, const void* src, size_t bytes);
+[[nodiscard]] Timed stream_copy_reference(const void* src, size_t bytes, int copies = 1);
+
+// Workloads.
+void run_store(Context& ctx);
+void run_retrieve(Context& ctx);
+void run_keys(Context& ctx);
+void run_small(Context& ctx);
+void run_mixed(Context& ctx);
+void run_threads(Context& ctx);
+void run_pressure(Context& ctx);
+void run_gpu_store(Context& ctx);
+void run_gpu_retrieve(Context& ctx);
+/// The device variants inside `store` and `retrieve` (one case each, or a skip line).
+void run_device_store_variant(Context& ctx);
+void run_device_retrieve_variant(Context& ctx);
+
+}  // namespace hss::bench

@@ -1,0 +1,331 @@
+// Workloads `store` and `retrieve`: one prefix, swept over prefix length, hidden_dim, chunk size
+// and layers per key, against memcpy of the same bytes and the naive store.
+
+#include <array>
+#include <memory>
+
+#include "common.hpp"
+#include "naive_store.hpp"
+
+namespace hss::bench {
+namespace {
+
+struct Shape {
+  int64_t chunk = 256, hidden = 4096, tokens = 16384;
+  int layers = 1;
+};
+
+/// A case's caller-side input: float32 or bfloat16 rows, plus a float32 buffer of the same
+/// element count for the memcpy reference of float32 bytes.
+struct Input {
+  DType dtype;
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+
+  Input(DType type, int64_t numel) : dtype(type) {
+    if (type == DType::kFloat32) {
+      f32 = random_f32(numel, 7);
+    } else {
+      bf16 = random_bf16(numel, 7);
+    }
+  }
+  [[nodiscard]] const void* data() const {
+    return dtype == DType::kFloat32 ? static_cast<const void*>(f32.data()) : bf16.data();
+  }
+};
+
+std::string storage_name(StorageDType s) {
+  return s == StorageDType::kNative ? "native" : "float32";
+}
+
+Params params_of(const Shape& s, DType in, StorageDType storage, const std::string& output) {
+  Params p;
+  p.chunk_size = s.chunk;
+  p.hidden_dim = s.hidden;
+  p.tokens = s.tokens;
+  p.layers = s.layers;
+  p.dtype = std::string(to_string(in));
+  p.storage = storage_name(storage);
+  p.output = output;
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// store
+
+struct StoreRig {
+  Shape shape;
+  DType in;
+  StorageDType storage;
+  std::shared_ptr<Input> input;
+  std::shared_ptr<BareStore> hss;
+  std::vector<int32_t> tokens;
+  int64_t pool_esize;
+
+  StoreRig(const Shape& s, DType in_type, StorageDType st, std::shared_ptr<Input> shared_input)
+      : shape(s), in(in_type), storage(st), input(std::move(shared_input)) {
+    pool_esize = (storage == StorageDType::kNative && in != DType::kFloat32) ? 2 : 4;
+    const int64_t chunks = s.tokens / s.chunk * s.layers;
+    hss = std::make_shared<BareStore>(
+        s.chunk, pool_bytes_for(chunks, s.chunk, s.hidden, pool_esize), storage);
+    tokens = make_tokens(s.tokens, 11);
+  }
+
+  [[nodiscard]] double bytes_written() const {
+    return static_cast<double>(shape.tokens * shape.hidden * pool_esize * shape.layers);
+  }
+
+  /// Every layer of the prefix written again each rep; prepare drops what the last rep wrote.
+  [[nodiscard]] Timed timed(const std::string& name) const {
+    Timed t;
+    t.name = name;
+    auto store = hss;
+    auto in_data = input;
+    const auto toks = std::make_shared<std::vector<int32_t>>(tokens);
+    const TensorView view = host_view(input->data(), in, shape.tokens, shape.hidden);
+    t.prepare = [store, toks] { store->drop(*toks); };
+    t.run = [store, toks, view, layers = shape.layers] {
+      for (int layer = 0; layer < layers; ++layer) {
+        (void)store->store.store_hidden_states(*toks, view, {.layer_idx = layer});
+      }
+    };
+    t.bytes = bytes_written();
+    t.tokens = static_cast<double>(shape.tokens * shape.layers);
+    return t;
+  }
+};
+
+Timed naive_store_timed(const Shape& s, const std::shared_ptr<Input>& input, DType in) {
+  struct State {
+    ChunkedTokenDatabase db;
+    NaiveStore naive;
+    std::vector<int32_t> tokens;
+    State(const Shape& shape)
+        : db(shape.chunk, false),
+          naive(db, static_cast<size_t>(shape.tokens * shape.hidden * 4 * (shape.layers + 1))),
+          tokens(make_tokens(shape.tokens, 11)) {}
+  };
+  auto state = std::make_shared<State>(s);
+  const TensorView view = host_view(input->data(), in, s.tokens, s.hidden);
+  Timed t;
+  t.name = "naive";
+  t.prepare = [state] { state->naive.clear(); };
+  t.run = [state, view, input, layers = s.layers] {
+    for (int layer = 0; layer < layers; ++layer) {
+      (void)state->naive.store(state->tokens, view, layer);
+    }
+  };
+  t.bytes = static_cast<double>(s.tokens * s.hidden * 4 * s.layers);
+  return t;
+}
+
+void store_case(Context& ctx, const std::string& name, const Shape& s, DType in,
+                StorageDType storage, bool with_naive) {
+  auto input = std::make_shared<Input>(in, s.tokens * s.hidden);
+  StoreRig rig(s, in, storage, input);
+  // memcpy of the bytes the pool receives (float32 bytes for widened input).
+  auto ref_src = std::make_shared<CopyBuffer>(static_cast<size_t>(rig.bytes_written() / s.layers));
+  std::vector<Timed> refs{memcpy_reference(ref_src->data(), ref_src->size(), s.layers)};
+  refs.back().prepare = [ref_src] {};  // keeps the source alive as long as the reference
+  if (with_naive) {
+    refs.push_back(naive_store_timed(s, input, in));
+    refs.push_back(stream_copy_reference(ref_src->data(), ref_src->size(), s.layers));
+    refs.back().prepare = [ref_src] {};
+  }
+  (void)ctx.report.measure("store", name, params_of(s, in, storage, ""), rig.timed(name), refs);
+}
+
+/// bfloat16 input kept native against the same input widened to float32: tokens/s of each.
+void store_native_vs_float32(Context& ctx, const Shape& s) {
+  auto input = std::make_shared<Input>(DType::kBFloat16, s.tokens * s.hidden);
+  StoreRig native(s, DType::kBFloat16, StorageDType::kNative, input);
+  StoreRig widened(s, DType::kBFloat16, StorageDType::kFloat32, input);
+  Timed cand = native.timed("bf16 native");
+  Timed peer = widened.timed("store bf16 float32-storage");
+  cand.work = peer.work = static_cast<double>(s.tokens * s.layers);
+  auto ref_src = std::make_shared<CopyBuffer>(static_cast<size_t>(native.bytes_written()));
+  std::vector<Timed> refs{peer, memcpy_reference(ref_src->data(), ref_src->size())};
+  refs.back().prepare = [ref_src] {};
+  refs.back().work = 0;
+  // The memcpy ratio must stay in bytes: give the candidate's bytes-based ratio its own figure.
+  (void)ctx.report.measure("store", "bf16 native vs float32 storage",
+                           params_of(s, DType::kBFloat16, StorageDType::kNative, ""), cand,
+                           std::span<const Timed>(refs.data(), 1));
+  (void)ctx.report.measure("store", "bf16 native",
+                           params_of(s, DType::kBFloat16, StorageDType::kNative, ""),
+                           native.timed("bf16 native"), std::span<const Timed>(&refs[1], 1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// retrieve
+
+struct RetrieveRig {
+  Shape shape;
+  std::shared_ptr<BareStore> hss;
+  std::shared_ptr<std::vector<int32_t>> tokens;
+  std::shared_ptr<Input> input;
+
+  RetrieveRig(const Shape& s, DType in, StorageDType storage) : shape(s) {
+    const int64_t esize = (storage == StorageDType::kNative && in != DType::kFloat32) ? 2 : 4;
+    hss = std::make_shared<BareStore>(
+        s.chunk, pool_bytes_for(s.tokens / s.chunk * s.layers, s.chunk, s.hidden, esize), storage);
+    tokens = std::make_shared<std::vector<int32_t>>(make_tokens(s.tokens, 13));
+    input = std::make_shared<Input>(in, s.tokens * s.hidden);
+    const TensorView view = host_view(input->data(), in, s.tokens, s.hidden);
+    for (int layer = 0; layer < s.layers; ++layer) {
+      (void)hss->store.store_hidden_states(*tokens, view, {.layer_idx = layer});
+    }
+  }
+  [[nodiscard]] double out_bytes() const {
+    return static_cast<double>(shape.tokens * shape.hidden * 4 * shape.layers);
+  }
+
+  /// A new HostTensor per call (per layer), as an engine asks for it.
+  [[nodiscard]] Timed fresh() const {
+    Timed t;
+    t.name = "fresh";
+    t.run = [store = hss, toks = tokens, layers = shape.layers] {
+      if (layers == 1) {
+        auto out = store->store.retrieve_hidden_states(*toks);
+        do_not_optimize(out ? out->data() : nullptr);
+      } else {
+        std::vector<int64_t> idx;
+        for (int64_t l = 0; l < layers; ++l) idx.push_back(l);
+        auto outs = store->store.retrieve_layers(*toks, idx);
+        do_not_optimize(outs.empty() ? nullptr : outs.front().data());
+      }
+    };
+    t.bytes = out_bytes();
+    t.tokens = static_cast<double>(shape.tokens * shape.layers);
+    return t;
+  }
+
+  /// Into one caller buffer per layer that outlives the calls.
+  [[nodiscard]] Timed into() const {
+    auto out = std::make_shared<CopyBuffer>(static_cast<size_t>(out_bytes()));
+    Timed t;
+    t.name = "into";
+    t.run = [store = hss, toks = tokens, out, s = shape] {
+      for (int layer = 0; layer < s.layers; ++layer) {
+        float* base = reinterpret_cast<float*>(out->data()) + layer * s.tokens * s.hidden;
+        const MutableTensorView view{base, DType::kFloat32, s.tokens, s.hidden,
+                                     0,    Device::kHost,   0};
+        (void)store->store.retrieve_hidden_states_into(*toks, view, {.layer_idx = layer});
+      }
+      do_not_optimize(out->data());
+    };
+    t.bytes = out_bytes();
+    t.tokens = static_cast<double>(shape.tokens * shape.layers);
+    return t;
+  }
+};
+
+Timed naive_retrieve_timed(const Shape& s, const std::shared_ptr<Input>& input, DType in) {
+  struct State {
+    ChunkedTokenDatabase db;
+    NaiveStore naive;
+    std::vector<int32_t> tokens;
+    explicit State(const Shape& shape)
+        : db(shape.chunk, false),
+          naive(db, static_cast<size_t>(shape.tokens * shape.hidden * 4 * (shape.layers + 1))),
+          tokens(make_tokens(shape.tokens, 13)) {}
+  };
+  auto state = std::make_shared<State>(s);
+  for (int layer = 0; layer < s.layers; ++layer) {
+    (void)state->naive.store(state->tokens, host_view(input->data(), in, s.tokens, s.hidden),
+                             layer);
+  }
+  Timed t;
+  t.name = "naive";
+  t.run = [state, layers = s.layers] {
+    for (int layer = 0; layer < layers; ++layer) {
+      auto result = state->naive.retrieve(state->tokens, layer);
+      do_not_optimize(result.values.data());
+    }
+  };
+  t.bytes = static_cast<double>(s.tokens * s.hidden * 4 * s.layers);
+  return t;
+}
+
+void retrieve_case(Context& ctx, const std::string& name, const Shape& s, DType in,
+                   StorageDType storage, bool with_into, bool with_naive) {
+  RetrieveRig rig(s, in, storage);
+  // memcpy of the float32 output bytes from a float32 source into a buffer that already exists.
+  auto src = std::make_shared<CopyBuffer>(static_cast<size_t>(rig.out_bytes() / s.layers));
+  // with_into marks the sweep's main points: they also get the streaming-copy reference.
+  std::vector<Timed> copies{memcpy_reference(src->data(), src->size(), s.layers)};
+  copies.back().prepare = [src] {};
+  if (with_into) {
+    copies.push_back(stream_copy_reference(src->data(), src->size(), s.layers));
+    copies.back().prepare = [src] {};
+  }
+  std::vector<Timed> refs = copies;
+  if (with_naive) refs.push_back(naive_retrieve_timed(s, rig.input, in));
+  (void)ctx.report.measure("retrieve", name + " fresh", params_of(s, in, storage, "fresh"),
+                           rig.fresh(), refs);
+  if (with_into) {
+    (void)ctx.report.measure("retrieve", name + " into", params_of(s, in, storage, "into"),
+                             rig.into(), copies);
+  }
+}
+
+}  // namespace
+
+void run_store(Context& ctx) {
+  const Shape base = ctx.quick ? Shape{256, 1024, 2048, 1} : Shape{};
+  store_case(ctx, "f32", base, DType::kFloat32, StorageDType::kFloat32, true);
+  store_case(ctx, "bf16 float32-storage", base, DType::kBFloat16, StorageDType::kFloat32, true);
+  store_native_vs_float32(ctx, base);
+  if (ctx.quick) {
+    store_case(ctx, "f32", {64, 1024, 2048, 3}, DType::kFloat32, StorageDType::kFloat32, false);
+  } else {
+    for (int64_t tokens : {256, 1024, 4096, 32768}) {
+      store_case(ctx, "f32", {256, 4096, tokens, 1}, DType::kFloat32, StorageDType::kFloat32,
+                 false);
+    }
+    for (int64_t hidden : {1024, 8192}) {
+      store_case(ctx, "f32", {256, hidden, 16384, 1}, DType::kFloat32, StorageDType::kFloat32,
+                 false);
+    }
+    for (int64_t chunk : {64, 1024}) {
+      store_case(ctx, "f32", {chunk, 4096, 16384, 1}, DType::kFloat32, StorageDType::kFloat32,
+                 false);
+    }
+    store_case(ctx, "f32", {256, 4096, 16384, 3}, DType::kFloat32, StorageDType::kFloat32, false);
+    for (int64_t tokens : {1024, 4096, 32768}) {
+      store_case(ctx, "bf16 native", {256, 4096, tokens, 1}, DType::kBFloat16,
+                 StorageDType::kNative, false);
+    }
+  }
+  run_device_store_variant(ctx);
+  ctx.report.print_workload("store");
+}
+
+void run_retrieve(Context& ctx) {
+  const Shape base = ctx.quick ? Shape{256, 1024, 2048, 1} : Shape{};
+  retrieve_case(ctx, "f32", base, DType::kFloat32, StorageDType::kFloat32, true, true);
+  retrieve_case(ctx, "bf16 native", base, DType::kBFloat16, StorageDType::kNative, true, false);
+  if (ctx.quick) {
+    retrieve_case(ctx, "f32", {64, 1024, 2048, 3}, DType::kFloat32, StorageDType::kFloat32, false,
+                  false);
+  } else {
+    for (int64_t tokens : {256, 1024, 4096, 32768}) {
+      retrieve_case(ctx, "f32", {256, 4096, tokens, 1}, DType::kFloat32, StorageDType::kFloat32,
+                    true, tokens <= 4096);
+    }
+    for (int64_t hidden : {1024, 8192}) {
+      retrieve_case(ctx, "f32", {256, hidden, 16384, 1}, DType::kFloat32, StorageDType::kFloat32,
+                    false, false);
+    }
+    for (int64_t chunk : {64, 1024}) {
+      retrieve_case(ctx, "f32", {chunk, 4096, 16384, 1}, DType::kFloat32, StorageDType::kFloat32,
+                    false, false);
+    }
+    retrieve_case(ctx, "f32", {256, 4096, 16384, 3}, DType::kFloat32, StorageDType::kFloat32, false,
+                  false);
+  }
+  run_device_retrieve_variant(ctx);
+  ctx.report.print_workload("retrieve");
+}
+
+}  // namespace hss::bench
