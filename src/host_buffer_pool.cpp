@@ -8,6 +8,8 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -38,13 +40,14 @@ class Recycler {
       if (ptr == nullptr) throw std::bad_alloc();
       return {ptr, bytes};
     }
-    const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    // Power-of-two size classes: restores of varying prefix lengths land in a handful of classes,
+    // so a released buffer nearly always serves the next request of similar size. The unused
+    // tail of a class costs address space only; its pages are never touched.
+    const size_t rounded = std::bit_ceil(std::max(bytes, kHugePage));
     {
       std::lock_guard lock(mutex_);
-      // Best fit, but never hand out more than twice the request: that memory is better used by
-      // a later large request.
-      auto it = free_.lower_bound(rounded);
-      if (it != free_.end() && it->first <= 2 * rounded) {
+      auto it = free_.find(rounded);
+      if (it != free_.end()) {
         HostBuffer::Parts parts{it->second, it->first};
         cached_bytes_ -= it->first;
         free_.erase(it);
