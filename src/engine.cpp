@@ -28,14 +28,17 @@ Engine::~Engine() {
 
 namespace {
 
-size_t row_bytes(int64_t cols, DType dtype) { return static_cast<size_t>(cols) * element_size(dtype); }
+size_t row_bytes(int64_t cols, DType dtype) {
+  return static_cast<size_t>(cols) * element_size(dtype);
+}
 
 void check_host_view(const TensorView& view, const char* name) {
   if (view.device != Device::kHost) {
     throw InvalidArgument(std::string(name) + ".device = cuda: the KV backend takes host tensors");
   }
   if (view.cols <= 0) {
-    throw InvalidArgument(std::string(name) + ".cols = " + std::to_string(view.cols) + " must be > 0");
+    throw InvalidArgument(std::string(name) + ".cols = " + std::to_string(view.cols) +
+                          " must be > 0");
   }
   if (view.row_stride != 0 && view.row_stride < view.cols) {
     throw InvalidArgument(std::string(name) + ".row_stride = " + std::to_string(view.row_stride) +
@@ -58,9 +61,9 @@ int64_t Engine::store_impl(std::span<const Token> tokens, const TensorView& kv,
   }
   check_host_view(kv, "kv");
   if (kv.rows != n - token_offset) {
-    throw InvalidArgument("kv.rows = " + std::to_string(kv.rows) +
-                          " must equal len(tokens) - token_offset = " +
-                          std::to_string(n - token_offset));
+    throw InvalidArgument(
+        "kv.rows = " + std::to_string(kv.rows) +
+        " must equal len(tokens) - token_offset = " + std::to_string(n - token_offset));
   }
   const std::vector<Chunk> chunks = token_database_.process_tokens(tokens);
   const size_t rb = row_bytes(kv.cols, kv.dtype);
@@ -112,7 +115,8 @@ int64_t Engine::retrieve_impl(std::span<const Token> tokens, const MutableTensor
       throw InvalidArgument("kv_out rows are " + std::to_string(rb) +
                             " bytes but the cached chunk was stored with another width");
     }
-    auto* first = static_cast<std::byte*>(kv_out.data) + static_cast<size_t>(chunk.start) * stride_bytes;
+    auto* first =
+        static_cast<std::byte*>(kv_out.data) + static_cast<size_t>(chunk.start) * stride_bytes;
     if (stride_bytes == rb) {
       if (!kv_backend_.get(chunk.key, {first, *size})) break;  // evicted meanwhile
     } else {

@@ -33,7 +33,8 @@ void check_view(const TensorView& view, const char* name) {
     throw InvalidArgument(std::string(name) + ".dtype has an unknown value " +
                           describe(static_cast<int>(view.dtype)));
   }
-  if (view.rows < 0) throw InvalidArgument(std::string(name) + ".rows = " + describe(view.rows) + " is negative");
+  if (view.rows < 0)
+    throw InvalidArgument(std::string(name) + ".rows = " + describe(view.rows) + " is negative");
   if (view.cols <= 0) {
     throw InvalidArgument(std::string(name) + ".cols = " + describe(view.cols) +
                           ": hidden states must be 2-D with at least one column");
@@ -77,9 +78,9 @@ class HiddenStateStore::Impl {
     }
     const uint64_t bytes = config.hidden_state_pool_bytes();
     if (bytes < 16) {
-      throw ConfigError("max_hidden_state_cpu_size = " +
-                        std::to_string(config.max_hidden_state_cpu_size) +
-                        " GiB is smaller than one 16-byte block");
+      throw ConfigError(
+          "max_hidden_state_cpu_size = " + std::to_string(config.max_hidden_state_cpu_size) +
+          " GiB is smaller than one 16-byte block");
     }
     return bytes;
   }
@@ -87,7 +88,8 @@ class HiddenStateStore::Impl {
   void bind(const StorageManager* manager) { storage_manager_.store(manager); }
 
   template <typename Token>
-  int64_t store(std::span<const Token> token_ids, const TensorView& hidden, const StoreOptions& opt);
+  int64_t store(std::span<const Token> token_ids, const TensorView& hidden,
+                const StoreOptions& opt);
 
   struct Walk {
     std::vector<Chunk> chunks;
@@ -127,7 +129,8 @@ class HiddenStateStore::Impl {
   /// Rows [row_begin, prefix end) of layer `layer_pos` of a walk as gather segments.
   std::vector<kernels::GatherSegment> plan_restore(const Walk& w, size_t layer_pos,
                                                    int64_t row_begin) const;
-  /// Drops the walk's chunks from `from` on when a copy into them failed; returns the new hit count.
+  /// Drops the walk's chunks from `from` on when a copy into them failed; returns the new hit
+  /// count.
   int64_t wait_for_copies(Walk& w);
   /// Evicts one LRU key for pool pressure. False when nothing can be evicted.
   bool evict_one(std::vector<EntryRef>& graveyard);
@@ -144,8 +147,8 @@ class HiddenStateStore::Impl {
   detail::StoreIndex index_;
 
   struct Counters {
-    std::atomic<uint64_t> stores{0}, chunks_written{0}, retrieves{0}, hit_tokens{0},
-        miss_tokens{0}, hs_evictions{0}, coupled_evictions{0}, allocation_failures{0};
+    std::atomic<uint64_t> stores{0}, chunks_written{0}, retrieves{0}, hit_tokens{0}, miss_tokens{0},
+        hs_evictions{0}, coupled_evictions{0}, allocation_failures{0};
   };
   mutable Counters counters_;
 };
@@ -165,13 +168,14 @@ int64_t HiddenStateStore::Impl::store(std::span<const Token> token_ids, const Te
   }
   check_view(hidden, "hidden_states");
   if (hidden.rows != n - opt.token_offset) {
-    throw InvalidArgument("hidden_states.rows = " + describe(hidden.rows) +
-                          " must equal len(token_ids) - token_offset = " +
-                          describe(n - opt.token_offset));
+    throw InvalidArgument(
+        "hidden_states.rows = " + describe(hidden.rows) +
+        " must equal len(token_ids) - token_offset = " + describe(n - opt.token_offset));
   }
   const bool on_device = hidden.device == Device::kCuda;
   if (on_device && !device_path_) {
-    throw InvalidArgument("hidden_states.device = cuda but no CUDA device is usable in this process");
+    throw InvalidArgument(
+        "hidden_states.device = cuda but no CUDA device is usable in this process");
   }
   std::vector<Chunk> chunks;
   {
@@ -181,10 +185,10 @@ int64_t HiddenStateStore::Impl::store(std::span<const Token> token_ids, const Te
   counters_.stores.fetch_add(1, std::memory_order_relaxed);
   if (!config_.layer_allowed(opt.layer_idx)) return 0;
 
-  const ElemType storage =
-      (config_.hidden_state_storage_dtype == StorageDType::kNative && hidden.dtype != DType::kFloat32)
-          ? to_elem(hidden.dtype)
-          : ElemType::kFloat32;
+  const ElemType storage = (config_.hidden_state_storage_dtype == StorageDType::kNative &&
+                            hidden.dtype != DType::kFloat32)
+                               ? to_elem(hidden.dtype)
+                               : ElemType::kFloat32;
   const auto esize = static_cast<int64_t>(kernels::elem_bytes(storage));
   const uint64_t block_bytes = pool_.ensure_block_bytes(
       static_cast<uint64_t>(token_database_.chunk_size() * hidden.cols * esize));
@@ -202,13 +206,15 @@ int64_t HiddenStateStore::Impl::store(std::span<const Token> token_ids, const Te
     std::lock_guard lock(mutex_);
     for (const Chunk& chunk : chunks) {
       if (chunk.start < opt.token_offset) continue;  // chunks stay atomic with KV boundaries
-      if (detail::KeyRecord* record = index_.find(chunk.key); record && record->find(opt.layer_idx)) {
+      if (detail::KeyRecord* record = index_.find(chunk.key);
+          record && record->find(opt.layer_idx)) {
         index_.touch(*record);
         ++cached;
         continue;
       }
       auto entry = std::make_shared<detail::Entry>(pool_, chunk.size(), hidden.cols, storage);
-      const size_t need = pool_.blocks_for(static_cast<uint64_t>(chunk.size() * hidden.cols * esize));
+      const size_t need =
+          pool_.blocks_for(static_cast<uint64_t>(chunk.size() * hidden.cols * esize));
       bool ok = need <= pool_.num_blocks() && pool_.allocate(need, entry->blocks);
       for (int attempt = 0; !ok && need <= pool_.num_blocks() && attempt < kMaxEvictionsPerChunk;
            ++attempt) {
@@ -236,12 +242,13 @@ int64_t HiddenStateStore::Impl::store(std::span<const Token> token_ids, const Te
     kernels::for_each_block_piece(
         0, w.chunk->size() * hidden.cols, esize, static_cast<int64_t>(block_bytes),
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
-          segments.push_back({pool_.block_address(w.entry->blocks[static_cast<size_t>(block)]) +
-                                  byte_offset,
-                              src_row0, first, count, storage});
+          segments.push_back(
+              {pool_.block_address(w.entry->blocks[static_cast<size_t>(block)]) + byte_offset,
+               src_row0, first, count, storage});
         });
   }
-  const kernels::SourceView source{hidden.data, to_elem(hidden.dtype), hidden.cols, hidden.stride()};
+  const kernels::SourceView source{hidden.data, to_elem(hidden.dtype), hidden.cols,
+                                   hidden.stride()};
   std::shared_ptr<detail::CopyFence> fence;
   try {
     if (on_device) {
@@ -392,9 +399,9 @@ std::vector<kernels::GatherSegment> HiddenStateStore::Impl::plan_restore(const W
     kernels::for_each_block_piece(
         first_row * cols, (chunk.size() - first_row) * cols, esize, block_bytes,
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
-          segments.push_back({pool_.block_address(entry.blocks[static_cast<size_t>(block)]) +
-                                  byte_offset,
-                              chunk.start * cols + first - row_begin * cols, count, entry.storage});
+          segments.push_back(
+              {pool_.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset,
+               chunk.start * cols + first - row_begin * cols, count, entry.storage});
         });
   }
   return segments;
@@ -414,7 +421,7 @@ int64_t truncate_at_shape_change(std::vector<std::vector<EntryRef>>& pinned, int
 
 template <typename Token>
 std::optional<HostTensor> HiddenStateStore::Impl::retrieve(std::span<const Token> token_ids,
-                                                            const RetrieveOptions& opt) {
+                                                           const RetrieveOptions& opt) {
   const int64_t layer = opt.layer_idx;
   auto tensors = retrieve_layers(token_ids, std::span<const int64_t>(&layer, 1), opt.row_begin);
   if (tensors.empty()) return std::nullopt;
@@ -423,8 +430,8 @@ std::optional<HostTensor> HiddenStateStore::Impl::retrieve(std::span<const Token
 
 template <typename Token>
 std::vector<HostTensor> HiddenStateStore::Impl::retrieve_layers(std::span<const Token> token_ids,
-                                                                 std::span<const int64_t> layers,
-                                                                 int64_t row_begin) {
+                                                                std::span<const int64_t> layers,
+                                                                int64_t row_begin) {
   HSS_RANGE("retrieve");
   check_open();
   if (row_begin < 0) throw InvalidArgument("row_begin = " + describe(row_begin) + " is negative");

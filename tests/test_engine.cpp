@@ -45,8 +45,8 @@ TEST(Engine, KvRoundTripAndLookup) {
   EXPECT_EQ(engine->store(tokens, test::view_of(kv, 8, DType::kBFloat16)), 3);
   EXPECT_EQ(engine->lookup(tokens), 48);
   std::vector<uint16_t> out(kv.size(), 0);
-  MutableTensorView view{out.data(), DType::kBFloat16, static_cast<int64_t>(tokens.size()), 8, 0,
-                         Device::kHost, 0};
+  MutableTensorView view{
+      out.data(), DType::kBFloat16, static_cast<int64_t>(tokens.size()), 8, 0, Device::kHost, 0};
   EXPECT_EQ(engine->retrieve(tokens, view), 48);
   EXPECT_EQ(0, std::memcmp(out.data(), kv.data(), 48 * 8 * 2));
   const auto other = test::make_tokens(48, 2);

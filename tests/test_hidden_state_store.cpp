@@ -21,7 +21,9 @@ constexpr int64_t kCols = 32;
 /// KV presence the test controls.
 class FakeKv final : public StorageManager {
  public:
-  bool contains(const CacheEngineKey& key) const override { return !evicted_.count(key.chunk_hash); }
+  bool contains(const CacheEngineKey& key) const override {
+    return !evicted_.count(key.chunk_hash);
+  }
   void evict(const CacheEngineKey& key) { evicted_.insert(key.chunk_hash); }
 
  private:
@@ -89,7 +91,8 @@ TEST_F(StoreTest, StridedViewStoresOnlyTheViewedColumns) {
   const int64_t stride = kCols + 7;
   std::vector<float> padded(static_cast<size_t>(2 * kChunk * stride), -999.0f);
   for (int64_t r = 0; r < 2 * kChunk; ++r) {
-    std::memcpy(&padded[static_cast<size_t>(r * stride)], &rows[static_cast<size_t>(r * kCols)], kCols * 4);
+    std::memcpy(&padded[static_cast<size_t>(r * stride)], &rows[static_cast<size_t>(r * kCols)],
+                kCols * 4);
   }
   TensorView view{padded.data(), DType::kFloat32, 2 * kChunk, kCols, stride, Device::kHost, 0};
   EXPECT_EQ(store_->store_hidden_states(tokens, view, {}), 2);
@@ -358,7 +361,7 @@ TEST_F(SmallPoolTest, PressureEvictsLeastRecentlyUsedKeysNeverKv) {
   ASSERT_EQ(store_rows(a), 2);
   ASSERT_EQ(store_rows(b), 2);
   ASSERT_TRUE(store_->retrieve_hidden_states(a));  // a becomes most recent
-  ASSERT_EQ(store_rows(c), 2);                      // evicts b, not a
+  ASSERT_EQ(store_rows(c), 2);                     // evicts b, not a
   EXPECT_TRUE(store_->retrieve_hidden_states(a).has_value());
   EXPECT_FALSE(store_->retrieve_hidden_states(b).has_value());
   EXPECT_TRUE(store_->retrieve_hidden_states(c).has_value());

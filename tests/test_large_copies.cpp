@@ -42,7 +42,8 @@ TEST_P(LargeCopies, RoundTripIsBitExactWithStridesAndOffsets) {
       if (c.dtype == DType::kFloat32) {
         std::memcpy(dst, &v, 4);
       } else {
-        const uint16_t h = c.dtype == DType::kBFloat16 ? kernels::float_to_bf16(v) : test::exact_f16(v);
+        const uint16_t h =
+            c.dtype == DType::kBFloat16 ? kernels::float_to_bf16(v) : test::exact_f16(v);
         std::memcpy(dst, &h, 2);
       }
     }
@@ -60,13 +61,16 @@ TEST_P(LargeCopies, RoundTripIsBitExactWithStridesAndOffsets) {
   // Caller's buffer: strided and 4 bytes off a 16-byte boundary.
   const int64_t out_stride = kCols + 1;
   std::vector<float> buffer(static_cast<size_t>(kRows * out_stride + 4), -1.0f);
-  MutableTensorView into{buffer.data() + 1, DType::kFloat32, kRows, kCols, out_stride, Device::kHost, 0};
+  MutableTensorView into{buffer.data() + 1, DType::kFloat32, kRows, kCols,
+                         out_stride,        Device::kHost,   0};
   ASSERT_EQ(store.retrieve_hidden_states_into(tokens, into), kRows);
   EXPECT_EQ(buffer[0], -1.0f);
   for (int64_t r = 0; r < kRows; ++r) {
-    ASSERT_EQ(0, std::memcmp(buffer.data() + 1 + r * out_stride, rows.data() + r * kCols, kCols * 4))
+    ASSERT_EQ(0,
+              std::memcmp(buffer.data() + 1 + r * out_stride, rows.data() + r * kCols, kCols * 4))
         << "row " << r;
-    ASSERT_EQ(buffer[static_cast<size_t>(1 + r * out_stride + kCols)], -1.0f) << "padding of row " << r;
+    ASSERT_EQ(buffer[static_cast<size_t>(1 + r * out_stride + kCols)], -1.0f)
+        << "padding of row " << r;
   }
 }
 

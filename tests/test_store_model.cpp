@@ -57,8 +57,9 @@ class Model {
     int64_t hit = 0;
     for (const Chunk& c : chunks) {
       const uint64_t k = c.key.chunk_hash;
-      const bool all = std::all_of(layers.begin(), layers.end(),
-                                   [&](int64_t l) { return held_.count({k, l}) > 0; });
+      const bool all = std::all_of(layers.begin(), layers.end(), [&](int64_t l) {
+        return held_.count({k, l}) > 0;
+      });
       if (!all) break;
       if (!kv_.contains(c.key)) {
         drop(k);
@@ -180,7 +181,9 @@ TEST(StoreModel, RandomOperationsMatchTheReferenceModel) {
       const std::vector<int64_t> layers{layer};
       ASSERT_EQ(store.coverage(chunks, layers), model.coverage(chunks, layers) * kChunk);
     } else if (kind < 92) {  // KV evicted behind the store's back
-      if (!chunks.empty()) kv.gone.insert(chunks[static_cast<size_t>(pick(static_cast<int64_t>(chunks.size())))].key.chunk_hash);
+      if (!chunks.empty())
+        kv.gone.insert(
+            chunks[static_cast<size_t>(pick(static_cast<int64_t>(chunks.size())))].key.chunk_hash);
     } else if (kind < 96) {  // KV comes back (re-prefill)
       if (!chunks.empty()) kv.gone.erase(chunks.front().key.chunk_hash);
     } else {  // drop

@@ -26,7 +26,8 @@ inline uint64_t mix64(uint64_t x) {
 inline std::vector<int32_t> make_tokens(int64_t n, uint64_t seed) {
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    tokens[static_cast<size_t>(i)] = static_cast<int32_t>(mix64(seed * 1000003 + static_cast<uint64_t>(i)) % 50000);
+    tokens[static_cast<size_t>(i)] =
+        static_cast<int32_t>(mix64(seed * 1000003 + static_cast<uint64_t>(i)) % 50000);
   }
   return tokens;
 }
@@ -51,8 +52,8 @@ inline float value_at(uint64_t prefix_hash, int64_t layer, int64_t col) {
 }
 
 /// float32 rows [row_begin, rows) of (tokens, layer) as a contiguous buffer.
-inline std::vector<float> make_rows(std::span<const int32_t> tokens, int64_t row_begin, int64_t layer,
-                                    int64_t cols) {
+inline std::vector<float> make_rows(std::span<const int32_t> tokens, int64_t row_begin,
+                                    int64_t layer, int64_t cols) {
   const auto h = prefix_hashes(tokens);
   std::vector<float> out;
   out.reserve(static_cast<size_t>((static_cast<int64_t>(tokens.size()) - row_begin) * cols));
@@ -86,7 +87,8 @@ inline std::vector<uint16_t> to_f16(std::span<const float> values) {
 }
 
 inline TensorView view_of(const std::vector<float>& v, int64_t cols) {
-  return {v.data(), DType::kFloat32, static_cast<int64_t>(v.size()) / cols, cols, 0, Device::kHost, 0};
+  return {v.data(), DType::kFloat32, static_cast<int64_t>(v.size()) / cols, cols, 0, Device::kHost,
+          0};
 }
 inline TensorView view_of(const std::vector<uint16_t>& v, int64_t cols, DType dtype) {
   return {v.data(), dtype, static_cast<int64_t>(v.size()) / cols, cols, 0, Device::kHost, 0};

@@ -26,7 +26,7 @@ struct RuntimeInfo {
   bool device_available = false;  ///< a CUDA device and driver were found
   std::string reason;             ///< why not, when not (the CUDA error string)
   std::vector<DeviceInfo> devices;
-  bool pinned_memory = false;     ///< page-locked host memory can be allocated
+  bool pinned_memory = false;  ///< page-locked host memory can be allocated
 };
 
 [[nodiscard]] BuildInfo build_info();

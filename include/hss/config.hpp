@@ -24,7 +24,7 @@ struct Config {
   double max_local_cpu_size = 5.0;  ///< GiB, KV pool
 
   bool enable_hidden_state_cache = false;
-  double max_hidden_state_cpu_size = 0.0;  ///< GiB, hidden-state pool
+  double max_hidden_state_cpu_size = 0.0;                   ///< GiB, hidden-state pool
   std::optional<std::vector<int64_t>> hidden_state_layers;  ///< allowlist; unset = all layers
   StorageDType hidden_state_storage_dtype = StorageDType::kFloat32;
   /// Allocation granule of the hidden-state pool in bytes. 0 (default) picks the byte size of one

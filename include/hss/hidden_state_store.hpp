@@ -53,7 +53,7 @@ struct RetrieveOptions {
 struct HiddenStateStats {
   uint64_t chunks_held = 0;  ///< (key, layer) entries
   uint64_t keys_held = 0;
-  uint64_t bytes_held = 0;   ///< payload bytes of the entries held
+  uint64_t bytes_held = 0;  ///< payload bytes of the entries held
   uint64_t blocks_held = 0;
   uint64_t pool_capacity_bytes = 0;
   uint64_t block_bytes = 0;  ///< 0 until the first store fixes the granule

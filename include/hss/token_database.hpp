@@ -19,13 +19,15 @@ class TokenDatabase {
 
   /// One Chunk per chunk_size tokens; the trailing partial chunk only with save_unfull_chunk.
   /// Token ids must lie in [0, 2^32): anything else is InvalidArgument.
-  [[nodiscard]] virtual std::vector<Chunk> process_tokens(std::span<const int32_t> tokens) const = 0;
-  [[nodiscard]] virtual std::vector<Chunk> process_tokens(std::span<const int64_t> tokens) const = 0;
+  [[nodiscard]] virtual std::vector<Chunk> process_tokens(
+      std::span<const int32_t> tokens) const = 0;
+  [[nodiscard]] virtual std::vector<Chunk> process_tokens(
+      std::span<const int64_t> tokens) const = 0;
 
   /// Keys for hashes an engine already has: hashes[i] covers tokens [offsets[i-1], offsets[i])
   /// (offsets[-1] = 0). Sizes must match and offsets must increase strictly.
-  [[nodiscard]] virtual std::vector<Chunk> process_hashes(std::span<const uint64_t> hashes,
-                                                          std::span<const int64_t> offsets) const = 0;
+  [[nodiscard]] virtual std::vector<Chunk> process_hashes(
+      std::span<const uint64_t> hashes, std::span<const int64_t> offsets) const = 0;
 
   [[nodiscard]] virtual int64_t chunk_size() const = 0;
 };

@@ -23,6 +23,7 @@ int main() {
   auto restored = engine->hidden_state_store()->retrieve_hidden_states(tokens);
   const bool ok = stored == 2 && restored && restored->rows() == 32 &&
                   std::memcmp(restored->data(), hidden.data(), hidden.size() * 4) == 0;
-  std::printf("consumer: %s (hsstore %s)\n", ok ? "ok" : "MISMATCH", hss::build_info().version.c_str());
+  std::printf("consumer: %s (hsstore %s)\n", ok ? "ok" : "MISMATCH",
+              hss::build_info().version.c_str());
   return ok ? 0 : 1;
 }

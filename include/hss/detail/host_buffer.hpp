@@ -43,9 +43,9 @@ class HostBuffer {
 
 /// Statistics and limits of the output recycler.
 struct HostBufferPoolStats {
-  size_t cached_bytes = 0;    ///< released buffers kept for reuse
-  size_t limit_bytes = 0;     ///< most bytes kept (HSS_OUTPUT_CACHE_MB, default 2048)
-  size_t reuses = 0;          ///< acquisitions served from the cache
+  size_t cached_bytes = 0;  ///< released buffers kept for reuse
+  size_t limit_bytes = 0;   ///< most bytes kept (HSS_OUTPUT_CACHE_MB, default 2048)
+  size_t reuses = 0;        ///< acquisitions served from the cache
   size_t fresh_allocations = 0;
 };
 [[nodiscard]] HostBufferPoolStats host_buffer_pool_stats();

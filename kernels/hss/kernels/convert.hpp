@@ -12,7 +12,9 @@ namespace hss::kernels {
 /// Storage/element type codes shared with hss::DType (same order).
 enum class ElemType : uint8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
-HSS_HOST_DEVICE constexpr uint32_t elem_bytes(ElemType t) { return t == ElemType::kFloat32 ? 4u : 2u; }
+HSS_HOST_DEVICE constexpr uint32_t elem_bytes(ElemType t) {
+  return t == ElemType::kFloat32 ? 4u : 2u;
+}
 
 HSS_HOST_DEVICE float bits_to_float(uint32_t bits) {
 #if defined(__CUDA_ARCH__)
@@ -35,7 +37,9 @@ HSS_HOST_DEVICE uint32_t float_to_bits(float f) {
 }
 
 /// bfloat16 is the top half of a float32.
-HSS_HOST_DEVICE float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+HSS_HOST_DEVICE float bf16_to_float(uint16_t h) {
+  return bits_to_float(static_cast<uint32_t>(h) << 16);
+}
 
 /// IEEE binary16 -> binary32, exact, including subnormals, infinities and NaN payloads.
 HSS_HOST_DEVICE float f16_to_float(uint16_t h) {
