@@ -318,6 +318,8 @@ HiddenStateStore::Impl::Walk HiddenStateStore::Impl::walk(std::span<const Token>
       for (int64_t layer : layers) {
         EntryRef* entry = record->find(layer);
         if (entry == nullptr || !(*entry)->ready || (*entry)->rows != chunk.size()) break;
+        // A hidden dim that changes part-way (a caller bug) ends the prefix there.
+        if (!w.pinned.empty() && (*entry)->cols != w.pinned.front()[row.size()]->cols) break;
         row.push_back(*entry);
       }
       if (row.size() != layers.size()) break;
@@ -357,6 +359,10 @@ HiddenStateStore::Impl::Walk HiddenStateStore::Impl::walk(std::span<const Token>
   graveyard.clear();
   hits = wait_for_copies(w);
   w.prefix_tokens = hits > 0 ? w.chunks[static_cast<size_t>(hits - 1)].end : 0;
+  counters_.retrieves.fetch_add(1, std::memory_order_relaxed);
+  counters_.hit_tokens.fetch_add(static_cast<uint64_t>(w.prefix_tokens), std::memory_order_relaxed);
+  counters_.miss_tokens.fetch_add(token_ids.size() - static_cast<uint64_t>(w.prefix_tokens),
+                                  std::memory_order_relaxed);
   return w;
 }
 
@@ -407,18 +413,6 @@ std::vector<kernels::GatherSegment> HiddenStateStore::Impl::plan_restore(const W
   return segments;
 }
 
-namespace {
-// A prefix whose hidden dim changes part-way (a caller bug) ends where it changes.
-int64_t truncate_at_shape_change(std::vector<std::vector<EntryRef>>& pinned, int64_t hits) {
-  for (int64_t i = 1; i < hits; ++i) {
-    for (size_t l = 0; l < pinned[static_cast<size_t>(i)].size(); ++l) {
-      if (pinned[static_cast<size_t>(i)][l]->cols != pinned[0][l]->cols) return i;
-    }
-  }
-  return hits;
-}
-}  // namespace
-
 template <typename Token>
 std::optional<HostTensor> HiddenStateStore::Impl::retrieve(std::span<const Token> token_ids,
                                                            const RetrieveOptions& opt) {
@@ -436,13 +430,7 @@ std::vector<HostTensor> HiddenStateStore::Impl::retrieve_layers(std::span<const 
   check_open();
   if (row_begin < 0) throw InvalidArgument("row_begin = " + describe(row_begin) + " is negative");
   if (layers.empty()) throw InvalidArgument("layer_idxs is empty");
-  counters_.retrieves.fetch_add(1, std::memory_order_relaxed);
-  Walk w = walk(token_ids, layers);
-  w.hit_chunks = truncate_at_shape_change(w.pinned, w.hit_chunks);
-  w.prefix_tokens = w.hit_chunks > 0 ? w.chunks[static_cast<size_t>(w.hit_chunks - 1)].end : 0;
-  counters_.hit_tokens.fetch_add(static_cast<uint64_t>(w.prefix_tokens), std::memory_order_relaxed);
-  counters_.miss_tokens.fetch_add(token_ids.size() - static_cast<uint64_t>(w.prefix_tokens),
-                                  std::memory_order_relaxed);
+  const Walk w = walk(token_ids, layers);
   std::vector<HostTensor> out;
   if (row_begin >= w.prefix_tokens) return out;
   HSS_RANGE("retrieve/assemble");
@@ -473,14 +461,8 @@ int64_t HiddenStateStore::Impl::retrieve_into(std::span<const Token> token_ids,
   if (out.device == Device::kCuda && !device_path_) {
     throw InvalidArgument("out.device = cuda but no CUDA device is usable in this process");
   }
-  counters_.retrieves.fetch_add(1, std::memory_order_relaxed);
   const int64_t layer = opt.layer_idx;
   Walk w = walk(token_ids, std::span<const int64_t>(&layer, 1));
-  w.hit_chunks = truncate_at_shape_change(w.pinned, w.hit_chunks);
-  w.prefix_tokens = w.hit_chunks > 0 ? w.chunks[static_cast<size_t>(w.hit_chunks - 1)].end : 0;
-  counters_.hit_tokens.fetch_add(static_cast<uint64_t>(w.prefix_tokens), std::memory_order_relaxed);
-  counters_.miss_tokens.fetch_add(token_ids.size() - static_cast<uint64_t>(w.prefix_tokens),
-                                  std::memory_order_relaxed);
   if (opt.row_begin >= w.prefix_tokens) return 0;
   const int64_t rows = w.prefix_tokens - opt.row_begin;
   const int64_t cols = common_cols(w, 0);

@@ -329,6 +329,19 @@ TEST_F(StoreTest, CloseReleasesEverythingAndLaterCallsThrow) {
   store_->close();  // idempotent
 }
 
+TEST_F(StoreTest, HiddenDimChangingPartWayEndsThePrefix) {
+  const auto tokens = make_tokens(3 * kChunk, 29);
+  const std::vector<int32_t> first(tokens.begin(), tokens.begin() + kChunk);
+  ASSERT_EQ(store_rows(first), 1);
+  const auto wide = make_rows(tokens, kChunk, 0, 2 * kCols);  // a caller bug: another width
+  ASSERT_EQ(store_->store_hidden_states(tokens, view_of(wide, 2 * kCols), {0, kChunk}), 2);
+  auto out = store_->retrieve_hidden_states(tokens);
+  ASSERT_TRUE(out);
+  EXPECT_EQ(out->rows(), kChunk);
+  EXPECT_EQ(out->cols(), kCols);
+  expect_rows(*out, tokens, 0);
+}
+
 TEST(StoreConstruction, PoolSizeMustBePositive) {
   Config c;
   c.enable_hidden_state_cache = true;
