@@ -9,10 +9,10 @@ namespace hss {
 
 std::unique_ptr<Engine> Engine::create(const Config& config, const Metadata& metadata) {
   config.validate();
-  return std::unique_ptr<Engine>(new Engine(config, metadata));
+  return std::make_unique<Engine>(ConstructionKey{}, config, metadata);
 }
 
-Engine::Engine(const Config& config, const Metadata& metadata)
+Engine::Engine(ConstructionKey, const Config& config, const Metadata& metadata)
     : config_(config),
       token_database_(config.chunk_size, config.save_unfull_chunk, metadata),
       kv_backend_(config.kv_pool_bytes()) {

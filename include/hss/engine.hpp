@@ -22,6 +22,12 @@ class Engine {
   /// Validates the config (ConfigError) and builds every component.
   [[nodiscard]] static std::unique_ptr<Engine> create(const Config& config,
                                                       const Metadata& metadata = {});
+  /// Use create(); the key keeps construction behind its validation.
+  class ConstructionKey {
+    friend class Engine;
+    ConstructionKey() = default;
+  };
+  Engine(ConstructionKey, const Config& config, const Metadata& metadata);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -50,7 +56,6 @@ class Engine {
   [[nodiscard]] int64_t lookup(std::span<const int64_t> tokens) const;
 
  private:
-  Engine(const Config& config, const Metadata& metadata);
   template <typename Token>
   int64_t store_impl(std::span<const Token> tokens, const TensorView& kv, int64_t token_offset);
   template <typename Token>
