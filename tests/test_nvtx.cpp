@@ -25,16 +25,7 @@ struct Recorder {
 TEST(Trace, StoreRetrieveAndEvictEmitBalancedRanges) {
   Recorder recorder;
   trace::set_range_hook(&Recorder::hook, &recorder);
-  {
-    Config c = test::store_config(16, 32, 2);
-    ChunkedTokenDatabase db(16, false);
-    HiddenStateStore store(c, db);
-    const auto a = test::make_tokens(32, 1), b = test::make_tokens(32, 2);
-    const auto ra = test::make_rows(a, 0, 0, 32), rb = test::make_rows(b, 0, 0, 32);
-    ASSERT_EQ(store.store_hidden_states(a, test::view_of(ra, 32)), 2);
-    ASSERT_EQ(store.store_hidden_states(b, test::view_of(rb, 32)), 2);  // evicts a
-    ASSERT_TRUE(store.retrieve_hidden_states(b).has_value());
-  }
+  ASSERT_NO_FATAL_FAILURE(test::run_every_stage_once());
   trace::set_range_hook(nullptr);
   for (const char* name : {"store", "store/keys", "store/alloc", "store/gather_cast", "evict",
                            "retrieve", "retrieve/walk", "retrieve/assemble"}) {

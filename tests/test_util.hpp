@@ -2,12 +2,15 @@
 // Shared helpers for the CPU tests: deterministic tokens and hidden-state rows whose every value
 // is a function of (token prefix, layer, column), so any reader can check any row it gets.
 
+#include <gtest/gtest.h>
 #include <cstdint>
+
 #include <cstring>
 #include <span>
 #include <vector>
 
 #include "hss/config.hpp"
+#include "hss/hidden_state_store.hpp"
 #include "hss/kernels/convert.hpp"
 #include "hss/tensor.hpp"
 
@@ -102,6 +105,19 @@ inline Config store_config(int64_t chunk_size, int64_t cols, int64_t chunks) {
   c.max_hidden_state_cpu_size =
       static_cast<double>(chunk_size * cols * 4 * chunks) / static_cast<double>(1ULL << 30);
   return c;
+}
+
+/// Stores two prefixes into a two-chunk pool (the second evicts the first) and retrieves one:
+/// every pipeline stage runs at least once (the trace tests count the ranges).
+inline void run_every_stage_once() {
+  Config c = store_config(16, 32, 2);
+  ChunkedTokenDatabase db(16, false);
+  HiddenStateStore store(c, db);
+  const auto a = make_tokens(32, 1), b = make_tokens(32, 2);
+  const auto ra = make_rows(a, 0, 0, 32), rb = make_rows(b, 0, 0, 32);
+  ASSERT_EQ(store.store_hidden_states(a, view_of(ra, 32)), 2);
+  ASSERT_EQ(store.store_hidden_states(b, view_of(rb, 32)), 2);  // evicts a
+  ASSERT_TRUE(store.retrieve_hidden_states(b).has_value());
 }
 
 }  // namespace hss::test

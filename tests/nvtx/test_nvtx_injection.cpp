@@ -19,16 +19,7 @@ using EventsFn = std::vector<std::string> (*)();
 TEST(NvtxInjection, StoreRetrieveAndEvictRangesReachNvtxInDomainHss) {
   const char* path = std::getenv("NVTX_INJECTION64_PATH");
   ASSERT_NE(path, nullptr) << "run through ctest: it sets NVTX_INJECTION64_PATH";
-  {
-    Config c = test::store_config(16, 32, 2);
-    ChunkedTokenDatabase db(16, false);
-    HiddenStateStore store(c, db);
-    const auto a = test::make_tokens(32, 1), b = test::make_tokens(32, 2);
-    const auto ra = test::make_rows(a, 0, 0, 32), rb = test::make_rows(b, 0, 0, 32);
-    ASSERT_EQ(store.store_hidden_states(a, test::view_of(ra, 32)), 2);
-    ASSERT_EQ(store.store_hidden_states(b, test::view_of(rb, 32)), 2);  // evicts a
-    ASSERT_TRUE(store.retrieve_hidden_states(b).has_value());
-  }
+  ASSERT_NO_FATAL_FAILURE(test::run_every_stage_once());
   // The loader has dlopen'ed the library already; RTLD_NOLOAD fails if it has not.
   void* handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
   ASSERT_NE(handle, nullptr) << "the NVTX loader did not inject " << path;
