@@ -26,15 +26,20 @@ def load(path):
         return json.load(f)
 
 
+def matching(figures, workload, name, fixed):
+    """The figures of one case whose parameters include `fixed`."""
+    for f in figures:
+        if f["workload"] == workload and f["name"] == name and all(
+            f["params"].get(k) == v for k, v in fixed.items()
+        ):
+            yield f
+
+
 def series(figures, workload, name, vary, fixed):
     """(x, GB/s, p25 GB/s, p75 GB/s) of one case along parameter `vary`."""
     points = []
-    for f in figures:
+    for f in matching(figures, workload, name, fixed):
         p = f["params"]
-        if f["workload"] != workload or f["name"] != name:
-            continue
-        if any(p.get(k) != v for k, v in fixed.items()):
-            continue
         s = f["seconds"]
         rate = lambda t: f["bytes"] / t / 1e9 if t else 0.0  # noqa: E731
         # Slower reps (p75 of the time) give the lower rate.
@@ -45,12 +50,8 @@ def series(figures, workload, name, vary, fixed):
 
 def ref_rate(figures, workload, name, vary, fixed, ref):
     points = []
-    for f in figures:
+    for f in matching(figures, workload, name, fixed):
         p = f["params"]
-        if f["workload"] != workload or f["name"] != name:
-            continue
-        if any(p.get(k) != v for k, v in fixed.items()):
-            continue
         for r in f["refs"]:
             if r["name"] == ref and r["seconds"]["median"]:
                 points.append((p[vary], r["bytes"] / r["seconds"]["median"] / 1e9))
