@@ -8,15 +8,15 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <limits>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <system_error>
 
+#include "hss/detail/checked.hpp"
+#include "hss/detail/file_reader.hpp"
 #include "hss/error.hpp"
 
 namespace hss {
@@ -265,6 +265,11 @@ void validate_with(const Config& cfg, const Origins& origins) {
   if (cfg.chunk_size <= 0) {
     fail_key(origins, kChunkSize, "must be > 0", std::to_string(cfg.chunk_size));
   }
+  // The documented limit (hss/detail/checked.hpp): keeps chunk byte counts far from overflow.
+  if (cfg.chunk_size > detail::kMaxChunkSize) {
+    fail_key(origins, kChunkSize, "must be <= 1048576 (2^20 tokens)",
+             std::to_string(cfg.chunk_size));
+  }
   check_gib(origins, kMaxLocalCpuSize, cfg.max_local_cpu_size);
   check_gib(origins, kMaxHiddenStateCpuSize, cfg.max_hidden_state_cpu_size);
   if (cfg.kv_pool_bytes() == 0) {
@@ -288,6 +293,10 @@ void validate_with(const Config& cfg, const Origins& origins) {
   }
   if (cfg.hidden_state_block_bytes < 0 || cfg.hidden_state_block_bytes % kBlockGranule != 0) {
     fail_key(origins, kHiddenStateBlockBytes, "must be 0 or a positive multiple of 16",
+             std::to_string(cfg.hidden_state_block_bytes));
+  }
+  if (cfg.hidden_state_block_bytes > detail::kMaxBlockBytes) {
+    fail_key(origins, kHiddenStateBlockBytes, "must be <= 1073741824 (1 GiB)",
              std::to_string(cfg.hidden_state_block_bytes));
   }
   if (cfg.hidden_state_storage_dtype != StorageDType::kFloat32 &&
@@ -337,21 +346,18 @@ void parse_document(Config& cfg, Origins& origins, std::string_view yaml_text) {
 
 void parse_file(Config& cfg, Origins& origins, const std::filesystem::path& path) {
   const std::string name = path.string();
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    throw ConfigError("config file '" + name + "' does not exist" +
-                      (ec ? " (" + ec.message() + ")" : std::string()));
-  }
-  if (std::filesystem::is_directory(path, ec)) {
-    throw ConfigError("config file '" + name + "' is a directory");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("config file '" + name + "' cannot be opened for reading");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw ConfigError("config file '" + name + "' could not be read");
+  std::string text;
   try {
-    parse_document(cfg, origins, text.str());
+    // Regular files only, at most 64 MiB (hss/detail/file_reader.hpp): a FIFO, a device or
+    // /proc/self/mem is refused before a byte is read.
+    text = detail::read_regular_file(path, "config file");
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
+  try {
+    parse_document(cfg, origins, text);
   } catch (const ConfigError& e) {
     throw ConfigError("config file '" + name + "': " + e.what());
   }

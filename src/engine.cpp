@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "hss/detail/checked.hpp"
 #include "hss/error.hpp"
 
 namespace hss {
@@ -28,25 +29,22 @@ Engine::~Engine() {
 
 namespace {
 
+// Limits of hss/detail/checked.hpp: cols <= 2^24 and stride <= 2^32 elements of <= 4 bytes, so
+// one row, one stride and one chunk (<= 2^20 rows) stay far below 2^63 bytes.
 size_t row_bytes(int64_t cols, DType dtype) {
-  return static_cast<size_t>(cols) * element_size(dtype);
+  return static_cast<size_t>(
+      detail::mul_or_throw(cols, static_cast<int64_t>(element_size(dtype)), "KV row bytes"));
 }
 
 void check_host_view(const TensorView& view, const char* name) {
+  detail::check_view_shape(view.dtype, view.device, view.rows, view.cols, view.row_stride, name);
   if (view.device != Device::kHost) {
     throw InvalidArgument(std::string(name) + ".device = cuda: the KV backend takes host tensors");
-  }
-  if (view.cols <= 0) {
-    throw InvalidArgument(std::string(name) + ".cols = " + std::to_string(view.cols) +
-                          " must be > 0");
-  }
-  if (view.row_stride != 0 && view.row_stride < view.cols) {
-    throw InvalidArgument(std::string(name) + ".row_stride = " + std::to_string(view.row_stride) +
-                          " is smaller than cols = " + std::to_string(view.cols));
   }
   if (view.rows > 0 && view.data == nullptr) {
     throw InvalidArgument(std::string(name) + ".data is null");
   }
+  (void)detail::view_span_bytes(view.dtype, view.rows, view.cols, view.row_stride);
 }
 
 }  // namespace
@@ -80,9 +78,11 @@ int64_t Engine::store_impl(std::span<const Token> tokens, const TensorView& kv,
                         static_cast<size_t>(chunk.start - token_offset) * stride_bytes;
     std::span<const std::byte> bytes;
     if (stride_bytes == rb) {
-      bytes = {first, rb * static_cast<size_t>(chunk.size())};
+      bytes = {first, static_cast<size_t>(detail::mul_or_throw(static_cast<int64_t>(rb),
+                                                               chunk.size(), "KV chunk bytes"))};
     } else {
-      staging.resize(rb * static_cast<size_t>(chunk.size()));
+      staging.resize(static_cast<size_t>(
+          detail::mul_or_throw(static_cast<int64_t>(rb), chunk.size(), "KV chunk bytes")));
       for (int64_t r = 0; r < chunk.size(); ++r) {
         std::memcpy(staging.data() + static_cast<size_t>(r) * rb,
                     first + static_cast<size_t>(r) * stride_bytes, rb);
@@ -101,26 +101,34 @@ int64_t Engine::retrieve_impl(std::span<const Token> tokens, const MutableTensor
   const std::vector<Chunk> chunks = token_database_.process_tokens(tokens);
   const size_t rb = row_bytes(kv_out.cols, kv_out.dtype);
   const size_t stride_bytes = static_cast<size_t>(kv_out.stride()) * element_size(kv_out.dtype);
-  std::vector<std::byte> staging;
-  int64_t done = 0;
+  // First the cached prefix and its checks, so a bad kv_out is rejected before anything is written
+  // and a kv_out of exactly the prefix's rows is enough (chunks past the prefix are not looked at).
+  size_t cached = 0;
   for (const Chunk& chunk : chunks) {
+    const std::optional<size_t> size = kv_backend_.size_of(chunk.key);
+    if (!size) break;
     if (chunk.end > kv_out.rows) {
       throw InvalidArgument("kv_out.rows = " + std::to_string(kv_out.rows) +
                             " is too small for the cached prefix (needs " +
                             std::to_string(chunk.end) + ")");
     }
-    const std::optional<size_t> size = kv_backend_.size_of(chunk.key);
-    if (!size) break;
     if (*size != rb * static_cast<size_t>(chunk.size())) {
       throw InvalidArgument("kv_out rows are " + std::to_string(rb) +
                             " bytes but the cached chunk was stored with another width");
     }
+    ++cached;
+  }
+  std::vector<std::byte> staging;
+  int64_t done = 0;
+  for (size_t i = 0; i < cached; ++i) {
+    const Chunk& chunk = chunks[i];
+    const size_t size = rb * static_cast<size_t>(chunk.size());
     auto* first =
         static_cast<std::byte*>(kv_out.data) + static_cast<size_t>(chunk.start) * stride_bytes;
     if (stride_bytes == rb) {
-      if (!kv_backend_.get(chunk.key, {first, *size})) break;  // evicted meanwhile
+      if (!kv_backend_.get(chunk.key, {first, size})) break;  // evicted meanwhile
     } else {
-      staging.resize(*size);
+      staging.resize(size);
       if (!kv_backend_.get(chunk.key, staging)) break;
       for (int64_t r = 0; r < chunk.size(); ++r) {
         std::memcpy(first + static_cast<size_t>(r) * stride_bytes,

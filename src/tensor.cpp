@@ -1,7 +1,9 @@
 #include "hss/tensor.hpp"
 
+#include <algorithm>
 #include <string>
 
+#include "hss/detail/checked.hpp"
 #include "hss/error.hpp"
 
 namespace hss {
@@ -21,11 +23,15 @@ std::string_view to_string(DType dtype) {
 std::string_view to_string(Device device) { return device == Device::kHost ? "host" : "cuda"; }
 
 HostTensor::HostTensor(int64_t rows, int64_t cols) : rows_(rows), cols_(cols) {
-  if (rows < 0 || cols < 0) {
-    throw InvalidArgument("HostTensor: rows and cols must be >= 0, got rows=" +
+  // Limits of hss/detail/checked.hpp: rows <= 2^31, cols <= 2^24, so rows * cols * 4 <= 2^57.
+  if (rows < 0 || cols < 0 || rows > detail::kMaxRows || cols > detail::kMaxCols) {
+    throw InvalidArgument("HostTensor: rows must be in [0, 2^31] and cols in [0, 2^24], got rows=" +
                           std::to_string(rows) + " cols=" + std::to_string(cols));
   }
-  buffer_ = detail::HostBuffer::acquire(std::max<size_t>(bytes(), 1));
+  const int64_t bytes =
+      detail::mul_or_throw(detail::mul_or_throw(rows, cols, "HostTensor rows * cols"),
+                           sizeof(float), "HostTensor bytes");
+  buffer_ = detail::HostBuffer::acquire(std::max<size_t>(static_cast<size_t>(bytes), 1));
 }
 
 }  // namespace hss

@@ -3,14 +3,17 @@
 //   hss keys --tokens FILE|- [--config FILE] [--chunk-size N] [--save-unfull-chunk] [--model NAME]
 //            [--world-size N] [--worker-id N] [--fmt NAME] [--kv-dtype NAME]
 //   hss info
+#include <unistd.h>
 #include <cstdio>
-#include <fstream>
+
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/cli.hpp"
+#include "hss/detail/file_reader.hpp"
 #include "hss/hss.hpp"
 
 namespace {
@@ -71,9 +74,10 @@ int config_check(Args& args) {
     std::printf("# ignored key (not used by hsstore): %s\n", key.c_str());
   }
 
-  if (layers == 0)
+  if (layers == 0) {
     layers =
         config.hidden_state_layers ? static_cast<int64_t>(config.hidden_state_layers->size()) : 1;
+  }
   const bool wide =
       dtype == "float32" || config.hidden_state_storage_dtype == hss::StorageDType::kFloat32;
   const int64_t elem = wide ? 4 : 2;
@@ -84,6 +88,13 @@ int config_check(Args& args) {
               hss::cli::format_bytes(static_cast<double>(config.kv_pool_bytes())).c_str());
   if (!config.enable_hidden_state_cache) {
     std::printf("hidden-state pool: disabled (enable_hidden_state_cache: false)\n");
+    return hss::cli::kExitOk;
+  }
+  if (layers == 0) {
+    // An empty allowlist is valid: no layer is cached, so the pool stays unused.
+    std::printf(
+        "hidden-state pool: %s, unused: hidden_state_layers is empty (no layer cached)\n",
+        hss::cli::format_bytes(static_cast<double>(config.hidden_state_pool_bytes())).c_str());
     return hss::cli::kExitOk;
   }
   const auto pool = static_cast<double>(config.hidden_state_pool_bytes());
@@ -103,13 +114,12 @@ int config_check(Args& args) {
 }
 
 std::vector<int64_t> read_tokens(const std::string& source) {
-  std::ifstream file;
-  std::istream* in = &std::cin;
-  if (source != "-") {
-    file.open(source);
-    if (!file) throw std::runtime_error("cannot open token file '" + source + "'");
-    in = &file;
-  }
+  // Regular files (or stdin) only, at most 64 MiB: a FIFO, a device or a directory is an error.
+  const std::string text = source == "-"
+                               ? hss::detail::read_stream_fd(STDIN_FILENO, "token input (stdin)")
+                               : hss::detail::read_regular_file(source, "token file");
+  std::istringstream stream(text);
+  std::istream* in = &stream;
   std::vector<int64_t> tokens;
   std::string word;
   while (*in >> word) {

@@ -65,7 +65,7 @@ add_test(NAME cli_keys_stdin
                  -P ${_t}/run_expect.cmake -- ${_hss} keys --tokens - --chunk-size 4)
 set_tests_properties(cli_keys_stdin PROPERTIES LABELS "cli")
 hss_expect(cli_keys_no_tokens 2 "keys needs --tokens" ${_hss} keys --chunk-size 4)
-hss_expect(cli_keys_missing_file 1 "cannot open token file" ${_hss} keys --tokens
+hss_expect(cli_keys_missing_file 1 "token file .*no_such_tokens.txt. does not exist" ${_hss} keys --tokens
            ${_data}/no_such_tokens.txt)
 hss_expect(cli_keys_bad_token 1 "bad token 'four' at position 3" ${_hss} keys --tokens
            ${_data}/bad_tokens.txt)
@@ -111,3 +111,29 @@ endforeach()
 
 # --- README ----------------------------------------------------------------------------------
 include(${_t}/readme_snippets.cmake)
+
+# --- hostile input files (issue 14, bug 6 and 7): clean errors, never a hang or a crash --------
+hss_expect(cli_config_check_empty_layers 0 "hidden_state_layers: \\[\\].*unused: hidden_state_layers is empty"
+           ${_hss} config check ${_data}/empty_layers.yaml)
+hss_expect(cli_config_check_huge_chunk 1 "config error: .*chunk_size.*4611686018427387904"
+           ${_hss} config check ${_data}/huge_chunk.yaml)
+hss_expect(cli_config_check_dev_zero 1 "config error: .*/dev/zero.*character device"
+           ${_hss} config check /dev/zero)
+hss_expect(cli_config_check_proc_mem 1 "config error: .*/proc/self/mem.*pseudo filesystem"
+           ${_hss} config check /proc/self/mem)
+hss_expect(cli_config_check_directory 1 "config error: .*is a directory" ${_hss} config check
+           ${_data})
+hss_expect(cli_keys_directory 1 "token file .* is a directory" ${_hss} keys --tokens ${_data})
+hss_expect(cli_keys_dev_zero 1 "token file '/dev/zero' is a character device" ${_hss} keys
+           --tokens /dev/zero)
+hss_expect(cli_keys_config_dev_zero 1 "config error: .*/dev/zero" ${_hss} keys --tokens
+           ${_data}/tokens.txt --config /dev/zero)
+hss_expect(demo_config_dev_zero 1 "config error: .*/dev/zero" ${_demo} --config /dev/zero)
+# A FIFO without a writer: the tools must refuse it, not wait for ever (timeout 20 s = failure).
+set(_fifo ${CMAKE_CURRENT_BINARY_DIR}/hostile.fifo)
+hss_expect(cli_config_check_fifo 1 "is a FIFO" sh -c
+           "rm -f '${_fifo}.1' && mkfifo '${_fifo}.1' && timeout 20 '${_hss}' config check '${_fifo}.1'; rc=$?; rm -f '${_fifo}.1'; exit $rc")
+hss_expect(cli_keys_fifo 1 "is a FIFO" sh -c
+           "rm -f '${_fifo}.2' && mkfifo '${_fifo}.2' && timeout 20 '${_hss}' keys --tokens '${_fifo}.2'; rc=$?; rm -f '${_fifo}.2'; exit $rc")
+hss_expect(demo_config_fifo 1 "is a FIFO" sh -c
+           "rm -f '${_fifo}.3' && mkfifo '${_fifo}.3' && timeout 20 '${_demo}' --config '${_fifo}.3'; rc=$?; rm -f '${_fifo}.3'; exit $rc")

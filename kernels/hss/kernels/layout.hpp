@@ -15,6 +15,24 @@
 
 namespace hss::kernels {
 
+/// The largest byte span of a caller's view (hss/detail/checked.hpp rejects larger ones before
+/// any loop or kernel runs). With it, every (row * row_stride + col) * element size and every flat
+/// element index below stays under 2^48 and fits in int64_t.
+inline constexpr int64_t kMaxViewBytes = int64_t{1} << 48;
+
+/// Host-side check of the bound above: rows x cols with row_stride elements of esize bytes spans
+/// at most kMaxViewBytes ((rows - 1) * row_stride + cols elements), computed without overflow.
+constexpr bool view_fits(int64_t rows, int64_t cols, int64_t row_stride, int64_t esize) {
+  if (rows < 0 || cols < 0 || row_stride < 0 || esize <= 0) return false;
+  if (rows == 0) return true;
+  int64_t elems = 0;
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(rows - 1, row_stride, &elems)) return false;
+  if (__builtin_add_overflow(elems, cols, &elems)) return false;
+  if (__builtin_mul_overflow(elems, esize, &bytes)) return false;
+  return bytes <= kMaxViewBytes;
+}
+
 /// A caller's 2-D input (row_stride in elements).
 struct SourceView {
   const void* data = nullptr;

@@ -1,0 +1,76 @@
+#pragma once
+// Checked size arithmetic and the documented size limits of hsstore's tensors and chunks.
+//
+// Every product of caller-controlled sizes (rows * cols * element size, chunk_size * hidden dim,
+// KV bytes) goes through these helpers, so a huge value is an InvalidArgument/ConfigError and never
+// a wrapped size. The limits keep every byte count of one chunk or one tensor far below 2^63:
+// chunk 2^20 tokens x 2^24 columns x 8 bytes = 2^47.
+//
+// Thread safety: pure functions and constants.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "hss/error.hpp"
+#include "hss/tensor.hpp"
+
+namespace hss::detail {
+
+/// Largest chunk_size accepted by Config::validate and the token databases (tokens per chunk).
+inline constexpr int64_t kMaxChunkSize = int64_t{1} << 20;
+/// Largest number of columns (hidden dim, KV row width in elements) of a tensor or view.
+inline constexpr int64_t kMaxCols = int64_t{1} << 24;
+/// Largest number of rows (tokens) of a tensor or view.
+inline constexpr int64_t kMaxRows = int64_t{1} << 31;
+/// Largest row stride of a view, in elements.
+inline constexpr int64_t kMaxRowStride = int64_t{1} << 32;
+/// Largest byte span of one view: beyond any address space (the kernels' layout relies on it).
+inline constexpr int64_t kMaxViewBytes = int64_t{1} << 48;
+/// Largest pool granule (Config::hidden_state_block_bytes), 1 GiB.
+inline constexpr int64_t kMaxBlockBytes = int64_t{1} << 30;
+
+/// a * b, or nullopt when it does not fit in int64_t (or either operand is negative).
+[[nodiscard]] constexpr std::optional<int64_t> checked_mul(int64_t a, int64_t b) {
+  if (a < 0 || b < 0) return std::nullopt;
+  int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
+
+/// a + b, or nullopt when it does not fit in int64_t (or either operand is negative).
+[[nodiscard]] constexpr std::optional<int64_t> checked_add(int64_t a, int64_t b) {
+  if (a < 0 || b < 0) return std::nullopt;
+  int64_t out = 0;
+  if (__builtin_add_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
+
+/// a * b, or InvalidArgument naming `what` and both operands.
+[[nodiscard]] inline int64_t mul_or_throw(int64_t a, int64_t b, std::string_view what) {
+  if (const auto out = checked_mul(a, b)) return *out;
+  throw InvalidArgument(std::string(what) + ": " + std::to_string(a) + " * " + std::to_string(b) +
+                        " does not fit in a 64-bit size");
+}
+
+/// True for the enumerators of DType (a value cast from an integer may be none of them).
+[[nodiscard]] constexpr bool is_valid(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+}
+/// True for the enumerators of Device.
+[[nodiscard]] constexpr bool is_valid(Device device) {
+  return device == Device::kHost || device == Device::kCuda;
+}
+
+/// Checks the shape of a view against the limits above: dtype and device are enumerators,
+/// 0 <= rows <= kMaxRows, 0 < cols <= kMaxCols, row_stride 0 or in [cols, kMaxRowStride].
+/// Throws InvalidArgument naming `name` and the field. Says nothing about data or device index.
+void check_view_shape(DType dtype, Device device, int64_t rows, int64_t cols, int64_t row_stride,
+                      std::string_view name);
+
+/// Bytes spanned by rows x cols with row_stride (elements) of dtype: (rows - 1) * stride + cols
+/// elements. InvalidArgument beyond kMaxViewBytes. Call after check_view_shape.
+[[nodiscard]] int64_t view_span_bytes(DType dtype, int64_t rows, int64_t cols, int64_t row_stride);
+
+}  // namespace hss::detail

@@ -1,0 +1,135 @@
+// Checked size arithmetic and the documented limits (hss/detail/checked.hpp): huge sizes are
+// clean errors in Config, HostTensor, the token database and Engine, never wrapped byte counts.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+
+#include "hss/detail/checked.hpp"
+#include "hss/hss.hpp"
+#include "hss/kernels/layout.hpp"
+#include "test_util.hpp"
+
+namespace hss {
+namespace {
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+TEST(Checked, MulAndAddReportOverflow) {
+  EXPECT_EQ(detail::checked_mul(3, 7), 21);
+  EXPECT_EQ(detail::checked_mul(0, kMax), 0);
+  EXPECT_EQ(detail::checked_mul(int64_t{1} << 31, int64_t{1} << 31), int64_t{1} << 62);
+  EXPECT_FALSE(detail::checked_mul(int64_t{1} << 32, int64_t{1} << 31).has_value());
+  EXPECT_FALSE(detail::checked_mul(-1, 5).has_value());
+  EXPECT_EQ(detail::checked_add(kMax - 1, 1), kMax);
+  EXPECT_FALSE(detail::checked_add(kMax, 1).has_value());
+  EXPECT_FALSE(detail::checked_add(-2, 1).has_value());
+  EXPECT_THROW((void)detail::mul_or_throw(kMax, 2, "x"), InvalidArgument);
+}
+
+TEST(Checked, LayoutViewFits) {
+  EXPECT_TRUE(kernels::view_fits(0, 5, 0, 4));
+  EXPECT_TRUE(kernels::view_fits(10, 5, 5, 4));
+  EXPECT_FALSE(kernels::view_fits(int64_t{1} << 31, int64_t{1} << 24, int64_t{1} << 32, 4));
+  EXPECT_FALSE(kernels::view_fits(kMax, kMax, kMax, 4));
+  EXPECT_FALSE(kernels::view_fits(-1, 5, 5, 4));
+}
+
+TEST(Checked, ViewShapeRejectsOutOfEnumAndOutOfLimit) {
+  EXPECT_NO_THROW(detail::check_view_shape(DType::kFloat32, Device::kHost, 4, 8, 0, "v"));
+  EXPECT_THROW(detail::check_view_shape(static_cast<DType>(7), Device::kHost, 4, 8, 0, "v"),
+               InvalidArgument);
+  EXPECT_THROW(detail::check_view_shape(DType::kFloat32, static_cast<Device>(9), 4, 8, 0, "v"),
+               InvalidArgument);
+  EXPECT_THROW(
+      detail::check_view_shape(DType::kFloat32, Device::kHost, 4, detail::kMaxCols + 1, 0, "v"),
+      InvalidArgument);
+  EXPECT_THROW(
+      detail::check_view_shape(DType::kFloat32, Device::kHost, detail::kMaxRows + 1, 8, 0, "v"),
+      InvalidArgument);
+  EXPECT_THROW(detail::check_view_shape(DType::kFloat32, Device::kHost, 4, 8, 7, "v"),
+               InvalidArgument);
+  EXPECT_THROW(
+      (void)detail::view_span_bytes(DType::kFloat32, detail::kMaxRows, 8, detail::kMaxRowStride),
+      InvalidArgument);
+  EXPECT_EQ(detail::view_span_bytes(DType::kBFloat16, 3, 4, 10), (2 * 10 + 4) * 2);
+}
+
+TEST(Checked, HostTensorRejectsSizesBeyondTheLimits) {
+  EXPECT_THROW(HostTensor(kMax, kMax), InvalidArgument);
+  EXPECT_THROW(HostTensor(int64_t{1} << 40, 1), InvalidArgument);
+  EXPECT_THROW(HostTensor(1, detail::kMaxCols + 1), InvalidArgument);
+  EXPECT_THROW(HostTensor(-1, 4), InvalidArgument);
+  const HostTensor t(3, 5);
+  EXPECT_EQ(t.bytes(), 60u);
+}
+
+TEST(Checked, ConfigRejectsHugeChunkSizeCleanly) {
+  try {
+    (void)Config::from_yaml("chunk_size: 4611686018427387904\n");
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("chunk_size"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("4611686018427387904"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW((void)Config::from_yaml("chunk_size: 1048576\n"));
+  EXPECT_THROW((void)Config::from_yaml("chunk_size: 1048577\n"), ConfigError);
+  Config c;
+  c.hidden_state_block_bytes = int64_t{1} << 40;
+  EXPECT_THROW(c.validate(), ConfigError);
+  EXPECT_THROW(ChunkedTokenDatabase(int64_t{1} << 62, false), InvalidArgument);
+}
+
+Config kv_config() {
+  Config c;
+  c.chunk_size = 16;
+  c.max_local_cpu_size = 16.0 * 16 * 8 * 2 / (1ULL << 30);
+  return c;
+}
+
+TEST(Checked, EngineRejectsBadKvViewsAndChangesNothing) {
+  auto engine = Engine::create(kv_config());
+  const auto tokens = test::make_tokens(32, 3);
+  std::vector<uint16_t> kv(32 * 8, 1);
+  TensorView view = test::view_of(kv, 8, DType::kBFloat16);
+  TensorView bad = view;
+  bad.dtype = static_cast<DType>(42);
+  EXPECT_THROW((void)engine->store(tokens, bad), InvalidArgument);
+  bad = view;
+  bad.device = static_cast<Device>(5);
+  EXPECT_THROW((void)engine->store(tokens, bad), InvalidArgument);
+  bad = view;
+  bad.cols = kMax;
+  bad.row_stride = kMax;
+  EXPECT_THROW((void)engine->store(tokens, bad), InvalidArgument);
+  bad = view;
+  bad.cols = detail::kMaxCols + 1;
+  EXPECT_THROW((void)engine->store(tokens, bad), InvalidArgument);
+  EXPECT_EQ(engine->kv_backend().stats().chunks_held, 0u);
+  EXPECT_EQ(engine->store(tokens, view), 2);
+}
+
+// Engine::retrieve's header: kv_out needs rows >= the cached prefix, no more.
+TEST(Checked, EngineRetrieveIntoExactlyThePrefix) {
+  auto engine = Engine::create(kv_config());
+  const auto tokens = test::make_tokens(64, 4);
+  std::vector<uint16_t> kv(32 * 8);
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = static_cast<uint16_t>(i);
+  const std::span<const int32_t> first_two(tokens.data(), 32);
+  ASSERT_EQ(engine->store(first_two, test::view_of(kv, 8, DType::kBFloat16)), 2);
+  std::vector<uint16_t> out(32 * 8, 0);
+  MutableTensorView view{out.data(), DType::kBFloat16, 32, 8, 0, Device::kHost, 0};
+  EXPECT_EQ(engine->retrieve(tokens, view), 32);  // 4 chunks asked, 2 cached, 32 rows given
+  EXPECT_EQ(out, kv);
+  // Fewer rows than the prefix: an error before anything is written.
+  std::vector<uint16_t> small(16 * 8, 7);
+  MutableTensorView small_view{small.data(), DType::kBFloat16, 16, 8, 0, Device::kHost, 0};
+  EXPECT_THROW((void)engine->retrieve(tokens, small_view), InvalidArgument);
+  EXPECT_EQ(small, std::vector<uint16_t>(16 * 8, 7));
+  MutableTensorView bad = view;
+  bad.dtype = static_cast<DType>(3);
+  EXPECT_THROW((void)engine->retrieve(tokens, bad), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace hss
