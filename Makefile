@@ -3,8 +3,13 @@
 JOBS ?= $(shell nproc)
 BUILD_DIR := build
 ASAN_DIR := build-asan
+TSAN_DIR := build-tsan
+FUZZ_DIR := build-fuzz
+# make fuzz: seconds per libFuzzer target; make tsan: seconds of the TSan stress run.
+FUZZ_SECONDS ?= 60
+TSAN_SECONDS ?= 60
 
-.PHONY: all bootstrap configure build test demo asan bench format clean
+.PHONY: all bootstrap configure build test demo asan tsan fuzz bench format clean
 
 all: build
 
@@ -34,8 +39,23 @@ asan: bootstrap
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_DIR) --output-on-failure -j $(JOBS) -LE "bench|install"
 
+# The concurrency stress tests under ThreadSanitizer for TSAN_SECONDS; any report fails the run.
+tsan:
+	@HSS_BOOTSTRAP_SANITIZERS=1 scripts/bootstrap
+	cmake --preset tsan
+	cmake --build $(TSAN_DIR) -j $(JOBS) --target hss_tests
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" HSS_STRESS_SECONDS=$(TSAN_SECONDS) \
+	  HSS_LOG_LEVEL=warn $(TSAN_DIR)/tests/hss_tests --gtest_filter='StoreStress*'
+
+# Every libFuzzer target of tests/fuzz for FUZZ_SECONDS each, from the committed seed corpora.
+fuzz:
+	@HSS_BOOTSTRAP_SANITIZERS=1 scripts/bootstrap
+	cmake --preset fuzz
+	cmake --build $(FUZZ_DIR) -j $(JOBS)
+	scripts/fuzz $(FUZZ_DIR) $(FUZZ_SECONDS)
+
 format:
 	git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR) build-host build-gpu
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR) build-host build-gpu
