@@ -6,26 +6,26 @@
 
 namespace hss::detail {
 
-static_assert(kMaxViewBytes == kernels::kMaxViewBytes, "one limit, two headers");
+static_assert(limits::kMaxViewBytes == kernels::kMaxViewBytes, "one limit, two headers");
 
 void check_view_shape(DType dtype, Device device, int64_t rows, int64_t cols, int64_t row_stride,
                       std::string_view name) {
   const std::string n(name);
-  if (!is_valid(dtype)) {
+  if (!is_enumerator(dtype)) {
     throw InvalidArgument(n + ".dtype = " + std::to_string(static_cast<int>(dtype)) +
                           " is not a DType");
   }
-  if (!is_valid(device)) {
+  if (!is_enumerator(device)) {
     throw InvalidArgument(n + ".device = " + std::to_string(static_cast<int>(device)) +
                           " is not a Device");
   }
-  if (rows < 0 || rows > kMaxRows) {
+  if (rows < 0 || rows > limits::kMaxRows) {
     throw InvalidArgument(n + ".rows = " + std::to_string(rows) + " is outside [0, 2^31]");
   }
-  if (cols <= 0 || cols > kMaxCols) {
+  if (cols <= 0 || cols > limits::kMaxCols) {
     throw InvalidArgument(n + ".cols = " + std::to_string(cols) + " is outside [1, 2^24]");
   }
-  if (row_stride != 0 && (row_stride < cols || row_stride > kMaxRowStride)) {
+  if (row_stride != 0 && (row_stride < cols || row_stride > limits::kMaxRowStride)) {
     throw InvalidArgument(n + ".row_stride = " + std::to_string(row_stride) +
                           " must be 0 or in [cols = " + std::to_string(cols) + ", 2^32]");
   }
@@ -38,7 +38,7 @@ int64_t view_span_bytes(DType dtype, int64_t rows, int64_t cols, int64_t row_str
       mul_or_throw(rows - 1, stride, "view rows * row_stride") + cols;  // <= 2^63 by the limits
   const int64_t bytes =
       mul_or_throw(elems, static_cast<int64_t>(element_size(dtype)), "view bytes");
-  if (bytes > kMaxViewBytes) {
+  if (bytes > limits::kMaxViewBytes) {
     throw InvalidArgument("view of " + std::to_string(rows) + " rows with row_stride " +
                           std::to_string(stride) + " spans " + std::to_string(bytes) +
                           " bytes, more than 2^48");

@@ -266,7 +266,7 @@ void validate_with(const Config& cfg, const Origins& origins) {
     fail_key(origins, kChunkSize, "must be > 0", std::to_string(cfg.chunk_size));
   }
   // The documented limit (hss/detail/checked.hpp): keeps chunk byte counts far from overflow.
-  if (cfg.chunk_size > detail::kMaxChunkSize) {
+  if (cfg.chunk_size > limits::kMaxChunkSize) {
     fail_key(origins, kChunkSize, "must be <= 1048576 (2^20 tokens)",
              std::to_string(cfg.chunk_size));
   }
@@ -295,7 +295,7 @@ void validate_with(const Config& cfg, const Origins& origins) {
     fail_key(origins, kHiddenStateBlockBytes, "must be 0 or a positive multiple of 16",
              std::to_string(cfg.hidden_state_block_bytes));
   }
-  if (cfg.hidden_state_block_bytes > detail::kMaxBlockBytes) {
+  if (cfg.hidden_state_block_bytes > limits::kMaxBlockBytes) {
     fail_key(origins, kHiddenStateBlockBytes, "must be <= 1073741824 (1 GiB)",
              std::to_string(cfg.hidden_state_block_bytes));
   }

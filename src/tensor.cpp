@@ -24,7 +24,7 @@ std::string_view to_string(Device device) { return device == Device::kHost ? "ho
 
 HostTensor::HostTensor(int64_t rows, int64_t cols) : rows_(rows), cols_(cols) {
   // Limits of hss/detail/checked.hpp: rows <= 2^31, cols <= 2^24, so rows * cols * 4 <= 2^57.
-  if (rows < 0 || cols < 0 || rows > detail::kMaxRows || cols > detail::kMaxCols) {
+  if (rows < 0 || cols < 0 || rows > limits::kMaxRows || cols > limits::kMaxCols) {
     throw InvalidArgument("HostTensor: rows must be in [0, 2^31] and cols in [0, 2^24], got rows=" +
                           std::to_string(rows) + " cols=" + std::to_string(cols));
   }

@@ -23,7 +23,7 @@ ChunkedTokenDatabase::ChunkedTokenDatabase(int64_t chunk_size, bool save_unfull_
     : chunk_size_(chunk_size),
       save_unfull_chunk_(save_unfull_chunk),
       metadata_(std::move(metadata)) {
-  if (chunk_size <= 0 || chunk_size > detail::kMaxChunkSize) {
+  if (chunk_size <= 0 || chunk_size > limits::kMaxChunkSize) {
     throw InvalidArgument("chunk_size must be in [1, 2^20], got " + std::to_string(chunk_size));
   }
 }

@@ -42,15 +42,15 @@ TEST(Checked, ViewShapeRejectsOutOfEnumAndOutOfLimit) {
   EXPECT_THROW(detail::check_view_shape(DType::kFloat32, static_cast<Device>(9), 4, 8, 0, "v"),
                InvalidArgument);
   EXPECT_THROW(
-      detail::check_view_shape(DType::kFloat32, Device::kHost, 4, detail::kMaxCols + 1, 0, "v"),
+      detail::check_view_shape(DType::kFloat32, Device::kHost, 4, limits::kMaxCols + 1, 0, "v"),
       InvalidArgument);
   EXPECT_THROW(
-      detail::check_view_shape(DType::kFloat32, Device::kHost, detail::kMaxRows + 1, 8, 0, "v"),
+      detail::check_view_shape(DType::kFloat32, Device::kHost, limits::kMaxRows + 1, 8, 0, "v"),
       InvalidArgument);
   EXPECT_THROW(detail::check_view_shape(DType::kFloat32, Device::kHost, 4, 8, 7, "v"),
                InvalidArgument);
   EXPECT_THROW(
-      (void)detail::view_span_bytes(DType::kFloat32, detail::kMaxRows, 8, detail::kMaxRowStride),
+      (void)detail::view_span_bytes(DType::kFloat32, limits::kMaxRows, 8, limits::kMaxRowStride),
       InvalidArgument);
   EXPECT_EQ(detail::view_span_bytes(DType::kBFloat16, 3, 4, 10), (2 * 10 + 4) * 2);
 }
@@ -58,7 +58,7 @@ TEST(Checked, ViewShapeRejectsOutOfEnumAndOutOfLimit) {
 TEST(Checked, HostTensorRejectsSizesBeyondTheLimits) {
   EXPECT_THROW(HostTensor(kMax, kMax), InvalidArgument);
   EXPECT_THROW(HostTensor(int64_t{1} << 40, 1), InvalidArgument);
-  EXPECT_THROW(HostTensor(1, detail::kMaxCols + 1), InvalidArgument);
+  EXPECT_THROW(HostTensor(1, limits::kMaxCols + 1), InvalidArgument);
   EXPECT_THROW(HostTensor(-1, 4), InvalidArgument);
   const HostTensor t(3, 5);
   EXPECT_EQ(t.bytes(), 60u);
@@ -103,7 +103,7 @@ TEST(Checked, EngineRejectsBadKvViewsAndChangesNothing) {
   bad.row_stride = kMax;
   EXPECT_THROW((void)engine->store(tokens, bad), InvalidArgument);
   bad = view;
-  bad.cols = detail::kMaxCols + 1;
+  bad.cols = limits::kMaxCols + 1;
   EXPECT_THROW((void)engine->store(tokens, bad), InvalidArgument);
   EXPECT_EQ(engine->kv_backend().stats().chunks_held, 0u);
   EXPECT_EQ(engine->store(tokens, view), 2);

@@ -16,7 +16,7 @@
 #include "hss/error.hpp"
 #include "hss/tensor.hpp"
 
-namespace hss::detail {
+namespace hss::limits {
 
 /// Largest chunk_size accepted by Config::validate and the token databases (tokens per chunk).
 inline constexpr int64_t kMaxChunkSize = int64_t{1} << 20;
@@ -30,6 +30,10 @@ inline constexpr int64_t kMaxRowStride = int64_t{1} << 32;
 inline constexpr int64_t kMaxViewBytes = int64_t{1} << 48;
 /// Largest pool granule (Config::hidden_state_block_bytes), 1 GiB.
 inline constexpr int64_t kMaxBlockBytes = int64_t{1} << 30;
+
+}  // namespace hss::limits
+
+namespace hss::detail {
 
 /// a * b, or nullopt when it does not fit in int64_t (or either operand is negative).
 [[nodiscard]] constexpr std::optional<int64_t> checked_mul(int64_t a, int64_t b) {
@@ -55,15 +59,15 @@ inline constexpr int64_t kMaxBlockBytes = int64_t{1} << 30;
 }
 
 /// True for the enumerators of DType (a value cast from an integer may be none of them).
-[[nodiscard]] constexpr bool is_valid(DType dtype) {
+[[nodiscard]] constexpr bool is_enumerator(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
 }
 /// True for the enumerators of Device.
-[[nodiscard]] constexpr bool is_valid(Device device) {
+[[nodiscard]] constexpr bool is_enumerator(Device device) {
   return device == Device::kHost || device == Device::kCuda;
 }
 
-/// Checks the shape of a view against the limits above: dtype and device are enumerators,
+/// Checks the shape of a view against the limits (hss::limits): dtype and device are enumerators,
 /// 0 <= rows <= kMaxRows, 0 < cols <= kMaxCols, row_stride 0 or in [cols, kMaxRowStride].
 /// Throws InvalidArgument naming `name` and the field. Says nothing about data or device index.
 void check_view_shape(DType dtype, Device device, int64_t rows, int64_t cols, int64_t row_stride,
