@@ -11,11 +11,11 @@ static_assert(limits::kMaxViewBytes == kernels::kMaxViewBytes, "one limit, two h
 void check_view_shape(DType dtype, Device device, int64_t rows, int64_t cols, int64_t row_stride,
                       std::string_view name) {
   const std::string n(name);
-  if (!is_enumerator(dtype)) {
+  if (!hss::is_valid(dtype)) {
     throw InvalidArgument(n + ".dtype = " + std::to_string(static_cast<int>(dtype)) +
                           " is not a DType");
   }
-  if (!is_enumerator(device)) {
+  if (!hss::is_valid(device)) {
     throw InvalidArgument(n + ".device = " + std::to_string(static_cast<int>(device)) +
                           " is not a Device");
   }

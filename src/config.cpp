@@ -318,10 +318,6 @@ void validate_with(const Config& cfg, const Origins& origins) {
              "must be 0 (automatic granule) or a positive multiple of 64 up to 64 MiB",
              std::to_string(cfg.hidden_state_block_bytes));
   }
-  if (cfg.hidden_state_block_bytes > limits::kMaxBlockBytes) {
-    fail_key(origins, kHiddenStateBlockBytes, "must be <= 1073741824 (1 GiB)",
-             std::to_string(cfg.hidden_state_block_bytes));
-  }
   if (cfg.hidden_state_storage_dtype != StorageDType::kFloat32 &&
       cfg.hidden_state_storage_dtype != StorageDType::kNative) {
     // Only reachable for a Config built in code: parsing accepts the two names alone.

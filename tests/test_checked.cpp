@@ -8,12 +8,17 @@
 #include "hss/detail/checked.hpp"
 #include "hss/hss.hpp"
 #include "hss/kernels/layout.hpp"
+#include "store_validation.hpp"
 #include "test_util.hpp"
 
 namespace hss {
 namespace {
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+// One set of documented limits: the store's own view checks use the same numbers.
+static_assert(detail::kMaxCols == limits::kMaxCols);
+static_assert(detail::kMaxRows == limits::kMaxRows);
 
 TEST(Checked, MulAndAddReportOverflow) {
   EXPECT_EQ(detail::checked_mul(3, 7), 21);

@@ -28,8 +28,6 @@ inline constexpr int64_t kMaxRows = int64_t{1} << 31;
 inline constexpr int64_t kMaxRowStride = int64_t{1} << 32;
 /// Largest byte span of one view: beyond any address space (the kernels' layout relies on it).
 inline constexpr int64_t kMaxViewBytes = int64_t{1} << 48;
-/// Largest pool granule (Config::hidden_state_block_bytes), 1 GiB.
-inline constexpr int64_t kMaxBlockBytes = int64_t{1} << 30;
 
 }  // namespace hss::limits
 
@@ -56,15 +54,6 @@ namespace hss::detail {
   if (const auto out = checked_mul(a, b)) return *out;
   throw InvalidArgument(std::string(what) + ": " + std::to_string(a) + " * " + std::to_string(b) +
                         " does not fit in a 64-bit size");
-}
-
-/// True for the enumerators of DType (a value cast from an integer may be none of them).
-[[nodiscard]] constexpr bool is_enumerator(DType dtype) {
-  return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
-}
-/// True for the enumerators of Device.
-[[nodiscard]] constexpr bool is_enumerator(Device device) {
-  return device == Device::kHost || device == Device::kCuda;
 }
 
 /// Checks the shape of a view against the limits (hss::limits): dtype and device are enumerators,
