@@ -18,6 +18,7 @@
 #include <system_error>
 
 #include "hss/error.hpp"
+#include "redis_url.hpp"
 
 namespace hss {
 namespace {
@@ -35,6 +36,10 @@ constexpr std::string_view kMaxHiddenStateCpuSize = "max_hidden_state_cpu_size";
 constexpr std::string_view kHiddenStateLayers = "hidden_state_layers";
 constexpr std::string_view kHiddenStateStorageDType = "hidden_state_storage_dtype";
 constexpr std::string_view kHiddenStateBlockBytes = "hidden_state_block_bytes";
+constexpr std::string_view kHiddenStateRemoteUrl = "hidden_state_remote_url";
+constexpr std::string_view kHiddenStateRemoteTtlS = "hidden_state_remote_ttl_s";
+constexpr std::string_view kHiddenStateRemoteTimeoutMs = "hidden_state_remote_timeout_ms";
+constexpr std::string_view kHiddenStateRemoteQueueBytes = "hidden_state_remote_queue_bytes";
 
 // Where a value came from and how it was written, so validation errors can quote the input
 // rather than a reformatted number. `where` reads "line 3" or "environment variable X". Keys
@@ -194,6 +199,20 @@ std::optional<std::vector<int64_t>> parse_layers(std::string_view key, const YAM
   return layers;
 }
 
+// A URL or a list of URLs (null or an empty list: no remote tier). Checked in validate().
+std::vector<std::string> parse_urls(std::string_view key, const YAML::Node& node,
+                                    std::string_view where) {
+  if (node.IsNull()) return {};
+  if (node.IsScalar()) return {node.Scalar()};
+  if (!node.IsSequence()) fail(key, "expected a URL or a list of URLs", describe(node), where);
+  std::vector<std::string> urls;
+  for (const YAML::Node& item : node) {
+    if (!item.IsScalar()) fail(key, "expected a URL or a list of URLs", describe(node), where);
+    urls.push_back(item.Scalar());
+  }
+  return urls;
+}
+
 // Applies one key. False when hsstore does not know the key.
 bool apply_key(Config& cfg, std::string_view key, const YAML::Node& value, std::string_view where,
                bool where_is_line) {
@@ -213,6 +232,14 @@ bool apply_key(Config& cfg, std::string_view key, const YAML::Node& value, std::
     cfg.hidden_state_storage_dtype = parse_dtype(key, value, where);
   } else if (key == kHiddenStateBlockBytes) {
     cfg.hidden_state_block_bytes = parse_int(key, value, where);
+  } else if (key == kHiddenStateRemoteUrl) {
+    cfg.hidden_state_remote_url = parse_urls(key, value, where);
+  } else if (key == kHiddenStateRemoteTtlS) {
+    cfg.hidden_state_remote_ttl_s = parse_int(key, value, where);
+  } else if (key == kHiddenStateRemoteTimeoutMs) {
+    cfg.hidden_state_remote_timeout_ms = parse_int(key, value, where);
+  } else if (key == kHiddenStateRemoteQueueBytes) {
+    cfg.hidden_state_remote_queue_bytes = parse_int(key, value, where);
   } else {
     return false;
   }
@@ -226,7 +253,11 @@ constexpr std::array kKnownKeys = {kChunkSize,
                                    kMaxHiddenStateCpuSize,
                                    kHiddenStateLayers,
                                    kHiddenStateStorageDType,
-                                   kHiddenStateBlockBytes};
+                                   kHiddenStateBlockBytes,
+                                   kHiddenStateRemoteUrl,
+                                   kHiddenStateRemoteTtlS,
+                                   kHiddenStateRemoteTimeoutMs,
+                                   kHiddenStateRemoteQueueBytes};
 
 std::string origin_of(const Origins& origins, std::string_view key) {
   const auto it = origins.find(key);
@@ -258,6 +289,34 @@ void check_gib(const Origins& origins, std::string_view key, double gib) {
   if (gib < 0.0) fail_key(origins, key, "must be >= 0 (GiB)", plain_double(gib));
   if (gib * kBytesPerGiB >= kUint64Limit) {
     fail_key(origins, key, "must be less than 2^34 GiB", plain_double(gib));
+  }
+}
+
+void validate_remote(const Config& cfg, const Origins& origins) {
+  try {
+    (void)detail::parse_redis_urls(cfg.hidden_state_remote_url);
+  } catch (const ConfigError& e) {
+    // The parser masks passwords; the origin is where the list came from.
+    std::string msg = "config key '" + std::string(kHiddenStateRemoteUrl) + "': " + e.what();
+    if (const std::string where = origin_of(origins, kHiddenStateRemoteUrl); !where.empty()) {
+      msg += " (" + where + ")";
+    }
+    throw ConfigError(msg);
+  }
+  if (cfg.hidden_state_remote_ttl_s < 0) {
+    fail_key(origins, kHiddenStateRemoteTtlS, "must be >= 0 seconds (0 = no expiry)",
+             std::to_string(cfg.hidden_state_remote_ttl_s));
+  }
+  // Bounded so the timeout fits a timeval and a stuck server cannot hold a caller for long.
+  constexpr int64_t kMaxTimeoutMs = 600000;
+  if (cfg.hidden_state_remote_timeout_ms <= 0 ||
+      cfg.hidden_state_remote_timeout_ms > kMaxTimeoutMs) {
+    fail_key(origins, kHiddenStateRemoteTimeoutMs, "must be in [1, 600000] milliseconds",
+             std::to_string(cfg.hidden_state_remote_timeout_ms));
+  }
+  if (cfg.hidden_state_remote_queue_bytes < 0) {
+    fail_key(origins, kHiddenStateRemoteQueueBytes, "must be >= 0 bytes (0 = no write-behind)",
+             std::to_string(cfg.hidden_state_remote_queue_bytes));
   }
 }
 
@@ -296,6 +355,7 @@ void validate_with(const Config& cfg, const Origins& origins) {
     fail_key(origins, kHiddenStateStorageDType, "unknown storage dtype",
              std::to_string(static_cast<int>(cfg.hidden_state_storage_dtype)));
   }
+  validate_remote(cfg, origins);
 }
 
 // Parses YAML text into cfg, recording where each key came from. Does not validate.
@@ -457,6 +517,28 @@ std::string Config::to_yaml() const {
   out += "\n";
   out += "hidden_state_storage_dtype: " + std::string(to_string(hidden_state_storage_dtype)) + "\n";
   out += "hidden_state_block_bytes: " + std::to_string(hidden_state_block_bytes) + "\n";
+  out += "hidden_state_remote_url: ";
+  if (hidden_state_remote_url.empty()) {
+    out += "null";
+  } else {
+    out += "[";
+    for (size_t i = 0; i < hidden_state_remote_url.size(); ++i) {
+      if (i != 0) out += ", ";
+      // Double-quoted YAML: a password may hold characters YAML would otherwise read.
+      out += '"';
+      for (const char c : hidden_state_remote_url[i]) {
+        if (c == '"' || c == '\\') out += '\\';
+        out += c;
+      }
+      out += '"';
+    }
+    out += "]";
+  }
+  out += "\n";
+  out += "hidden_state_remote_ttl_s: " + std::to_string(hidden_state_remote_ttl_s) + "\n";
+  out += "hidden_state_remote_timeout_ms: " + std::to_string(hidden_state_remote_timeout_ms) + "\n";
+  out +=
+      "hidden_state_remote_queue_bytes: " + std::to_string(hidden_state_remote_queue_bytes) + "\n";
   return out;
 }
 

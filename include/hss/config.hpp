@@ -31,6 +31,14 @@ struct Config {
   /// full chunk of the first shape stored, so uniform chunks fill the pool exactly.
   int64_t hidden_state_block_bytes = 0;
 
+  /// Shared remote tier (Redis/Valkey): redis://[user:password@]host:port[/db] URLs; several are
+  /// sharded by rendezvous hashing of the chunk key. Empty (default) = no remote tier. Needs a
+  /// build with hiredis: otherwise constructing a store with a URL is a ConfigError.
+  std::vector<std::string> hidden_state_remote_url;
+  int64_t hidden_state_remote_ttl_s = 0;          ///< expiry of remote values; 0 = none
+  int64_t hidden_state_remote_timeout_ms = 1000;  ///< connect and per-socket-operation timeout
+  int64_t hidden_state_remote_queue_bytes = 256LL << 20;  ///< write-behind budget; 0 = no writes
+
   /// Keys present in the input that hsstore does not use (a warning was logged for each).
   std::vector<std::string> unknown_keys;
 
