@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -83,6 +84,7 @@ class RedisRemoteTier final : public RemoteTier {
 
   bool enqueue_write(const RemoteWrite& write, std::span<const std::span<const std::byte>> pieces,
                      std::shared_ptr<const void> owner, std::function<bool()> ready) override;
+  std::vector<bool> contains(std::span<const RemoteRequest> requests) override;
   std::vector<std::optional<RemoteValue>> fetch(std::span<const RemoteRequest> requests) override;
   void flush() override {
     std::unique_lock lock(mutex_);
@@ -129,6 +131,11 @@ class RedisRemoteTier final : public RemoteTier {
   std::optional<Clock::time_point> maintain_connections(bool initial, bool force);
   void run();
   void send(std::vector<PendingWrite>& batch);
+  /// One `verb key` command per request on the reader of its server, pipelined per server;
+  /// on_reply(request index, reply) for each reply received. A server that is down or fails
+  /// answers nothing for its requests.
+  void on_readers(std::span<const RemoteRequest> requests, std::string_view verb,
+                  const std::function<void(size_t, const RedisReply&)>& on_reply);
   void send_to(Shard& shard, std::vector<PendingWrite*>& writes);
 
   const int64_t ttl_s_;
@@ -365,35 +372,27 @@ void RedisRemoteTier::send_to(Shard& shard, std::vector<PendingWrite*>& writes) 
 // ---------------------------------------------------------------------------------------------
 // read-through
 
-std::vector<std::optional<RemoteValue>> RedisRemoteTier::fetch(
-    std::span<const RemoteRequest> requests) {
-  std::vector<std::optional<RemoteValue>> results(requests.size());
+void RedisRemoteTier::on_readers(std::span<const RemoteRequest> requests, std::string_view verb,
+                                 const std::function<void(size_t, const RedisReply&)>& on_reply) {
   std::vector<std::vector<size_t>> by_shard(shards_.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     by_shard[sharding_.shard_of(requests[i].key.to_string())].push_back(i);
   }
-  uint64_t hits = 0, misses = 0, corrupt = 0, bytes = 0;
   for (size_t s = 0; s < shards_.size(); ++s) {
     const std::vector<size_t>& mine = by_shard[s];
     if (mine.empty()) continue;
     Shard& shard = *shards_[s];
-    if (!shard.reader_up.load(std::memory_order_acquire)) {
-      misses += mine.size();
-      continue;
-    }
+    if (!shard.reader_up.load(std::memory_order_acquire)) continue;  // down: no reply, no wait
     std::vector<RespCommand> commands;
     commands.reserve(mine.size());
     for (const size_t i : mine) {
       const RemoteRequest& r = requests[i];
-      commands.emplace_back(2).arg("GET").arg(remote_key(r.key, r.kind, r.layer));
+      commands.emplace_back(2).arg(verb).arg(remote_key(r.key, r.kind, r.layer));
     }
     RedisConnection::PipelineResult result;
     {
       std::lock_guard lock(shard.reader_mutex);
-      if (!shard.reader.connected()) {
-        misses += mine.size();
-        continue;
-      }
+      if (!shard.reader.connected()) continue;
       result = shard.reader.pipeline(commands);
       if (!result.error.empty()) shard.reader_up.store(false, std::memory_order_release);
     }
@@ -404,38 +403,46 @@ std::vector<std::optional<RemoteValue>> RedisRemoteTier::fetch(
                                result.error + "); its chunks miss until it is back");
       wake();
     }
-    for (size_t j = 0; j < mine.size(); ++j) {
-      if (j >= result.replies.size()) {
-        ++misses;
-        continue;
+    for (size_t j = 0; j < result.replies.size(); ++j) {
+      if (result.replies[j].type() == RedisReply::Type::kError) {
+        counters_.errors.fetch_add(1, std::memory_order_relaxed);
       }
-      const RedisReply& reply = result.replies[j];
-      if (reply.type() != RedisReply::Type::kString) {
-        if (reply.type() == RedisReply::Type::kError) {
-          counters_.errors.fetch_add(1, std::memory_order_relaxed);
-        }
-        ++misses;
-        continue;
-      }
-      const RemoteRequest& r = requests[mine[j]];
-      const DecodedValue decoded = decode_remote_value(reply.bytes(), r.rows, r.cols);
-      if (decoded.status != DecodeStatus::kOk) {
-        ++corrupt;
-        ++misses;
-        if (log_enabled(LogLevel::kDebug)) {
-          log(LogLevel::kDebug, "remote tier: value of " + remote_key(r.key, r.kind, r.layer) +
-                                    " rejected: " + std::string(to_string(decoded.status)));
-        }
-        continue;
-      }
-      results[mine[j]] = RemoteValue{decoded.header.dtype, decoded.header.rows, decoded.header.cols,
-                                     decoded.payload, reply.owner()};
-      ++hits;
-      bytes += decoded.payload.size();
+      on_reply(mine[j], result.replies[j]);
     }
   }
+}
+
+std::vector<bool> RedisRemoteTier::contains(std::span<const RemoteRequest> requests) {
+  std::vector<bool> present(requests.size(), false);
+  on_readers(requests, "EXISTS", [&](size_t i, const RedisReply& reply) {
+    present[i] = reply.type() == RedisReply::Type::kInteger && reply.integer() > 0;
+  });
+  return present;
+}
+
+std::vector<std::optional<RemoteValue>> RedisRemoteTier::fetch(
+    std::span<const RemoteRequest> requests) {
+  std::vector<std::optional<RemoteValue>> results(requests.size());
+  uint64_t hits = 0, corrupt = 0, bytes = 0;
+  on_readers(requests, "GET", [&](size_t i, const RedisReply& reply) {
+    if (reply.type() != RedisReply::Type::kString) return;  // nil (absent) or an error reply
+    const RemoteRequest& r = requests[i];
+    const DecodedValue decoded = decode_remote_value(reply.bytes(), r.rows, r.cols);
+    if (decoded.status != DecodeStatus::kOk) {
+      ++corrupt;
+      if (log_enabled(LogLevel::kDebug)) {
+        log(LogLevel::kDebug, "remote tier: value of " + remote_key(r.key, r.kind, r.layer) +
+                                  " rejected: " + std::string(to_string(decoded.status)));
+      }
+      return;
+    }
+    results[i] = RemoteValue{decoded.header.dtype, decoded.header.rows, decoded.header.cols,
+                             decoded.payload, reply.owner()};
+    ++hits;
+    bytes += decoded.payload.size();
+  });
   counters_.hits.fetch_add(hits, std::memory_order_relaxed);
-  counters_.misses.fetch_add(misses, std::memory_order_relaxed);
+  counters_.misses.fetch_add(requests.size() - hits, std::memory_order_relaxed);
   counters_.corrupt.fetch_add(corrupt, std::memory_order_relaxed);
   counters_.bytes_read.fetch_add(bytes, std::memory_order_relaxed);
   return results;
@@ -443,6 +450,7 @@ std::vector<std::optional<RemoteValue>> RedisRemoteTier::fetch(
 
 RemoteStats RedisRemoteTier::stats() const {
   RemoteStats s;
+  s.enabled = true;
   s.servers = shards_.size();
   for (const auto& shard : shards_) {
     if (shard->reader_up.load(std::memory_order_acquire)) ++s.servers_connected;

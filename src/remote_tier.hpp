@@ -29,6 +29,7 @@
 
 #include "hss/cache_key.hpp"
 #include "hss/config.hpp"
+#include "hss/remote_stats.hpp"
 #include "hss/tensor.hpp"
 
 namespace hss::detail {
@@ -48,22 +49,6 @@ struct RemoteValue {
   int64_t cols = 0;
   std::span<const std::byte> payload;
   std::shared_ptr<const void> owner;
-};
-
-struct RemoteStats {
-  uint64_t servers = 0;
-  uint64_t servers_connected = 0;  ///< servers whose read connection is up now
-  uint64_t hits = 0;               ///< requests answered with a checked value
-  uint64_t misses = 0;             ///< requests not answered (absent, server down, corrupt)
-  uint64_t corrupt_values = 0;     ///< values present but failing a check (also misses)
-  uint64_t bytes_read = 0;         ///< payload bytes of the hits
-  uint64_t writes_enqueued = 0;
-  uint64_t writes_sent = 0;  ///< acknowledged by the server
-  uint64_t bytes_written = 0;
-  uint64_t dropped_writes = 0;  ///< over the queue budget, or their server was down or failed
-  uint64_t reconnects = 0;      ///< connections (re)established after a failure
-  uint64_t errors = 0;          ///< connection failures, timeouts and error replies
-  uint64_t queue_bytes = 0;     ///< payload bytes waiting in the write-behind queue now
 };
 
 /// What a write needs besides its bytes.
@@ -97,6 +82,10 @@ class RemoteTier {
                              std::shared_ptr<const void> owner = {},
                              std::function<bool()> ready = {}) = 0;
 
+  /// Per request, whether the server holds a value under its key (EXISTS; unchecked). A server
+  /// that is down answers false. One pipelined round trip per server involved.
+  [[nodiscard]] virtual std::vector<bool> contains(std::span<const RemoteRequest> requests) = 0;
+
   /// One result per request, in order. One pipelined round trip per server involved.
   [[nodiscard]] virtual std::vector<std::optional<RemoteValue>> fetch(
       std::span<const RemoteRequest> requests) = 0;
@@ -104,6 +93,7 @@ class RemoteTier {
   /// Waits until every write queued before the call was sent or dropped.
   virtual void flush() = 0;
 
+  /// The tier's counters (read_through_chunks stays 0: the store counts it).
   [[nodiscard]] virtual RemoteStats stats() const = 0;
   /// The last connection or authentication error (empty when none), password-free.
   [[nodiscard]] virtual std::string last_error() const = 0;

@@ -129,6 +129,9 @@ TEST(RemoteTier, RoundTripWithTtlAndBorrowedPayload) {
   EXPECT_EQ(s.bytes_read, 3 * kBytes);
   EXPECT_EQ(s.corrupt_values, 0U);
 
+  const std::vector<bool> present = tier->contains(requests);
+  EXPECT_EQ(present, (std::vector<bool>{true, true, true, false}));
+
   const auto ttl = server.command({"TTL", remote_key(chunk_key(1), "hidden", 0)});
   ASSERT_TRUE(ttl);
   EXPECT_GT(ttl->integer, 0);
@@ -237,14 +240,17 @@ TEST(RemoteTier, ShardsOverTwoServersAndLosesOnlyTheStoppedShare) {
   EXPECT_GT(per_server[1], 10U);
 
   b.stop();
+  const auto present = tier->contains(requests_for(0, kChunks));
   const auto values = tier->fetch(requests_for(0, kChunks));
   uint64_t hits = 0;
   for (uint64_t i = 0; i < kChunks; ++i) {
     if (tier->shard_of(chunk_key(i)) == 0) {
       expect_value(values[i], i);
+      EXPECT_TRUE(present[i]) << "chunk " << i;
       ++hits;
     } else {
       EXPECT_FALSE(values[i].has_value()) << "chunk " << i;
+      EXPECT_FALSE(present[i]) << "chunk " << i;
     }
   }
   EXPECT_EQ(hits, per_server[0]);
