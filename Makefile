@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 BUILD_DIR := build
 ASAN_DIR := build-asan
 
-.PHONY: all bootstrap configure build test demo asan bench format clean
+.PHONY: all bootstrap configure build test demo demo-remote asan bench format clean
 
 all: build
 
@@ -39,3 +39,7 @@ format:
 
 clean:
 	rm -rf $(BUILD_DIR) $(ASAN_DIR) build-host build-gpu
+
+# hss-demo --remote against a redis-server started (and stopped) for the run.
+demo-remote: build
+	@scripts/demo-remote $(BUILD_DIR)/tools/hss-demo

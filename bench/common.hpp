@@ -78,6 +78,7 @@ void run_threads(Context& ctx);
 void run_pressure(Context& ctx);
 void run_gpu_store(Context& ctx);
 void run_gpu_retrieve(Context& ctx);
+void run_remote(Context& ctx);
 /// The device variants inside `store` and `retrieve` (one case each, or a skip line).
 void run_device_store_variant(Context& ctx);
 void run_device_retrieve_variant(Context& ctx);

@@ -35,6 +35,7 @@ constexpr Workload kWorkloads[] = {
     {"pressure", run_pressure, "stores into a full pool: every write evicts"},
     {"gpu_store", run_gpu_store, "device rows stored + flush vs cudaMemcpyAsync D2H"},
     {"gpu_retrieve", run_gpu_retrieve, "restore strategies into device memory vs H2D memcpy"},
+    {"remote", run_remote, "Redis tier: read-through restore vs raw GETs, store with tier on/off"},
 };
 
 // The issue's targets, read off the full run's figures (host path).
@@ -66,6 +67,10 @@ std::vector<Target> issue_targets() {
        "mixed/replay native-storage half pool", at(256, 1024, 0), "naive", 5.0},
       {"mixed with float32 storage, pool = working set: >= 5x naive",
        "mixed/replay float32-storage", at(256, 1024, 0), "naive", 5.0},
+      {"remote read-through of 16K f32 h4096: >= 0.7 of raw pipelined GETs",
+       "remote/read-through f32", at(256, 4096, 16384), "raw GETs", 0.7},
+      {"write-behind adds <= 5% to store time (value = on/off throughput)",
+       "remote/store f32 remote on", at(256, 4096, 16384), "remote off", 0.95},
   };
 }
 

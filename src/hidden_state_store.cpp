@@ -12,6 +12,7 @@
 #include "log.hpp"
 #include "nvtx.hpp"
 #include "store_index.hpp"
+#include "store_remote.hpp"
 
 namespace hss {
 
@@ -58,7 +59,8 @@ class HiddenStateStore::Impl {
       : config_(config),
         token_database_(token_database),
         device_path_(detail::DevicePath::create()),
-        pool_(checked_pool_bytes(config), /*try_pinned=*/true, /*prefault=*/true) {
+        pool_(checked_pool_bytes(config), /*try_pinned=*/true, /*prefault=*/true),
+        remote_(config) {
     if (config.hidden_state_block_bytes > 0) {
       (void)pool_.ensure_block_bytes(static_cast<uint64_t>(config.hidden_state_block_bytes));
     }
@@ -110,6 +112,8 @@ class HiddenStateStore::Impl {
                                           std::span<const int64_t> layers, int64_t row_begin);
 
   int64_t coverage(std::span<const Chunk> chunks, std::span<const int64_t> layers) const;
+  int64_t coverage_with_remote(std::span<const Chunk> chunks,
+                               std::span<const int64_t> layers) const;
   size_t num_cached_chunks() const {
     std::lock_guard lock(mutex_);
     return index_.ready_entries();
@@ -118,6 +122,7 @@ class HiddenStateStore::Impl {
   bool drop_key(const CacheEngineKey& key);
   void flush() {
     if (device_path_) device_path_->flush();
+    remote_.flush();
   }
   void close();
   HiddenStateStats stats() const;
@@ -135,6 +140,14 @@ class HiddenStateStore::Impl {
   /// Evicts one LRU key for pool pressure. False when nothing can be evicted.
   bool evict_one(std::vector<EntryRef>& graveyard);
   int64_t common_cols(const Walk& w, size_t layer_pos) const;
+  /// Read-through (remote tier): from the first chunk whose hidden states are not all local, up
+  /// to the first chunk without KV, fetches the missing (chunk, layer) values in one pipelined
+  /// round trip per server and inserts them, stopping at the first chunk missing anywhere.
+  /// Returns the entries inserted.
+  size_t read_through(std::span<const Chunk> chunks, std::span<const int64_t> layers);
+  /// Inserts one fetched value as a READY entry (evicting LRU keys for space). False when the
+  /// pool has no room for it.
+  bool insert_fetched(const Chunk& chunk, int64_t layer, const detail::RemoteValue& value);
 
   const Config config_;
   const TokenDatabase& token_database_;
@@ -145,6 +158,9 @@ class HiddenStateStore::Impl {
 
   mutable std::mutex mutex_;  // guards index_ and Entry::ready
   detail::StoreIndex index_;
+  // After the pool and the index: destroyed before them, so the entries its write-behind queue
+  // still holds go back to a live pool.
+  mutable detail::StoreRemote remote_;
 
   struct Counters {
     std::atomic<uint64_t> stores{0}, chunks_written{0}, retrieves{0}, hit_tokens{0}, miss_tokens{0},
@@ -283,6 +299,10 @@ int64_t HiddenStateStore::Impl::store(std::span<const Token> token_ids, const Te
     }
   }
   counters_.chunks_written.fetch_add(writes.size(), std::memory_order_relaxed);
+  if (remote_.enabled()) {
+    for (const Write& w : writes)
+      remote_.write_behind(w.chunk->key, "hidden", opt.layer_idx, w.entry, pool_);
+  }
   return cached;
 }
 
@@ -308,6 +328,8 @@ HiddenStateStore::Impl::Walk HiddenStateStore::Impl::walk(std::span<const Token>
   HSS_RANGE("retrieve/walk");
   Walk w;
   w.chunks = token_database_.process_tokens(token_ids);
+  // Read-through first: fills the pool from the remote tier where the walk would stop.
+  if (remote_.enabled()) (void)read_through(w.chunks, layers);
   {
     std::lock_guard lock(mutex_);
     for (const Chunk& chunk : w.chunks) {
@@ -566,7 +588,158 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
   s.hs_evictions = counters_.hs_evictions.load();
   s.coupled_evictions = counters_.coupled_evictions.load();
   s.allocation_failures = counters_.allocation_failures.load();
+  s.remote = remote_.stats();
   return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// remote tier: read-through and coverage (write-behind is one call at the end of store())
+
+size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
+                                            std::span<const int64_t> layers) {
+  HSS_RANGE("retrieve/read_through");
+  // Where the walk would stop, and the (chunk, layer) pairs missing locally from there on.
+  struct Missing {
+    size_t chunk;
+    int64_t layer;
+  };
+  std::vector<Missing> missing;
+  size_t from = chunks.size();
+  {
+    std::lock_guard lock(mutex_);
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      detail::KeyRecord* record = index_.find(chunks[i].key);
+      for (const int64_t layer : layers) {
+        EntryRef* entry = record ? record->find(layer) : nullptr;
+        if (entry == nullptr || !(*entry)->ready || (*entry)->rows != chunks[i].size()) {
+          if (config_.layer_allowed(layer)) missing.push_back({i, layer});
+          from = std::min(from, i);
+        }
+      }
+      if (from == chunks.size() && record != nullptr) index_.touch(*record);  // keep the local head
+    }
+  }
+  if (missing.empty() || missing.front().chunk != from) return 0;
+  // Only chunks whose KV is present can extend the prefix (KV presence decides, per chunk).
+  size_t end = chunks.size();
+  if (const StorageManager* kv = storage_manager_.load(std::memory_order_acquire)) {
+    for (size_t i = from; i < chunks.size(); ++i) {
+      if (!kv->contains(chunks[i].key)) {
+        end = i;
+        break;
+      }
+    }
+  }
+  std::erase_if(missing, [&](const Missing& m) { return m.chunk >= end; });
+  if (missing.empty()) return 0;
+
+  std::vector<detail::RemoteRequest> requests;
+  requests.reserve(missing.size());
+  for (const Missing& m : missing) {
+    requests.push_back({chunks[m.chunk].key, "hidden", m.layer, chunks[m.chunk].size(), 0});
+  }
+  const auto values = remote_.fetch(requests);
+  // The prefix stops at the first chunk missing anywhere: nothing past it is inserted.
+  size_t stop = end;
+  for (size_t i = 0; i < missing.size(); ++i) {
+    if (!values[i]) {
+      stop = missing[i].chunk;
+      break;
+    }
+  }
+  size_t inserted = 0;
+  for (size_t i = 0; i < missing.size() && missing[i].chunk < stop; ++i) {
+    if (!insert_fetched(chunks[missing[i].chunk], missing[i].layer, *values[i])) break;
+    ++inserted;
+  }
+  remote_.count_read_through(inserted);
+  return inserted;
+}
+
+bool HiddenStateStore::Impl::insert_fetched(const Chunk& chunk, int64_t layer,
+                                            const detail::RemoteValue& value) {
+  const ElemType storage = to_elem(value.dtype);
+  const auto esize = static_cast<int64_t>(kernels::elem_bytes(storage));
+  (void)pool_.ensure_block_bytes(
+      static_cast<uint64_t>(token_database_.chunk_size() * value.cols * esize));
+  auto entry = std::make_shared<detail::Entry>(pool_, value.rows, value.cols, storage);
+  const size_t need = pool_.blocks_for(entry->payload_bytes());
+  std::vector<EntryRef> graveyard;  // destroyed after the lock is released
+  {
+    std::lock_guard lock(mutex_);
+    if (detail::KeyRecord* record = index_.find(chunk.key); record && record->find(layer)) {
+      return true;  // a concurrent store or read-through got there first
+    }
+    bool ok = need <= pool_.num_blocks() && pool_.allocate(need, entry->blocks);
+    for (int attempt = 0; !ok && need <= pool_.num_blocks() && attempt < kMaxEvictionsPerChunk;
+         ++attempt) {
+      if (!evict_one(graveyard)) break;
+      ok = pool_.allocate(need, entry->blocks);
+    }
+    if (!ok) {
+      counters_.allocation_failures.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    detail::KeyRecord& record = index_.find_or_insert(chunk.key);
+    index_.touch(record);
+    record.layers.emplace_back(layer, entry);  // PENDING: invisible, not evictable
+  }
+  graveyard.clear();
+  detail::fill_entry(*entry, pool_, value.payload);  // no lock: a copy
+  std::lock_guard lock(mutex_);
+  if (detail::KeyRecord* record = index_.find(chunk.key)) {
+    if (EntryRef* held = record->find(layer); held && *held == entry) {
+      entry->ready = true;
+      index_.account_publish(*entry);
+    }
+  }
+  return true;
+}
+
+int64_t HiddenStateStore::Impl::coverage_with_remote(std::span<const Chunk> chunks,
+                                                     std::span<const int64_t> layers) const {
+  const int64_t local = coverage(chunks, layers);
+  if (!remote_.enabled()) return local;
+  size_t from = 0;
+  while (from < chunks.size() && chunks[from].end <= local) ++from;
+  size_t end = chunks.size();
+  if (const StorageManager* kv = storage_manager_.load(std::memory_order_acquire)) {
+    for (size_t i = from; i < chunks.size(); ++i) {
+      if (!kv->contains(chunks[i].key)) {
+        end = i;
+        break;
+      }
+    }
+  }
+  std::vector<detail::RemoteRequest> requests;
+  std::vector<size_t> chunk_of;
+  {
+    std::lock_guard lock(mutex_);
+    for (size_t i = from; i < end; ++i) {
+      const detail::KeyRecord* record = index_.find(chunks[i].key);
+      for (const int64_t layer : layers) {
+        bool local_ready = false;
+        if (record != nullptr) {
+          for (const auto& [idx, entry] : record->layers) {
+            if (idx == layer) local_ready = entry->ready;
+          }
+        }
+        if (!local_ready) {
+          requests.push_back({chunks[i].key, "hidden", layer, chunks[i].size(), 0});
+          chunk_of.push_back(i);
+        }
+      }
+    }
+  }
+  const std::vector<bool> present = remote_.contains(requests);
+  size_t stop = end;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    if (!present[r]) {
+      stop = chunk_of[r];
+      break;
+    }
+  }
+  return stop == 0 ? 0 : std::max(local, chunks[stop - 1].end);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -617,6 +790,11 @@ std::vector<HostTensor> HiddenStateStore::retrieve_layers(std::span<const int64_
 int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks,
                                    std::span<const int64_t> layers) const {
   return impl_->coverage(chunks, layers);
+}
+int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks, std::span<const int64_t> layers,
+                                   CoverageScope scope) const {
+  return scope == CoverageScope::kLocal ? impl_->coverage(chunks, layers)
+                                        : impl_->coverage_with_remote(chunks, layers);
 }
 size_t HiddenStateStore::num_cached_chunks() const { return impl_->num_cached_chunks(); }
 bool HiddenStateStore::has_chunk(const CacheEngineKey& key, int64_t layer) const {

@@ -20,6 +20,14 @@
 // * A retrieve that finds KV gone for a chunk drops that key's hidden states on the spot (KV
 //   evicted => HS evicted), lazily, with StorageManager::contains().
 //
+// * Remote tier (hidden_state_remote_url, see docs/design.md): every chunk written to the pool is
+//   also queued for a Redis/Valkey server (write-behind, after its device copy landed; a store
+//   never waits for the network). A retrieve whose walk stops at a chunk with KV present but
+//   hidden states not local fetches that chunk and the rest of the prefix (while KV is present)
+//   in one pipelined round trip per server, inserts them into the pool (its LRU applies) and
+//   walks on; such a retrieve blocks on the network, each socket operation at most
+//   hidden_state_remote_timeout_ms.
+//
 // Thread safety: every public method may be called from many threads at once. The index lock is
 // held for index updates only, never across a copy, a kernel launch or a KV contains() call.
 
@@ -32,6 +40,7 @@
 
 #include "hss/cache_key.hpp"
 #include "hss/config.hpp"
+#include "hss/remote_stats.hpp"
 #include "hss/storage_manager.hpp"
 #include "hss/tensor.hpp"
 #include "hss/token_database.hpp"
@@ -67,7 +76,11 @@ struct HiddenStateStats {
   uint64_t hs_evictions = 0;       ///< keys evicted for pool pressure (HS only)
   uint64_t coupled_evictions = 0;  ///< keys dropped because their KV was gone
   uint64_t allocation_failures = 0;
+  RemoteStats remote;  ///< the shared remote tier (all zero when hidden_state_remote_url is unset)
 };
+
+/// What coverage() counts: the local pool only, or the local pool and the remote tier.
+enum class CoverageScope { kLocal, kLocalAndRemote };
 
 class HiddenStateStore {
  public:
@@ -119,12 +132,18 @@ class HiddenStateStore {
   /// Tokens of the prefix where every chunk has KV and every listed layer. Changes nothing.
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks,
                                  std::span<const int64_t> layer_idxs) const;
+  /// The same, counting a (chunk, layer) held by the remote tier as present when `scope` says so
+  /// (one pipelined EXISTS round trip per server for what is not local; values unchecked, so a
+  /// corrupt one still counts). Blocks on the network for kLocalAndRemote, at most the timeout.
+  [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks, std::span<const int64_t> layer_idxs,
+                                 CoverageScope scope) const;
 
   [[nodiscard]] size_t num_cached_chunks() const;  ///< (key, layer) entries held
   [[nodiscard]] bool has_chunk(const CacheEngineKey& key, int64_t layer_idx = 0) const;
   /// Drops every layer of the key. True when something was held.
   bool drop_key(const CacheEngineKey& key);
-  /// Waits for every pending device-to-host copy.
+  /// Waits for every pending device-to-host copy, and for the remote write-behind queue to be
+  /// sent (or dropped) when a remote tier is configured.
   void flush();
   /// Flushes and releases every entry. Later calls throw hss::Error. Idempotent.
   void close();

@@ -1,0 +1,64 @@
+#pragma once
+// The hidden-state store's side of the remote tier: how a pool entry becomes a write-behind
+// value (its blocks borrowed, no copy on the caller's thread) and how a fetched value fills a
+// fresh entry. The store keeps the policy (when to write, when to read through); this file keeps
+// the byte plumbing out of hidden_state_store.cpp.
+//
+// Thread safety: free functions over the caller's objects; StoreRemote may be used from many
+// threads at once (RemoteTier's rules apply: fetch/contains block on the network, bounded by the
+// timeout; write_behind never does).
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "block_pool.hpp"
+#include "hss/remote_stats.hpp"
+#include "remote_tier.hpp"
+#include "store_index.hpp"
+
+namespace hss::detail {
+
+/// The entry's payload as pieces of its blocks, in order (entries fill whole blocks but the last).
+[[nodiscard]] std::vector<std::span<const std::byte>> entry_pieces(const Entry& entry,
+                                                                   const BlockPool& pool);
+/// Copies a fetched payload into the entry's blocks (sizes must match: InvalidArgument).
+void fill_entry(const Entry& entry, const BlockPool& pool, std::span<const std::byte> payload);
+
+class StoreRemote {
+ public:
+  /// No tier when the config has no URL; ConfigError when it has one but the build has no tier.
+  explicit StoreRemote(const Config& config) : tier_(RemoteTier::create(config)) {}
+
+  [[nodiscard]] bool enabled() const { return tier_ != nullptr; }
+
+  /// Queues a published entry: the tier holds `entry` until it is sent and waits for the
+  /// entry's device copy (its fence) before reading. A failed copy drops the write.
+  void write_behind(const CacheEngineKey& key, std::string_view kind, int64_t layer,
+                    const EntryRef& entry, const BlockPool& pool);
+
+  [[nodiscard]] std::vector<std::optional<RemoteValue>> fetch(
+      std::span<const RemoteRequest> requests) {
+    return tier_->fetch(requests);
+  }
+  [[nodiscard]] std::vector<bool> contains(std::span<const RemoteRequest> requests) {
+    return tier_->contains(requests);
+  }
+  void count_read_through(uint64_t entries) {
+    read_through_.fetch_add(entries, std::memory_order_relaxed);
+  }
+  void flush() {
+    if (tier_) tier_->flush();
+  }
+  [[nodiscard]] RemoteStats stats() const;
+
+ private:
+  std::unique_ptr<RemoteTier> tier_;
+  std::atomic<uint64_t> read_through_{0};
+};
+
+}  // namespace hss::detail
