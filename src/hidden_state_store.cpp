@@ -142,8 +142,8 @@ class HiddenStateStore::Impl {
   int64_t common_cols(const Walk& w, size_t layer_pos) const;
   /// Read-through (remote tier): from the first chunk whose hidden states are not all local, up
   /// to the first chunk without KV, fetches the missing (chunk, layer) values in one pipelined
-  /// round trip per server and inserts them, stopping at the first chunk missing anywhere.
-  /// Returns the entries inserted.
+  /// round trip per server and inserts each into the pool as it arrives. Returns the entries
+  /// inserted.
   size_t read_through(std::span<const Chunk> chunks, std::span<const int64_t> layers);
   /// Inserts one fetched value as a READY entry (evicting LRU keys for space). False when the
   /// pool has no room for it.
@@ -638,20 +638,12 @@ size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
   for (const Missing& m : missing) {
     requests.push_back({chunks[m.chunk].key, "hidden", m.layer, chunks[m.chunk].size(), 0});
   }
-  const auto values = remote_.fetch(requests);
-  // The prefix stops at the first chunk missing anywhere: nothing past it is inserted.
-  size_t stop = end;
-  for (size_t i = 0; i < missing.size(); ++i) {
-    if (!values[i]) {
-      stop = missing[i].chunk;
-      break;
-    }
-  }
+  // Each value goes into the pool as its reply arrives (no reply is held longer than its copy).
+  // A hit past a chunk missing elsewhere is kept too: the walk, not the fetch, ends the prefix.
   size_t inserted = 0;
-  for (size_t i = 0; i < missing.size() && missing[i].chunk < stop; ++i) {
-    if (!insert_fetched(chunks[missing[i].chunk], missing[i].layer, *values[i])) break;
-    ++inserted;
-  }
+  remote_.fetch_each(requests, [&](size_t i, const detail::RemoteValue& value) {
+    if (insert_fetched(chunks[missing[i].chunk], missing[i].layer, value)) ++inserted;
+  });
   remote_.count_read_through(inserted);
   return inserted;
 }

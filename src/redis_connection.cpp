@@ -194,7 +194,9 @@ std::optional<std::string> RedisConnection::connect() {
   return std::nullopt;
 }
 
-RedisConnection::PipelineResult RedisConnection::pipeline(std::span<const RespCommand> commands) {
+RedisConnection::PipelineResult RedisConnection::pipeline(
+    std::span<const RespCommand> commands,
+    const std::function<void(size_t, RedisReply&&)>& on_reply) {
   PipelineResult result;
   if (!context_) {
     result.error = "not connected";
@@ -209,7 +211,7 @@ RedisConnection::PipelineResult RedisConnection::pipeline(std::span<const RespCo
       return result;
     }
   }
-  result.replies.reserve(commands.size());
+  if (!on_reply) result.replies.reserve(commands.size());
   for (size_t i = 0; i < commands.size(); ++i) {
     void* raw = nullptr;
     if (redisGetReply(context_.get(), &raw) != REDIS_OK || raw == nullptr) {
@@ -218,7 +220,12 @@ RedisConnection::PipelineResult RedisConnection::pipeline(std::span<const RespCo
       context_.reset();  // the stream is out of step now: never reuse it
       return result;
     }
-    result.replies.emplace_back(static_cast<redisReply*>(raw));
+    ++result.answered;
+    if (on_reply) {
+      on_reply(i, RedisReply(static_cast<redisReply*>(raw)));
+    } else {
+      result.replies.emplace_back(static_cast<redisReply*>(raw));
+    }
   }
   return result;
 }

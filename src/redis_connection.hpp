@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -75,11 +76,16 @@ class RedisConnection {
   [[nodiscard]] const RedisEndpoint& endpoint() const { return endpoint_; }
 
   struct PipelineResult {
-    std::vector<RedisReply> replies;  ///< one per command read before any failure
+    std::vector<RedisReply> replies;  ///< one per command read before any failure (no on_reply)
+    size_t answered = 0;              ///< replies read before any failure
     std::string error;                ///< empty on success; the connection is closed otherwise
   };
-  /// Sends every command in one batch, then reads every reply in order.
-  [[nodiscard]] PipelineResult pipeline(std::span<const RespCommand> commands);
+  /// Sends every command in one batch, then reads every reply in order. With `on_reply`, each
+  /// reply goes to it as soon as it is read (index, reply) and is not kept, so a large reply's
+  /// memory is reused by the next one.
+  [[nodiscard]] PipelineResult pipeline(
+      std::span<const RespCommand> commands,
+      const std::function<void(size_t, RedisReply&&)>& on_reply = {});
 
  private:
   struct ContextDeleter {

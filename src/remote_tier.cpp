@@ -5,6 +5,9 @@
 
 #if HSS_HAVE_REMOTE
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -30,6 +33,7 @@ constexpr milliseconds kBackoffMax{2000};
 // One pipelined batch of the writer: bounded so a drop-oldest can still act on most of a burst.
 constexpr size_t kMaxBatchWrites = 256;
 constexpr uint64_t kMaxBatchBytes = 32ULL << 20;
+constexpr int kWriterNice = 10;
 
 struct PendingWrite {
   std::string key;
@@ -86,6 +90,8 @@ class RedisRemoteTier final : public RemoteTier {
                      std::shared_ptr<const void> owner, std::function<bool()> ready) override;
   std::vector<bool> contains(std::span<const RemoteRequest> requests) override;
   std::vector<std::optional<RemoteValue>> fetch(std::span<const RemoteRequest> requests) override;
+  void fetch_each(std::span<const RemoteRequest> requests,
+                  const std::function<void(size_t, const RemoteValue&)>& on_value) override;
   void flush() override {
     std::unique_lock lock(mutex_);
     idle_cv_.wait(lock, [&] { return queue_.empty() && !in_flight_; });
@@ -252,8 +258,12 @@ bool RedisRemoteTier::enqueue_write(const RemoteWrite& write,
   pending.ready = std::move(ready);
 
   std::vector<PendingWrite> dropped;  // released after the lock: owners may free pool blocks
+  bool writer_idle = false;
   {
     std::lock_guard lock(mutex_);
+    // A busy writer finds this write when its batch is done: waking it per write would only
+    // make it contend with the storing thread.
+    writer_idle = queue_.empty() && !in_flight_;
     while (!queue_.empty() && queue_bytes_ + bytes > queue_budget_) {
       queue_bytes_ -= queue_.front().bytes;
       dropped.push_back(std::move(queue_.front()));
@@ -264,11 +274,14 @@ bool RedisRemoteTier::enqueue_write(const RemoteWrite& write,
   }
   counters_.dropped.fetch_add(dropped.size(), std::memory_order_relaxed);
   counters_.enqueued.fetch_add(1, std::memory_order_relaxed);
-  work_cv_.notify_one();
+  if (writer_idle) work_cv_.notify_one();
   return true;
 }
 
 void RedisRemoteTier::run() {
+  // Background work: on a busy machine it yields the CPU to the threads that store and
+  // retrieve (Linux applies a nice value per thread). Failure only loses that preference.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
   std::unique_lock lock(mutex_);
   while (true) {
     const bool force = std::exchange(force_reconnect_, false);
@@ -389,25 +402,23 @@ void RedisRemoteTier::on_readers(std::span<const RemoteRequest> requests, std::s
       const RemoteRequest& r = requests[i];
       commands.emplace_back(2).arg(verb).arg(remote_key(r.key, r.kind, r.layer));
     }
-    RedisConnection::PipelineResult result;
-    {
-      std::lock_guard lock(shard.reader_mutex);
-      if (!shard.reader.connected()) continue;
-      result = shard.reader.pipeline(commands);
-      if (!result.error.empty()) shard.reader_up.store(false, std::memory_order_release);
-    }
+    std::lock_guard lock(shard.reader_mutex);
+    if (!shard.reader.connected()) continue;
+    // Replies are handed on as they arrive, under the reader lock: a fetch of many large values
+    // never holds them all at once.
+    const auto result = shard.reader.pipeline(commands, [&](size_t j, RedisReply&& reply) {
+      if (reply.type() == RedisReply::Type::kError) {
+        counters_.errors.fetch_add(1, std::memory_order_relaxed);
+      }
+      on_reply(mine[j], reply);
+    });
     if (!result.error.empty()) {
+      shard.reader_up.store(false, std::memory_order_release);
       counters_.errors.fetch_add(1, std::memory_order_relaxed);
       set_error("read from " + shard.endpoint.display() + ": " + result.error);
       log(LogLevel::kWarn, "remote tier: read from " + shard.endpoint.display() + " failed (" +
                                result.error + "); its chunks miss until it is back");
       wake();
-    }
-    for (size_t j = 0; j < result.replies.size(); ++j) {
-      if (result.replies[j].type() == RedisReply::Type::kError) {
-        counters_.errors.fetch_add(1, std::memory_order_relaxed);
-      }
-      on_reply(mine[j], result.replies[j]);
     }
   }
 }
@@ -420,9 +431,8 @@ std::vector<bool> RedisRemoteTier::contains(std::span<const RemoteRequest> reque
   return present;
 }
 
-std::vector<std::optional<RemoteValue>> RedisRemoteTier::fetch(
-    std::span<const RemoteRequest> requests) {
-  std::vector<std::optional<RemoteValue>> results(requests.size());
+void RedisRemoteTier::fetch_each(std::span<const RemoteRequest> requests,
+                                 const std::function<void(size_t, const RemoteValue&)>& on_value) {
   uint64_t hits = 0, corrupt = 0, bytes = 0;
   on_readers(requests, "GET", [&](size_t i, const RedisReply& reply) {
     if (reply.type() != RedisReply::Type::kString) return;  // nil (absent) or an error reply
@@ -436,15 +446,21 @@ std::vector<std::optional<RemoteValue>> RedisRemoteTier::fetch(
       }
       return;
     }
-    results[i] = RemoteValue{decoded.header.dtype, decoded.header.rows, decoded.header.cols,
-                             decoded.payload, reply.owner()};
     ++hits;
     bytes += decoded.payload.size();
+    on_value(i, RemoteValue{decoded.header.dtype, decoded.header.rows, decoded.header.cols,
+                            decoded.payload, reply.owner()});
   });
   counters_.hits.fetch_add(hits, std::memory_order_relaxed);
   counters_.misses.fetch_add(requests.size() - hits, std::memory_order_relaxed);
   counters_.corrupt.fetch_add(corrupt, std::memory_order_relaxed);
   counters_.bytes_read.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+std::vector<std::optional<RemoteValue>> RedisRemoteTier::fetch(
+    std::span<const RemoteRequest> requests) {
+  std::vector<std::optional<RemoteValue>> results(requests.size());
+  fetch_each(requests, [&](size_t i, const RemoteValue& value) { results[i] = value; });
   return results;
 }
 

@@ -86,7 +86,15 @@ class RemoteTier {
   /// that is down answers false. One pipelined round trip per server involved.
   [[nodiscard]] virtual std::vector<bool> contains(std::span<const RemoteRequest> requests) = 0;
 
-  /// One result per request, in order. One pipelined round trip per server involved.
+  /// Streams the checked values: on_value(request index, value) for each hit, as its reply
+  /// arrives (servers in turn, requests of one server in order). The value (and its payload) is
+  /// valid during the call only, and the call holds that server's read connection: it must not
+  /// call back into the tier. Misses are not reported. One pipelined round trip per server.
+  virtual void fetch_each(std::span<const RemoteRequest> requests,
+                          const std::function<void(size_t, const RemoteValue&)>& on_value) = 0;
+
+  /// One result per request, in order. One pipelined round trip per server involved. Keeps every
+  /// value's reply alive: for many large values prefer fetch_each.
   [[nodiscard]] virtual std::vector<std::optional<RemoteValue>> fetch(
       std::span<const RemoteRequest> requests) = 0;
 

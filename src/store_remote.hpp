@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -44,6 +45,10 @@ class StoreRemote {
   [[nodiscard]] std::vector<std::optional<RemoteValue>> fetch(
       std::span<const RemoteRequest> requests) {
     return tier_->fetch(requests);
+  }
+  void fetch_each(std::span<const RemoteRequest> requests,
+                  const std::function<void(size_t, const RemoteValue&)>& on_value) {
+    tier_->fetch_each(requests, on_value);
   }
   [[nodiscard]] std::vector<bool> contains(std::span<const RemoteRequest> requests) {
     return tier_->contains(requests);

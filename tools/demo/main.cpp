@@ -189,6 +189,14 @@ int run(const DemoOptions& o) {
     hss::demo::RemoteDemoOptions ro;
     ro.url = o.remote_url;
     ro.config = *config;
+    if (source == "built-in") {
+      // Each process keeps its own KV; here the KV pool holds the whole stream (twice over), so
+      // the talker's restores show the remote tier rather than KV evictions (coupled eviction
+      // works as in the one-process demo when a config says otherwise).
+      const double kv_stream =
+          static_cast<double>(shape.distinct_chunks * wo.chunk_size * hss::demo::kKvWidth * 2);
+      ro.config.max_local_cpu_size = std::max(ro.config.max_local_cpu_size, 2 * kv_stream / kGiB);
+    }
     ro.workload = wo;
     ro.requests = requests;
     ro.quiet = o.quiet;

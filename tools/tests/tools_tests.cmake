@@ -111,3 +111,12 @@ endforeach()
 
 # --- README ----------------------------------------------------------------------------------
 include(${_t}/readme_snippets.cmake)
+
+# --- hss-demo --remote: two processes sharing a redis-server that scripts/demo-remote starts --
+find_program(HSS_REDIS_SERVER redis-server)
+find_program(HSS_REDIS_CLI redis-cli)
+if(HSS_HAVE_REMOTE AND HSS_REDIS_SERVER AND HSS_REDIS_CLI)
+  hss_expect(demo_remote 0
+             "thinker .*writes sent.*talker .*restored [0-9]+ of [0-9]+ stored rows.*[1-9][0-9]* hits.* 0 corrupt.* 0 mismatched rows.*OK, every restored row bit-identical"
+             ${PROJECT_SOURCE_DIR}/scripts/demo-remote ${_demo} --requests 8 --max-prompt 2048)
+endif()
