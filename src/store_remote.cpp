@@ -13,7 +13,7 @@ std::vector<std::span<const std::byte>> entry_pieces(const Entry& entry, const B
   std::vector<std::span<const std::byte>> pieces;
   pieces.reserve(entry.blocks.size());
   uint64_t left = entry.payload_bytes();
-  const uint64_t block_bytes = pool.block_bytes();
+  const uint64_t block_bytes = pool.granule_bytes();
   for (const uint32_t id : entry.blocks) {
     if (left == 0) break;
     const uint64_t n = std::min(left, block_bytes);
@@ -29,7 +29,7 @@ void fill_entry(const Entry& entry, const BlockPool& pool, std::span<const std::
                           " bytes for an entry of " + std::to_string(entry.payload_bytes()));
   }
   size_t at = 0;
-  const uint64_t block_bytes = pool.block_bytes();
+  const uint64_t block_bytes = pool.granule_bytes();
   for (const uint32_t id : entry.blocks) {
     if (at == payload.size()) break;
     const size_t n = static_cast<size_t>(std::min<uint64_t>(payload.size() - at, block_bytes));
@@ -38,10 +38,15 @@ void fill_entry(const Entry& entry, const BlockPool& pool, std::span<const std::
   }
 }
 
-void StoreRemote::write_behind(const CacheEngineKey& key, std::string_view kind, int64_t layer,
-                               const EntryRef& entry, const BlockPool& pool) {
-  const RemoteWrite write{key,         std::string(kind), layer, static_cast<DType>(entry->storage),
-                          entry->rows, entry->cols};
+void StoreRemote::write_behind(const CacheEngineKey& key, const EntryRef& entry,
+                               const BlockPool& pool) {
+  if (!tier_) return;
+  const RemoteWrite write{key,
+                          std::string(to_string(entry->slot.kind)),
+                          entry->slot.layer_idx,
+                          static_cast<DType>(entry->storage),
+                          entry->rows,
+                          entry->cols};
   std::function<bool()> ready;
   if (entry->fence) {
     ready = [fence = entry->fence] { return fence->wait(); };

@@ -37,10 +37,10 @@ class StoreRemote {
 
   [[nodiscard]] bool enabled() const { return tier_ != nullptr; }
 
-  /// Queues a published entry: the tier holds `entry` until it is sent and waits for the
-  /// entry's device copy (its fence) before reading. A failed copy drops the write.
-  void write_behind(const CacheEngineKey& key, std::string_view kind, int64_t layer,
-                    const EntryRef& entry, const BlockPool& pool);
+  /// Queues a published entry under its slot's remote key (no-op without a tier): the tier
+  /// holds `entry` until it is sent and waits for the entry's device copy (its fence) before
+  /// reading. A failed copy drops the write.
+  void write_behind(const CacheEngineKey& key, const EntryRef& entry, const BlockPool& pool);
 
   [[nodiscard]] std::vector<std::optional<RemoteValue>> fetch(
       std::span<const RemoteRequest> requests) {

@@ -55,11 +55,11 @@ void store_layers(HiddenStateStore& store, const std::vector<int32_t>& tokens,
   for (const int64_t layer : kLayers) {
     const auto rows = make_rows(tokens, 0, layer, kCols);
     if (dtype == DType::kFloat32) {
-      ASSERT_EQ(store.store_hidden_states(tokens, view_of(rows, kCols), {layer, 0}),
+      ASSERT_EQ(store.store_hidden_states(tokens, view_of(rows, kCols), {layer, 0}).cached,
                 static_cast<int64_t>(tokens.size()) / kChunk);
     } else {
       const auto bf16 = test::to_bf16(rows);
-      ASSERT_EQ(store.store_hidden_states(tokens, view_of(bf16, kCols, dtype), {layer, 0}),
+      ASSERT_EQ(store.store_hidden_states(tokens, view_of(bf16, kCols, dtype), {layer, 0}).cached,
                 static_cast<int64_t>(tokens.size()) / kChunk);
     }
   }
@@ -131,7 +131,7 @@ TEST(RemoteStore, TwoProcessesShareAMultiLayerPrefixBitIdentically) {
   EXPECT_EQ(s.remote.read_through_chunks, entries);
   EXPECT_EQ(s.remote.corrupt_values, 0U);
   EXPECT_EQ(s.remote.writes_enqueued, 0U);  // read-through never writes back
-  EXPECT_EQ(s.chunks_held, entries);
+  EXPECT_EQ(s.entries_held, entries);
   EXPECT_EQ(b.coverage(chunks, kLayers), kChunk * kChunks);
   // Now local: a second retrieve asks the server for nothing.
   expect_layers(b.retrieve_layers(tokens, kLayers), tokens, kChunk * kChunks);

@@ -52,8 +52,7 @@ int thinker(const RemoteDemoOptions& o) {
       workload::thinker_rows(tokens, 0, full, layer, cols, hidden);
       (void)hs.store_hidden_states(
           tokens.first(static_cast<size_t>(full)),
-          TensorView{hidden.data(), DType::kBFloat16, full, cols, 0, Device::kHost, 0},
-          {layer, 0, nullptr});
+          TensorView{hidden.data(), DType::kBFloat16, full, cols, 0, Device::kHost, 0}, {layer, 0});
     }
     chunks += full / chunk;
   }
