@@ -92,6 +92,9 @@ class RedisRemoteTier final : public RemoteTier {
   std::vector<std::optional<RemoteValue>> fetch(std::span<const RemoteRequest> requests) override;
   void fetch_each(std::span<const RemoteRequest> requests,
                   const std::function<void(size_t, const RemoteValue&)>& on_value) override;
+  void count_dropped(uint64_t writes) override {
+    counters_.dropped.fetch_add(writes, std::memory_order_relaxed);
+  }
   void flush() override {
     std::unique_lock lock(mutex_);
     idle_cv_.wait(lock, [&] { return queue_.empty() && !in_flight_; });

@@ -98,6 +98,9 @@ class RemoteTier {
   [[nodiscard]] virtual std::vector<std::optional<RemoteValue>> fetch(
       std::span<const RemoteRequest> requests) = 0;
 
+  /// Counts writes the caller dropped before queueing them (in dropped_writes).
+  virtual void count_dropped(uint64_t writes) = 0;
+
   /// Waits until every write queued before the call was sent or dropped.
   virtual void flush() = 0;
 

@@ -38,6 +38,23 @@ void fill_entry(const Entry& entry, const BlockPool& pool, std::span<const std::
   }
 }
 
+namespace {
+
+// A queued write's hold on an entry: keeps its granules and counts them against the pin budget.
+struct EntryPin {
+  EntryPin(EntryRef e, std::atomic<uint64_t>& counter, uint64_t n)
+      : entry(std::move(e)), pinned(counter), bytes(n) {}
+  ~EntryPin() { pinned.fetch_sub(bytes, std::memory_order_relaxed); }
+  EntryPin(const EntryPin&) = delete;
+  EntryPin& operator=(const EntryPin&) = delete;
+
+  EntryRef entry;
+  std::atomic<uint64_t>& pinned;
+  uint64_t bytes;
+};
+
+}  // namespace
+
 void StoreRemote::write_behind(const CacheEngineKey& key, const EntryRef& entry,
                                const BlockPool& pool) {
   if (!tier_) return;
@@ -47,11 +64,26 @@ void StoreRemote::write_behind(const CacheEngineKey& key, const EntryRef& entry,
                           static_cast<DType>(entry->storage),
                           entry->rows,
                           entry->cols};
-  std::function<bool()> ready;
-  if (entry->fence) {
-    ready = [fence = entry->fence] { return fence->wait(); };
+  const uint64_t bytes = entry->payload_bytes();
+  uint64_t pinned = pinned_bytes_.load(std::memory_order_relaxed);
+  bool pin = false;
+  while (pinned + bytes <= pin_budget_) {
+    if (pinned_bytes_.compare_exchange_weak(pinned, pinned + bytes, std::memory_order_relaxed)) {
+      pin = true;
+      break;
+    }
   }
-  (void)tier_->enqueue_write(write, entry_pieces(*entry, pool), entry, std::move(ready));
+  if (pin) {
+    auto owner = std::make_shared<EntryPin>(entry, pinned_bytes_, bytes);
+    std::function<bool()> ready;
+    if (entry->fence) ready = [fence = entry->fence] { return fence->wait(); };
+    (void)tier_->enqueue_write(write, entry_pieces(*entry, pool), std::move(owner),
+                               std::move(ready));
+  } else if (!entry->fence || entry->fence->ready()) {
+    (void)tier_->enqueue_write(write, entry_pieces(*entry, pool));  // copied now
+  } else {
+    tier_->count_dropped(1);
+  }
 }
 
 RemoteStats StoreRemote::stats() const {

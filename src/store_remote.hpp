@@ -33,13 +33,20 @@ void fill_entry(const Entry& entry, const BlockPool& pool, std::span<const std::
 class StoreRemote {
  public:
   /// No tier when the config has no URL; ConfigError when it has one but the build has no tier.
-  explicit StoreRemote(const Config& config) : tier_(RemoteTier::create(config)) {}
+  /// `pin_budget_bytes`: how much of the pool queued writes may keep from eviction (see
+  /// write_behind).
+  StoreRemote(const Config& config, uint64_t pin_budget_bytes)
+      : pin_budget_(pin_budget_bytes), tier_(RemoteTier::create(config)) {}
 
   [[nodiscard]] bool enabled() const { return tier_ != nullptr; }
 
-  /// Queues a published entry under its slot's remote key (no-op without a tier): the tier
-  /// holds `entry` until it is sent and waits for the entry's device copy (its fence) before
-  /// reading. A failed copy drops the write.
+  /// Queues a published entry under its slot's remote key (no-op without a tier). While the
+  /// bytes pinned by queued writes stay within the pin budget, the tier borrows the entry's
+  /// granules (no copy on this thread; the entry cannot be evicted until sent) and waits for its
+  /// device copy (fence) before reading; a failed copy drops the write. Beyond the budget (the
+  /// writer lags behind the stores) a host entry is copied into the queue now, so the pool stays
+  /// evictable, and a device entry whose copy is still in flight is dropped (counted) rather than
+  /// waited for.
   void write_behind(const CacheEngineKey& key, const EntryRef& entry, const BlockPool& pool);
 
   [[nodiscard]] std::vector<std::optional<RemoteValue>> fetch(
@@ -62,6 +69,8 @@ class StoreRemote {
   [[nodiscard]] RemoteStats stats() const;
 
  private:
+  const uint64_t pin_budget_;
+  std::atomic<uint64_t> pinned_bytes_{0};  // before tier_: outlives the pins the queue holds
   std::unique_ptr<RemoteTier> tier_;
   std::atomic<uint64_t> read_through_{0};
 };
