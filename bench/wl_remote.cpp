@@ -258,8 +258,10 @@ void run_remote(Context& ctx) {
   // Store with the write-behind on vs off. Each rep writes fresh keys. Untimed between reps,
   // whichever side comes next: the tier's queue is drained (so no rep runs beside another rep's
   // sending), the local keys are dropped and the previous rep's values deleted on the server.
-  auto on = std::make_shared<HiddenStateStore>(remote_store_config(chunk, pool, url), *db);
-  auto off = std::make_shared<HiddenStateStore>(remote_store_config(chunk, pool, ""), *db);
+  // Pools of twice the prefix: queued writes may pin half a pool (beyond that the store copies
+  // them), so a whole prefix can wait for the network without a copy on the storing thread.
+  auto on = std::make_shared<HiddenStateStore>(remote_store_config(chunk, 2 * pool, url), *db);
+  auto off = std::make_shared<HiddenStateStore>(remote_store_config(chunk, 2 * pool, ""), *db);
   const TensorView view = host_view(rows.data(), DType::kFloat32, n, hidden);
   auto make_store = [&](const std::shared_ptr<HiddenStateStore>& store, const char* name,
                         bool then_flush) {

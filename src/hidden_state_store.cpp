@@ -36,8 +36,8 @@ HiddenStateStore::Impl::Impl(const Config& config, const TokenDatabase& token_da
       pool_(checked_pool_bytes(config), static_cast<uint64_t>(config.hidden_state_block_bytes),
             /*try_pinned=*/true, /*prefault=*/true),
       device_path_(detail::DevicePath::create()),
-      // Queued writes may keep a quarter of the pool from eviction; beyond that they copy.
-      remote_(config, pool_.capacity_bytes() / 4) {}
+      // Queued writes may keep half the pool from eviction; beyond that they copy.
+      remote_(config, pool_.capacity_bytes() / 2) {}
 
 HiddenStateStore::Impl::~Impl() {
   try {
