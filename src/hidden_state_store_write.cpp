@@ -191,9 +191,18 @@ void HiddenStateStore::Impl::copy_rows(StorePlan& plan, const TensorView& hidden
     kernels::for_each_block_piece(
         0, chunk.size() * hidden.cols, plan.esize, granule,
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
-          segments.push_back(
-              {pool_.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset,
-               src_row0, first, count, entry.storage});
+          std::byte* dst =
+              pool_.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+          // Granules granted in ascending order are adjacent: one copy for the run.
+          if (!segments.empty()) {
+            kernels::WriteSegment& last = segments.back();
+            if (static_cast<std::byte*>(last.dst) + last.count * plan.esize == dst &&
+                last.src_row0 == src_row0 && last.src_elem + last.count == first) {
+              last.count += count;
+              return;
+            }
+          }
+          segments.push_back({dst, src_row0, first, count, entry.storage});
         });
   }
   const kernels::SourceView source{hidden.data,
