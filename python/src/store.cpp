@@ -1,0 +1,260 @@
+// hsstore.HiddenStateStore: LMCache's HiddenStateStore API over hss::HiddenStateStore, plus the
+// C++ API's extras (row_begin, retrieve_layers, retrieve_hidden_states_into, coverage, stats).
+// Arguments are converted with the GIL held; the C++ call itself runs with the GIL released.
+#include <Python.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bindings.hpp"
+#include "config_source.hpp"
+#include "hss/error.hpp"
+#include "hss/local_cpu_backend.hpp"
+#include "keys_io.hpp"
+#include "store_py.hpp"
+#include "tensor_io.hpp"
+
+namespace hss::python {
+
+PyStorageManager::PyStorageManager(nb::object manager)
+    : manager_(std::move(manager)), contains_(manager_.attr("contains")) {}
+
+PyStorageManager::~PyStorageManager() {
+  nb::gil_scoped_acquire gil;
+  contains_.reset();
+  manager_.reset();
+}
+
+bool PyStorageManager::contains(const hss::CacheEngineKey& key) const {
+  nb::gil_scoped_acquire gil;
+  nb::object result = contains_(nb::cast(key));
+  const int truth = PyObject_IsTrue(result.ptr());
+  if (truth < 0) throw nb::python_error();
+  return truth == 1;
+}
+
+void PyHiddenStateStore::bind(nb::handle manager) {
+  if (manager.is_none()) {
+    store->bind_storage_manager(nullptr);
+    bound_object = nb::none();
+    return;
+  }
+  if (nb::isinstance<hss::LocalCpuBackend>(manager)) {
+    store->bind_storage_manager(&nb::cast<hss::LocalCpuBackend&>(manager));
+    bound_object = nb::borrow(manager);
+    return;
+  }
+  if (!nb::hasattr(manager, "contains")) {
+    throw InvalidArgument("storage_manager must be None, an hsstore KV backend or an object with "
+                          "contains(key, search_range=None, pin=False), got " +
+                          nb::cast<std::string>(nb::repr(manager)));
+  }
+  managers.push_back(std::make_unique<PyStorageManager>(nb::borrow(manager)));
+  store->bind_storage_manager(managers.back().get());
+  bound_object = nb::borrow(manager);
+}
+
+namespace {
+
+hss::HiddenStateStore& live(PyHiddenStateStore& s) { return *s.store; }
+
+nb::dict stats_dict(const hss::HiddenStateStats& st) {
+  nb::dict d;
+  d["chunks_held"] = st.chunks_held;
+  d["keys_held"] = st.keys_held;
+  d["bytes_held"] = st.bytes_held;
+  d["blocks_held"] = st.blocks_held;
+  d["pool_capacity_bytes"] = st.pool_capacity_bytes;
+  d["block_bytes"] = st.block_bytes;
+  d["pinned"] = st.pinned;
+  d["device_path"] = st.device_path;
+  d["stores"] = st.stores;
+  d["chunks_written"] = st.chunks_written;
+  d["retrieves"] = st.retrieves;
+  d["hit_tokens"] = st.hit_tokens;
+  d["miss_tokens"] = st.miss_tokens;
+  d["hs_evictions"] = st.hs_evictions;
+  d["coupled_evictions"] = st.coupled_evictions;
+  d["allocation_failures"] = st.allocation_failures;
+  return d;
+}
+
+std::vector<hss::Chunk> chunks_for(PyHiddenStateStore& s, nb::handle tokens_or_chunks,
+                                   const char* name) {
+  // A list whose first element is a tuple: caller-computed chunks; otherwise token ids.
+  if ((PyList_Check(tokens_or_chunks.ptr()) || PyTuple_Check(tokens_or_chunks.ptr())) &&
+      nb::len(tokens_or_chunks) > 0 && PyTuple_Check(tokens_or_chunks[0].ptr())) {
+    return chunks_from(tokens_or_chunks, name);
+  }
+  TokenIds ids = token_ids_from(tokens_or_chunks, name);
+  nb::gil_scoped_release release;
+  return ids.visit([&](auto span) { return s.token_database->process_tokens(span); });
+}
+
+}  // namespace
+
+void bind_store(nb::module_& m) {
+  nb::class_<PyHiddenStateStore>(
+      m, "HiddenStateStore",
+      "Per-chunk hidden-state cache beside the KV cache (LMCache's HiddenStateStore API). "
+      "Thread-safe; every call releases the GIL while it copies, hashes or waits.")
+      .def(
+          "__init__",
+          [](PyHiddenStateStore* self, nb::handle config, nb::handle token_database) {
+            if (!nb::isinstance<hss::TokenDatabase>(token_database)) {
+              throw InvalidArgument(
+                  "token_database must be an hsstore.ChunkedTokenDatabase, got " +
+                  nb::cast<std::string>(nb::repr(token_database)));
+            }
+            const hss::Config c = config_from(config);
+            const auto& db = nb::cast<const hss::TokenDatabase&>(token_database);
+            auto store = std::make_shared<hss::HiddenStateStore>(c, db);
+            new (self) PyHiddenStateStore{};
+            self->store = store.get();
+            self->owner = std::move(store);
+            self->token_database = &db;
+            self->token_database_object = nb::borrow(token_database);
+          },
+          nb::arg("config"), nb::arg("token_database"))
+      .def(
+          "bind_storage_manager",
+          [](PyHiddenStateStore& s, nb::handle manager) { s.bind(manager); },
+          nb::arg("storage_manager").none(),
+          "Binds the KV side: an object with contains(key, search_range=None, pin=False) "
+          "(truthy = KV present), an hsstore KV backend, or None (KV treated as present).")
+      .def_prop_ro("storage_manager", [](PyHiddenStateStore& s) { return s.bound_object; })
+      .def(
+          "store_hidden_states",
+          [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle hidden_states,
+             int64_t layer_idx, int64_t token_offset) {
+            TokenIds ids = token_ids_from(token_ids, "token_ids");
+            BorrowedTensor hs = borrow_tensor(hidden_states, "hidden_states");
+            hss::StoreOptions options;
+            options.layer_idx = layer_idx;
+            options.token_offset = token_offset;
+            options.stream = hs.stream;
+            nb::gil_scoped_release release;
+            return ids.visit([&](auto span) {
+              return live(s).store_hidden_states(span, hs.view.as_const(), options);
+            });
+          },
+          nb::arg("token_ids"), nb::arg("hidden_states"), nb::kw_only(), nb::arg("layer_idx") = 0,
+          nb::arg("token_offset") = 0,
+          "Stores rows of hidden_states ([len(token_ids) - token_offset, hidden_dim], float32, "
+          "float16 or bfloat16, CPU or CUDA, read zero-copy) for the chunks starting at or after "
+          "token_offset. Returns the chunks newly written.")
+      .def(
+          "retrieve_hidden_states",
+          [](PyHiddenStateStore& s, nb::handle token_ids, int64_t layer_idx, int64_t row_begin,
+             nb::handle like) -> nb::object {
+            TokenIds ids = token_ids_from(token_ids, "token_ids");
+            const ArrayKind kind = array_kind_from(like);
+            hss::RetrieveOptions options;
+            options.layer_idx = layer_idx;
+            options.row_begin = row_begin;
+            std::optional<hss::HostTensor> out;
+            {
+              nb::gil_scoped_release release;
+              out = ids.visit(
+                  [&](auto span) { return live(s).retrieve_hidden_states(span, options); });
+            }
+            if (!out) return nb::none();
+            return export_tensor(std::move(*out), kind);
+          },
+          nb::arg("token_ids"), nb::kw_only(), nb::arg("layer_idx") = 0,
+          nb::arg("row_begin") = 0, nb::arg("like").none() = nb::none(),
+          "The cached prefix as a float32 [rows, hidden_dim] tensor (torch when importable, "
+          "NumPy otherwise or with like='numpy'), zero-copy over the C++ result; None on a miss.")
+      .def(
+          "retrieve_hidden_states_into",
+          [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle out, int64_t layer_idx,
+             int64_t row_begin) {
+            TokenIds ids = token_ids_from(token_ids, "token_ids");
+            BorrowedTensor dst = borrow_tensor(out, "out");
+            hss::RetrieveOptions options;
+            options.layer_idx = layer_idx;
+            options.row_begin = row_begin;
+            options.stream = dst.stream;
+            nb::gil_scoped_release release;
+            return ids.visit([&](auto span) {
+              return live(s).retrieve_hidden_states_into(span, dst.view, options);
+            });
+          },
+          nb::arg("token_ids"), nb::arg("out"), nb::kw_only(), nb::arg("layer_idx") = 0,
+          nb::arg("row_begin") = 0,
+          "Writes the cached prefix into out (float32, CPU or CUDA); returns the rows written.")
+      .def(
+          "retrieve_layers",
+          [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle layer_idxs,
+             int64_t row_begin, nb::handle like) {
+            TokenIds ids = token_ids_from(token_ids, "token_ids");
+            std::vector<int64_t> layers = int_list_from(layer_idxs, "layer_idxs");
+            const ArrayKind kind = array_kind_from(like);
+            std::vector<hss::HostTensor> tensors;
+            {
+              nb::gil_scoped_release release;
+              tensors = ids.visit(
+                  [&](auto span) { return live(s).retrieve_layers(span, layers, row_begin); });
+            }
+            nb::list result;
+            for (hss::HostTensor& t : tensors) result.append(export_tensor(std::move(t), kind));
+            return result;
+          },
+          nb::arg("token_ids"), nb::arg("layer_idxs"), nb::kw_only(), nb::arg("row_begin") = 0,
+          nb::arg("like").none() = nb::none(),
+          "All-or-nothing multi-layer restore: one tensor per layer, all with the same rows; [] "
+          "when no prefix has every layer.")
+      .def(
+          "coverage",
+          [](PyHiddenStateStore& s, nb::handle tokens_or_chunks, nb::handle layer_idxs) {
+            std::vector<hss::Chunk> chunks = chunks_for(s, tokens_or_chunks, "token_ids");
+            std::vector<int64_t> layers = int_list_from(layer_idxs, "layer_idxs");
+            nb::gil_scoped_release release;
+            return live(s).coverage(chunks, layers);
+          },
+          nb::arg("token_ids"), nb::arg("layer_idxs") = std::vector<int64_t>{0},
+          "Tokens of the prefix whose every chunk has KV and every listed layer (token ids or "
+          "(start, end, key) chunks). Changes nothing.")
+      .def(
+          "has_chunk",
+          [](PyHiddenStateStore& s, const hss::CacheEngineKey& key, int64_t layer_idx) {
+            return live(s).has_chunk(key, layer_idx);
+          },
+          nb::arg("key"), nb::arg("layer_idx") = 0)
+      .def(
+          "drop_key",
+          [](PyHiddenStateStore& s, const hss::CacheEngineKey& key) {
+            return live(s).drop_key(key);
+          },
+          nb::arg("key"))
+      .def("num_cached_chunks",
+           [](PyHiddenStateStore& s) { return live(s).num_cached_chunks(); })
+      .def(
+          "flush",
+          [](PyHiddenStateStore& s) {
+            nb::gil_scoped_release release;
+            live(s).flush();
+          },
+          "Waits for every pending device-to-host copy.")
+      .def(
+          "close",
+          [](PyHiddenStateStore& s) {
+            nb::gil_scoped_release release;
+            live(s).close();
+          },
+          "Frees every cached chunk; later calls raise hsstore.Error. Idempotent.")
+      .def("stats", [](PyHiddenStateStore& s) { return stats_dict(live(s).stats()); })
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def(
+          "__exit__",
+          [](PyHiddenStateStore& s, nb::handle, nb::handle, nb::handle) {
+            nb::gil_scoped_release release;
+            live(s).close();
+          },
+          nb::arg("exc_type").none(), nb::arg("exc").none(), nb::arg("tb").none());
+}
+
+}  // namespace hss::python
