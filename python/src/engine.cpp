@@ -104,7 +104,7 @@ void bind_engine(nb::module_& m) {
             return ids.visit(
                 [&](auto span) { return e.engine->store(span, t.view.as_const(), token_offset); });
           },
-          nb::arg("tokens"), nb::arg("kv"), nb::arg("token_offset") = 0,
+          nb::arg("tokens").none(), nb::arg("kv").none(), nb::arg("token_offset") = 0,
           "Stores KV rows (host tensor [len(tokens) - token_offset, width]); returns the chunks "
           "of that range held after the call.")
       .def(
@@ -115,7 +115,7 @@ void bind_engine(nb::module_& m) {
             nb::gil_scoped_release release;
             return ids.visit([&](auto span) { return e.engine->retrieve(span, t.view); });
           },
-          nb::arg("tokens"), nb::arg("kv_out"))
+          nb::arg("tokens").none(), nb::arg("kv_out").none())
       .def(
           "lookup",
           [](PyEngine& e, nb::handle tokens) {
@@ -123,7 +123,7 @@ void bind_engine(nb::module_& m) {
             nb::gil_scoped_release release;
             return ids.visit([&](auto span) { return e.engine->lookup(span); });
           },
-          nb::arg("tokens"), "Tokens of the longest prefix whose every chunk has KV.");
+          nb::arg("tokens").none(), "Tokens of the longest prefix whose every chunk has KV.");
 }
 
 }  // namespace hss::python

@@ -118,7 +118,7 @@ void bind_store(nb::module_& m) {
             self->token_database = &db;
             self->token_database_object = nb::borrow(token_database);
           },
-          nb::arg("config"), nb::arg("token_database"))
+          nb::arg("config").none(), nb::arg("token_database"))
       .def(
           "bind_storage_manager",
           [](PyHiddenStateStore& s, nb::handle manager) { s.bind(manager); },
@@ -141,7 +141,7 @@ void bind_store(nb::module_& m) {
               return live(s).store_hidden_states(span, hs.view.as_const(), options);
             });
           },
-          nb::arg("token_ids"), nb::arg("hidden_states"), nb::kw_only(), nb::arg("layer_idx") = 0,
+          nb::arg("token_ids").none(), nb::arg("hidden_states").none(), nb::kw_only(), nb::arg("layer_idx") = 0,
           nb::arg("token_offset") = 0,
           "Stores rows of hidden_states ([len(token_ids) - token_offset, hidden_dim], float32, "
           "float16 or bfloat16, CPU or CUDA, read zero-copy) for the chunks starting at or after "
@@ -164,7 +164,7 @@ void bind_store(nb::module_& m) {
             if (!out) return nb::none();
             return export_tensor(std::move(*out), kind);
           },
-          nb::arg("token_ids"), nb::kw_only(), nb::arg("layer_idx") = 0,
+          nb::arg("token_ids").none(), nb::kw_only(), nb::arg("layer_idx") = 0,
           nb::arg("row_begin") = 0, nb::arg("like").none() = nb::none(),
           "The cached prefix as a float32 [rows, hidden_dim] tensor (torch when importable, "
           "NumPy otherwise or with like='numpy'), zero-copy over the C++ result; None on a miss.")
@@ -183,7 +183,7 @@ void bind_store(nb::module_& m) {
               return live(s).retrieve_hidden_states_into(span, dst.view, options);
             });
           },
-          nb::arg("token_ids"), nb::arg("out"), nb::kw_only(), nb::arg("layer_idx") = 0,
+          nb::arg("token_ids").none(), nb::arg("out").none(), nb::kw_only(), nb::arg("layer_idx") = 0,
           nb::arg("row_begin") = 0,
           "Writes the cached prefix into out (float32, CPU or CUDA); returns the rows written.")
       .def(
@@ -203,7 +203,7 @@ void bind_store(nb::module_& m) {
             for (hss::HostTensor& t : tensors) result.append(export_tensor(std::move(t), kind));
             return result;
           },
-          nb::arg("token_ids"), nb::arg("layer_idxs"), nb::kw_only(), nb::arg("row_begin") = 0,
+          nb::arg("token_ids").none(), nb::arg("layer_idxs").none(), nb::kw_only(), nb::arg("row_begin") = 0,
           nb::arg("like").none() = nb::none(),
           "All-or-nothing multi-layer restore: one tensor per layer, all with the same rows; [] "
           "when no prefix has every layer.")
@@ -215,7 +215,7 @@ void bind_store(nb::module_& m) {
             nb::gil_scoped_release release;
             return live(s).coverage(chunks, layers);
           },
-          nb::arg("token_ids"), nb::arg("layer_idxs") = std::vector<int64_t>{0},
+          nb::arg("token_ids").none(), nb::arg("layer_idxs") = std::vector<int64_t>{0},
           "Tokens of the prefix whose every chunk has KV and every listed layer (token ids or "
           "(start, end, key) chunks). Changes nothing.")
       .def(
