@@ -14,5 +14,6 @@ void bind_keys(nb::module_& m);
 void bind_tensor(nb::module_& m);
 void bind_store(nb::module_& m);
 void bind_engine(nb::module_& m);
+void bind_bench(nb::module_& m);
 
 }  // namespace hss::python

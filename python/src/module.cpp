@@ -9,4 +9,5 @@ NB_MODULE(_hsstore, m) {
   hss::python::bind_tensor(m);
   hss::python::bind_store(m);
   hss::python::bind_engine(m);
+  hss::python::bind_bench(m);
 }
