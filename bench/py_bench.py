@@ -13,8 +13,10 @@ Workloads (float32 rows, chunk 256):
   retrieve  bulk retrieve of the same
   tail8     the last 8 rows of the cached prefix (hsstore: row_begin; LMCache: retrieve + [-8:])
   keys      chunk keys of `tokens` token ids (process_tokens)
-Every figure is the median (and min/max/p25/p75) over --reps interleaved repetitions after one
-warm-up. ratio = reference seconds / candidate seconds (> 1: the candidate is faster).
+Every figure is the median (and min/max/p25/p75) over --reps repetitions after one warm-up;
+Python-side references are interleaved with the candidate rep by rep and their ratio is the median
+of per-rep ratios; the C++ reference is timed just before (ratio of medians).
+ratio = reference seconds / candidate seconds (> 1: the candidate is faster).
 The JSON has hss-bench's layout: {"command", "figures": [...], "skipped", "notes", "targets"}.
 """
 
@@ -112,14 +114,14 @@ class Report:
             "tokens_per_s": params.get("tokens", 0) / statistics.median(cand_s),
             "refs": [],
         }
-        all_refs = list(zip([r.name for r in refs], [r.bytes for r in refs], ref_s))
-        if cpp is not None:
-            all_refs.insert(0, (cpp_name, candidate.bytes, cpp))
-        for ref_name, ref_bytes, secs in all_refs:
-            fig["refs"].append({
-                "name": ref_name, "bytes": ref_bytes, "seconds": stats(secs),
-                "ratio": {"median": statistics.median(secs) / statistics.median(cand_s)},
-            })
+        if cpp is not None:  # timed in C++ just before: a ratio of medians
+            ratio = statistics.median(cpp) / statistics.median(cand_s)
+            fig["refs"].append({"name": cpp_name, "bytes": candidate.bytes, "seconds": stats(cpp),
+                                "ratio": {"median": ratio, "min": ratio, "max": ratio,
+                                          "p25": ratio, "p75": ratio}})
+        for r, secs in zip(refs, ref_s):  # interleaved: the median of per-rep ratios
+            fig["refs"].append({"name": r.name, "bytes": r.bytes, "seconds": stats(secs),
+                                "ratio": stats([a / b for a, b in zip(secs, cand_s)])})
         self.figures.append(fig)
         self.print_figure(fig)
         return fig

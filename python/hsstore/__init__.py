@@ -15,6 +15,7 @@ Quick start::
 """
 
 from ._hsstore import (
+    ActivationKind,
     CacheEngineKey,
     ChunkedTokenDatabase,
     Config,
@@ -29,6 +30,7 @@ from ._hsstore import (
 )
 
 __all__ = [
+    "ActivationKind",
     "CacheEngineKey",
     "ChunkedTokenDatabase",
     "Config",

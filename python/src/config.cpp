@@ -11,6 +11,7 @@
 
 #include "bindings.hpp"
 #include "config_source.hpp"
+#include "hss/activation.hpp"
 #include "hss/config.hpp"
 #include "hss/error.hpp"
 
@@ -110,6 +111,15 @@ void bind_config(nb::module_& m) {
                      return std::string(hss::to_string(c.hidden_state_storage_dtype));
                    })
       .def_ro("hidden_state_block_bytes", &hss::Config::hidden_state_block_bytes)
+      .def_prop_ro("hidden_state_kinds",
+                   [](const hss::Config& c) -> std::optional<std::vector<std::string>> {
+                     if (!c.hidden_state_kinds) return std::nullopt;
+                     std::vector<std::string> names;
+                     for (hss::ActivationKind k : *c.hidden_state_kinds) {
+                       names.emplace_back(hss::to_string(k));
+                     }
+                     return names;
+                   })
       .def_ro("unknown_keys", &hss::Config::unknown_keys)
       .def("to_yaml", &hss::Config::to_yaml)
       .def("layer_allowed", &hss::Config::layer_allowed, nb::arg("layer_idx"))

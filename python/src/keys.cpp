@@ -248,8 +248,6 @@ void bind_keys(nb::module_& m) {
               }
               std::vector<uint64_t> hash_values = hash_list_from(hashes, "hashes");
               std::vector<int64_t> counts = int_list_from(offsets, "offsets");
-              // PRE-API: the C++ call still takes cumulative ends; LMCache's offsets are counts.
-              for (size_t i = 1; i < counts.size(); ++i) counts[i] += counts[i - 1];
               nb::gil_scoped_release release;
               chunks = db.process_hashes(hash_values, counts);
             } else {

@@ -41,7 +41,7 @@ def test_bad_store_is_value_error_and_store_unchanged(case):
     with pytest.raises(ValueError, match=needle):
         f.store.store_hidden_states(**kwargs)
     after = f.store.stats()
-    assert after["chunks_held"] == before["chunks_held"] == 0
+    assert after["entries_held"] == before["entries_held"] == 0
     assert after["stores"] == before["stores"]
     assert f.roundtrip_ok()
 

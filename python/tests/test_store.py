@@ -180,7 +180,7 @@ def test_token_id_forms(fix):
 
 def test_stats_and_context_manager():
     with Fixture().store as store:
-        assert store.stats()["chunks_held"] == 0
+        assert store.stats()["entries_held"] == 0
     with pytest.raises(hsstore.Error, match="closed"):
         store.num_cached_chunks() if False else store.store_hidden_states(
             list(range(CHUNK)), rows(CHUNK))

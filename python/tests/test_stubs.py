@@ -12,7 +12,7 @@ STUB_ONLY = {"TokenIds", "Tensor", "Like", "Kind", "Chunk", "StorageManagerLike"
 
 def stub_names():
     tree = ast.parse(STUB.read_text())
-    top, members = set(), {}
+    top, members, bases = set(), {}, {}
     for node in tree.body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
             top.add(node.name)
@@ -26,6 +26,10 @@ def stub_names():
                 elif isinstance(item, ast.Assign):
                     names.update(t.id for t in item.targets if isinstance(t, ast.Name))
             members[node.name] = names
+            bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+    for name, base_names in bases.items():  # inherited members count as the class's
+        for base in base_names:
+            members[name] |= members.get(base, set())
     return top, members
 
 
