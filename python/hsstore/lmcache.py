@@ -21,6 +21,7 @@ Engines built before ``install()`` keep the store they have.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -50,11 +51,12 @@ class _KVPresence:
     LMCache's own key for the chunk."""
 
     def __init__(self, owner: "HiddenStateStore", storage_manager: Any) -> None:
-        self._owner = owner
+        self._owner = weakref.ref(owner)  # the owner holds the native store, which holds us
         self._storage_manager = storage_manager
 
     def contains(self, key, search_range=None, pin=False) -> bool:
-        lmcache_key = self._owner._lmcache_key(key)
+        owner = self._owner()
+        lmcache_key = owner._lmcache_key(key) if owner is not None else None
         if lmcache_key is None:  # a key this store never saw: no KV can be vouched for
             return False
         return self._storage_manager.contains(lmcache_key) is not None

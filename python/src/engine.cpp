@@ -1,5 +1,6 @@
 // hsstore.Engine (one worker's cache: config, token database, KV backend and, when enabled, the
 // hidden-state store bound to it) and hsstore.LocalCpuBackend (the KV chunk store).
+#include <Python.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -23,6 +24,18 @@ struct PyEngine {
   std::shared_ptr<hss::Engine> engine;
   nb::object hidden_state_store;  ///< hsstore.HiddenStateStore over the engine's store, or None
 };
+
+int engine_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  Py_VISIT(nb::inst_ptr<PyEngine>(self)->hidden_state_store.ptr());
+  return 0;
+}
+
+int engine_clear(PyObject* self) {
+  if (nb::inst_ready(self)) nb::inst_ptr<PyEngine>(self)->hidden_state_store.reset();
+  return 0;
+}
 
 nb::dict kv_stats_dict(const hss::KvStats& st) {
   nb::dict d;
@@ -62,9 +75,14 @@ void bind_engine(nb::module_& m) {
       .def("keys_lru_order", &hss::LocalCpuBackend::keys_lru_order)
       .def("stats", [](const hss::LocalCpuBackend& kv) { return kv_stats_dict(kv.stats()); });
 
+  static PyType_Slot engine_slots[] = {
+      {Py_tp_traverse, reinterpret_cast<void*>(engine_traverse)},
+      {Py_tp_clear, reinterpret_cast<void*>(engine_clear)},
+      {0, nullptr}};
   nb::class_<PyEngine>(m, "Engine",
                        "One worker's cache: config, token database, KV backend and, when "
-                       "enable_hidden_state_cache is set, the hidden-state store bound to it.")
+                       "enable_hidden_state_cache is set, the hidden-state store bound to it.",
+                       nb::type_slots(engine_slots))
       .def(
           "__init__",
           [](PyEngine* self, nb::handle config, nb::handle metadata) {
@@ -82,7 +100,10 @@ void bind_engine(nb::module_& m) {
             new (self) PyEngine{std::move(engine), std::move(store)};
           },
           nb::arg("config") = nb::none(), nb::arg("metadata") = nb::none())
-      .def_prop_ro("hidden_state_store", [](PyEngine& e) { return e.hidden_state_store; },
+      .def_prop_ro("hidden_state_store",
+                   [](PyEngine& e) -> nb::object {
+                     return e.hidden_state_store.is_valid() ? e.hidden_state_store : nb::none();
+                   },
                    "The hidden-state store, or None when enable_hidden_state_cache is false.")
       .def_prop_ro("config", [](PyEngine& e) { return e.engine->config(); })
       .def_prop_ro("metadata", [](PyEngine& e) { return e.engine->metadata(); })

@@ -37,6 +37,35 @@ bool PyStorageManager::contains(const hss::CacheEngineKey& key) const {
   return truth == 1;
 }
 
+int PyStorageManager::traverse(visitproc visit, void* arg) const {
+  Py_VISIT(manager_.ptr());
+  Py_VISIT(contains_.ptr());
+  return 0;
+}
+
+int store_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  const auto* s = nb::inst_ptr<PyHiddenStateStore>(self);
+  Py_VISIT(s->token_database_object.ptr());
+  Py_VISIT(s->bound_object.ptr());
+  for (const auto& manager : s->managers) {
+    if (int rc = manager->traverse(visit, arg)) return rc;
+  }
+  return 0;
+}
+
+int store_clear(PyObject* self) {
+  if (!nb::inst_ready(self)) return 0;
+  auto* s = nb::inst_ptr<PyHiddenStateStore>(self);
+  // Unreachable: no call is in flight, so the managers can go (unbound first).
+  if (s->store != nullptr) s->store->bind_storage_manager(nullptr);
+  s->managers.clear();
+  s->bound_object.reset();
+  // The token database stays: the C++ store holds a reference to it until the store dies.
+  return 0;
+}
+
 void PyHiddenStateStore::bind(nb::handle manager) {
   if (manager.is_none()) {
     store->bind_storage_manager(nullptr);
@@ -158,10 +187,15 @@ void bind_store(nb::module_& m) {
       .value("value", hss::ActivationKind::kValue)
       .value("mlp_intermediate", hss::ActivationKind::kMlpIntermediate);
 
+  static PyType_Slot store_slots[] = {
+      {Py_tp_traverse, reinterpret_cast<void*>(store_traverse)},
+      {Py_tp_clear, reinterpret_cast<void*>(store_clear)},
+      {0, nullptr}};
   nb::class_<PyHiddenStateStore>(
       m, "HiddenStateStore",
       "Per-chunk hidden-state cache beside the KV cache (LMCache's HiddenStateStore API). "
-      "Thread-safe; every call releases the GIL while it copies, hashes or waits.")
+      "Thread-safe; every call releases the GIL while it copies, hashes or waits.",
+      nb::type_slots(store_slots))
       .def(
           "__init__",
           [](PyHiddenStateStore* self, nb::handle config, nb::handle token_database) {

@@ -29,6 +29,8 @@ class PyStorageManager final : public hss::StorageManager {
   PyStorageManager(const PyStorageManager&) = delete;
   PyStorageManager& operator=(const PyStorageManager&) = delete;
   [[nodiscard]] bool contains(const hss::CacheEngineKey& key) const override;
+  /// For the garbage collector (tp_traverse): visits the Python objects held.
+  int traverse(visitproc visit, void* arg) const;
 
  private:
   nb::object manager_;
@@ -52,5 +54,10 @@ struct PyHiddenStateStore {
 
   void bind(nb::handle manager);
 };
+
+/// tp_traverse / tp_clear of hsstore.HiddenStateStore, so a storage manager or token database
+/// that refers back to the store does not make an uncollectable cycle.
+int store_traverse(PyObject* self, visitproc visit, void* arg);
+int store_clear(PyObject* self);
 
 }  // namespace hss::python

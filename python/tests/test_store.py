@@ -225,3 +225,24 @@ def test_many_python_threads(fix):
         t.join()
     assert errors == []
     assert fix.store.num_cached_chunks() == 4 * 20 * 2
+
+
+def test_cycle_through_storage_manager_is_collected():
+    import gc
+    import weakref
+
+    f = Fixture()
+
+    class Manager:
+        def __init__(self, store):
+            self.store = store  # refers back: store -> manager -> store
+
+        def contains(self, key, search_range=None, pin=False):
+            return True
+
+    manager = Manager(f.store)
+    f.store.bind_storage_manager(manager)
+    alive = weakref.ref(manager)
+    del manager, f
+    gc.collect()
+    assert alive() is None
