@@ -10,4 +10,5 @@ NB_MODULE(_hsstore, m) {
   hss::python::bind_store(m);
   hss::python::bind_engine(m);
   hss::python::bind_bench(m);
+  hss::python::bind_device_buffer(m);
 }

@@ -1,5 +1,6 @@
-"""Shared fixtures. CUDA tests carry @pytest.mark.cuda and skip without torch.cuda and a device,
-so `pytest python/tests -m cuda` runs just them on a GPU machine."""
+"""Shared fixtures. CUDA tests carry @pytest.mark.cuda and skip without a CUDA device, so
+`pytest python/tests -m cuda` runs just them on a GPU machine (torch not required: the torch-free
+ones use hsstore._DeviceBuffer; the torch ones also need torch.cuda)."""
 
 import numpy as np
 import pytest
@@ -15,17 +16,13 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if not any(item.get_closest_marker("cuda") for item in items):
-        return
-    try:
-        import torch
+    """`cuda` tests need a CUDA device visible to hsstore (a CUDA build); those that also use
+    torch skip themselves when torch.cuda is unavailable."""
+    from hsstore import _hsstore
 
-        has_cuda = torch.cuda.is_available()
-    except ImportError:
-        has_cuda = False
-    if has_cuda:
+    if _hsstore._cuda_device_count() > 0:
         return
-    skip = pytest.mark.skip(reason="no CUDA device (or torch without CUDA)")
+    skip = pytest.mark.skip(reason="no CUDA device (or hsstore built without CUDA)")
     for item in items:
         if item.get_closest_marker("cuda"):
             item.add_marker(skip)

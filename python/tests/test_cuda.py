@@ -1,12 +1,16 @@
-"""CUDA tensors through the DLPack stream handshake. Marked `cuda`: skipped without a device;
-`pytest python/tests -m cuda` runs them on a GPU machine."""
+"""CUDA tensors from torch through the DLPack stream handshake. Marked `cuda`: skipped without a
+device; `pytest python/tests -m cuda` runs them on a GPU machine (test_cuda_dlpack.py covers the
+device path without torch)."""
 
 import pytest
 
 from conftest import CHUNK, DIM, Fixture
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.cuda
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch without CUDA"),
+]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
