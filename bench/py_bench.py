@@ -287,6 +287,15 @@ def main() -> int:
                    Timed("python", timed(lambda: bs.retrieve_hidden_states(bids, row_begin=bulk - 8)),
                          8.0 * hidden * 4),
                    tail_refs, _hsstore._cpp_bench("tail8", CHUNK, hidden, bulk, reps))
+    # The same two with the token ids as a NumPy array: borrowed, not converted element by element.
+    nids = np.array(bids, np.int64)
+    report.measure("tail8", "8-row tail, NumPy ids (python)", {"hidden_dim": hidden, "tokens": bulk},
+                   Timed("python", timed(lambda: bs.retrieve_hidden_states(nids, row_begin=bulk - 8)),
+                         8.0 * hidden * 4),
+                   [], _hsstore._cpp_bench("tail8", CHUNK, hidden, bulk, reps))
+    report.measure("keys", f"keys of {bulk} tokens, NumPy ids (python)", {"tokens": bulk},
+                   Timed("python", timed(lambda: db.process_tokens(nids))), [],
+                   _hsstore._cpp_bench("keys", CHUNK, hidden, bulk, reps))
     key_refs = []
     if use_lmcache:
         key_refs = [Timed("lmcache keys", timed(lambda: list(ldb.process_tokens(tokens=bids))))]

@@ -1,6 +1,7 @@
 // DLPack import/export and token-id conversion for the hsstore module (see tensor_io.hpp).
 #include <Python.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 
 #include <limits>
 #include <memory>

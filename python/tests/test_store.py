@@ -246,3 +246,12 @@ def test_cycle_through_storage_manager_is_collected():
     del manager, f
     gc.collect()
     assert alive() is None
+
+
+def test_how_tensors_are_seen():
+    from hsstore import _hsstore
+
+    assert _hsstore._roundtrip_tensor(np.zeros((2, 3), np.float32)) == (2, 3, 3, "float32", "host")
+    view = np.zeros((4, 6), np.float16)[:, :3]
+    assert _hsstore._roundtrip_tensor(view) == (4, 3, 6, "float16", "host")
+    assert _hsstore._roundtrip_tensor(np.zeros((1, 5), np.float32)[:, ::1]) == (1, 5, 5, "float32", "host")
