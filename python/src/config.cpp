@@ -38,7 +38,8 @@ constexpr std::array kAttributeKeys = {
 std::string to_yaml_text(nb::handle mapping) {
   nb::object json = nb::module_::import_("json");
   nb::object builtins = nb::module_::import_("builtins");
-  return nb::cast<std::string>(json.attr("dumps")(mapping, nb::arg("default") = builtins.attr("str")));
+  return nb::cast<std::string>(
+      json.attr("dumps")(mapping, nb::arg("default") = builtins.attr("str")));
 }
 
 bool looks_like_yaml_text(std::string_view text) {
@@ -91,7 +92,8 @@ void bind_config(nb::module_& m) {
           "YAML file path, an hsstore.Config, or an object with LMCache config attributes.")
       .def_static("from_yaml", &hss::Config::from_yaml, nb::arg("text"))
       .def_static(
-          "from_file", [](nb::handle path) {
+          "from_file",
+          [](nb::handle path) {
             nb::object os = nb::module_::import_("os");
             return hss::Config::from_file(nb::cast<std::string>(os.attr("fspath")(path)));
           },
@@ -123,7 +125,9 @@ void bind_config(nb::module_& m) {
       .def_ro("unknown_keys", &hss::Config::unknown_keys)
       .def("to_yaml", &hss::Config::to_yaml)
       .def("layer_allowed", &hss::Config::layer_allowed, nb::arg("layer_idx"))
-      .def("__repr__", [](const hss::Config& c) { return "hsstore.Config(\"\"\"\n" + c.to_yaml() + "\"\"\")"; });
+      .def("__repr__", [](const hss::Config& c) {
+        return "hsstore.Config(\"\"\"\n" + c.to_yaml() + "\"\"\")";
+      });
 }
 
 }  // namespace hss::python

@@ -199,8 +199,8 @@ void bind_device_buffer(nb::module_& m) {
             e->shape[0] = b.rows_;
             e->shape[1] = b.cols_;
             e->owner = nb::borrow(self);
-            e->managed.dl_tensor = dlpack::Tensor{b.data_, {dlpack::kDLCUDA, b.device_}, 2,
-                                                  dl_dtype(b.dtype_), e->shape, nullptr, 0};
+            e->managed.dl_tensor = dlpack::Tensor{
+                b.data_, {dlpack::kDLCUDA, b.device_}, 2, dl_dtype(b.dtype_), e->shape, nullptr, 0};
             e->managed.manager_ctx = e.get();
             e->managed.deleter = &delete_export;
             PyObject* capsule = PyCapsule_New(&e->managed, "dltensor", &capsule_destructor);

@@ -68,17 +68,17 @@ void bind_engine(nb::module_& m) {
           nb::arg("key"), nb::arg("data"), "Stores a copy of data (bytes); False if it cannot fit.")
       .def(
           "contains",
-          [](const hss::LocalCpuBackend& kv, const hss::CacheEngineKey& key, nb::handle,
-             bool) { return kv.contains(key); },
+          [](const hss::LocalCpuBackend& kv, const hss::CacheEngineKey& key, nb::handle, bool) {
+            return kv.contains(key);
+          },
           nb::arg("key"), nb::arg("search_range").none() = nb::none(), nb::arg("pin") = false)
       .def("remove", &hss::LocalCpuBackend::remove, nb::arg("key"))
       .def("keys_lru_order", &hss::LocalCpuBackend::keys_lru_order)
       .def("stats", [](const hss::LocalCpuBackend& kv) { return kv_stats_dict(kv.stats()); });
 
-  static PyType_Slot engine_slots[] = {
-      {Py_tp_traverse, reinterpret_cast<void*>(engine_traverse)},
-      {Py_tp_clear, reinterpret_cast<void*>(engine_clear)},
-      {0, nullptr}};
+  static PyType_Slot engine_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(engine_traverse)},
+                                       {Py_tp_clear, reinterpret_cast<void*>(engine_clear)},
+                                       {0, nullptr}};
   nb::class_<PyEngine>(m, "Engine",
                        "One worker's cache: config, token database, KV backend and, when "
                        "enable_hidden_state_cache is set, the hidden-state store bound to it.",
@@ -100,11 +100,12 @@ void bind_engine(nb::module_& m) {
             new (self) PyEngine{std::move(engine), std::move(store)};
           },
           nb::arg("config") = nb::none(), nb::arg("metadata") = nb::none())
-      .def_prop_ro("hidden_state_store",
-                   [](PyEngine& e) -> nb::object {
-                     return e.hidden_state_store.is_valid() ? e.hidden_state_store : nb::none();
-                   },
-                   "The hidden-state store, or None when enable_hidden_state_cache is false.")
+      .def_prop_ro(
+          "hidden_state_store",
+          [](PyEngine& e) -> nb::object {
+            return e.hidden_state_store.is_valid() ? e.hidden_state_store : nb::none();
+          },
+          "The hidden-state store, or None when enable_hidden_state_cache is false.")
       .def_prop_ro("config", [](PyEngine& e) { return e.engine->config(); })
       .def_prop_ro("metadata", [](PyEngine& e) { return e.engine->metadata(); })
       .def_prop_ro(

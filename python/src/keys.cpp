@@ -84,8 +84,8 @@ std::vector<uint64_t> hash_list_from(nb::handle hashes, const char* name) {
     PyObject* item = items[i];
     auto bad = [&] {
       PyErr_Clear();
-      return InvalidArgument(std::string(name) + "[" + std::to_string(i) + "] = " +
-                             nb::cast<std::string>(nb::repr(item)) +
+      return InvalidArgument(std::string(name) + "[" + std::to_string(i) +
+                             "] = " + nb::cast<std::string>(nb::repr(item)) +
                              " is not an integer in [-2^63, 2^64)");
     };
     if (!PyLong_Check(item)) throw bad();
@@ -118,8 +118,8 @@ std::vector<hss::Chunk> chunks_from(nb::handle chunks, const char* name) {
       auto [start, end, key] = nb::cast<std::tuple<int64_t, int64_t, hss::CacheEngineKey>>(item);
       out.push_back(hss::Chunk{start, end, std::move(key)});
     } catch (const nb::cast_error&) {
-      throw InvalidArgument(std::string(name) + "[" + std::to_string(i) + "] = " +
-                            nb::cast<std::string>(nb::repr(item)) +
+      throw InvalidArgument(std::string(name) + "[" + std::to_string(i) +
+                            "] = " + nb::cast<std::string>(nb::repr(item)) +
                             " is not a (start, end, hsstore.CacheEngineKey) tuple");
     }
   }
@@ -143,9 +143,10 @@ void bind_keys(nb::module_& m) {
       .def_ro("worker_id", &hss::Metadata::worker_id)
       .def_ro("kv_dtype", &hss::Metadata::kv_dtype)
       .def("__repr__", [](const hss::Metadata& md) {
-        return "hsstore.Metadata(model_name='" + md.model_name + "', world_size=" +
-               std::to_string(md.world_size) + ", worker_id=" + std::to_string(md.worker_id) +
-               ", kv_dtype='" + md.kv_dtype + "', fmt='" + md.fmt + "')";
+        return "hsstore.Metadata(model_name='" + md.model_name +
+               "', world_size=" + std::to_string(md.world_size) +
+               ", worker_id=" + std::to_string(md.worker_id) + ", kv_dtype='" + md.kv_dtype +
+               "', fmt='" + md.fmt + "')";
       });
 
   nb::class_<hss::CacheEngineKey>(
@@ -157,8 +158,9 @@ void bind_keys(nb::module_& m) {
           [](hss::CacheEngineKey* self, std::string model_name, int64_t world_size,
              int64_t worker_id, nb::handle chunk_hash, nb::handle kv_dtype, std::string fmt) {
             const uint64_t hash = hash_list_from(nb::make_tuple(chunk_hash), "chunk_hash")[0];
-            new (self) hss::CacheEngineKey{std::move(fmt), std::move(model_name), world_size,
-                                           worker_id, hash, dtype_name(kv_dtype)};
+            new (self)
+                hss::CacheEngineKey{std::move(fmt), std::move(model_name), world_size, worker_id,
+                                    hash,           dtype_name(kv_dtype)};
           },
           nb::arg("model_name") = "", nb::arg("world_size") = 1, nb::arg("worker_id") = 0,
           nb::arg("chunk_hash") = 0, nb::arg("kv_dtype") = "bfloat16", nb::arg("fmt") = "vllm")
@@ -204,9 +206,8 @@ void bind_keys(nb::module_& m) {
                                    k.kv_dtype);
            })
       .def("__setstate__",
-           [](hss::CacheEngineKey& k,
-              const std::tuple<std::string, std::string, int64_t, int64_t, uint64_t, std::string>&
-                  s) {
+           [](hss::CacheEngineKey& k, const std::tuple<std::string, std::string, int64_t, int64_t,
+                                                       uint64_t, std::string>& s) {
              new (&k) hss::CacheEngineKey{std::get<0>(s), std::get<1>(s), std::get<2>(s),
                                           std::get<3>(s), std::get<4>(s), std::get<5>(s)};
            });
@@ -228,8 +229,8 @@ void bind_keys(nb::module_& m) {
               chunk_size = c.chunk_size;
               save_unfull_chunk = c.save_unfull_chunk;
             }
-            new (self) hss::ChunkedTokenDatabase(chunk_size, save_unfull_chunk,
-                                                 metadata_from(metadata));
+            new (self)
+                hss::ChunkedTokenDatabase(chunk_size, save_unfull_chunk, metadata_from(metadata));
           },
           nb::arg("config") = nb::none(), nb::arg("metadata") = nb::none())
       .def_prop_ro("metadata", &hss::ChunkedTokenDatabase::metadata)

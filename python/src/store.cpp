@@ -78,9 +78,10 @@ void PyHiddenStateStore::bind(nb::handle manager) {
     return;
   }
   if (!nb::hasattr(manager, "contains")) {
-    throw InvalidArgument("storage_manager must be None, an hsstore KV backend or an object with "
-                          "contains(key, search_range=None, pin=False), got " +
-                          nb::cast<std::string>(nb::repr(manager)));
+    throw InvalidArgument(
+        "storage_manager must be None, an hsstore KV backend or an object with "
+        "contains(key, search_range=None, pin=False), got " +
+        nb::cast<std::string>(nb::repr(manager)));
   }
   managers.push_back(std::make_unique<PyStorageManager>(nb::borrow(manager)));
   store->bind_storage_manager(managers.back().get());
@@ -133,7 +134,8 @@ hss::ActivationKind kind_from(nb::handle kind) {
   }
   throw InvalidArgument(
       "kind must be an hsstore.ActivationKind or one of 'hidden', 'query', 'key', 'value', "
-      "'mlp_intermediate', got " + nb::cast<std::string>(nb::repr(kind)));
+      "'mlp_intermediate', got " +
+      nb::cast<std::string>(nb::repr(kind)));
 }
 
 // Layer indices (kind hidden) or (kind, layer) tuples, mixed freely.
@@ -141,8 +143,10 @@ std::vector<hss::Slot> slots_from(nb::handle items, const char* name) {
   nb::object seq = nb::steal(PySequence_Fast(items.ptr(), "not a sequence"));
   if (!seq.is_valid()) {
     PyErr_Clear();
-    throw InvalidArgument(std::string(name) + " must be a list of layer indices or (kind, layer) "
-                          "tuples, got " + nb::cast<std::string>(nb::repr(items)));
+    throw InvalidArgument(std::string(name) +
+                          " must be a list of layer indices or (kind, layer) "
+                          "tuples, got " +
+                          nb::cast<std::string>(nb::repr(items)));
   }
   const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq.ptr());
   PyObject** entries = PySequence_Fast_ITEMS(seq.ptr());
@@ -187,10 +191,9 @@ void bind_store(nb::module_& m) {
       .value("value", hss::ActivationKind::kValue)
       .value("mlp_intermediate", hss::ActivationKind::kMlpIntermediate);
 
-  static PyType_Slot store_slots[] = {
-      {Py_tp_traverse, reinterpret_cast<void*>(store_traverse)},
-      {Py_tp_clear, reinterpret_cast<void*>(store_clear)},
-      {0, nullptr}};
+  static PyType_Slot store_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(store_traverse)},
+                                      {Py_tp_clear, reinterpret_cast<void*>(store_clear)},
+                                      {0, nullptr}};
   nb::class_<PyHiddenStateStore>(
       m, "HiddenStateStore",
       "Per-chunk hidden-state cache beside the KV cache (LMCache's HiddenStateStore API). "
@@ -200,9 +203,8 @@ void bind_store(nb::module_& m) {
           "__init__",
           [](PyHiddenStateStore* self, nb::handle config, nb::handle token_database) {
             if (!nb::isinstance<hss::TokenDatabase>(token_database)) {
-              throw InvalidArgument(
-                  "token_database must be an hsstore.ChunkedTokenDatabase, got " +
-                  nb::cast<std::string>(nb::repr(token_database)));
+              throw InvalidArgument("token_database must be an hsstore.ChunkedTokenDatabase, got " +
+                                    nb::cast<std::string>(nb::repr(token_database)));
             }
             const hss::Config c = config_from(config);
             const auto& db = nb::cast<const hss::TokenDatabase&>(token_database);
@@ -241,8 +243,8 @@ void bind_store(nb::module_& m) {
           "token_offset. Returns the chunks newly written (LMCache's number).")
       .def(
           "store_chunks",
-          [](PyHiddenStateStore& s, nb::handle chunks, nb::handle hidden_states,
-             int64_t layer_idx, int64_t token_offset, nb::handle kind) {
+          [](PyHiddenStateStore& s, nb::handle chunks, nb::handle hidden_states, int64_t layer_idx,
+             int64_t token_offset, nb::handle kind) {
             std::vector<hss::Chunk> list = chunks_from(chunks, "chunks");
             BorrowedTensor hs = borrow_tensor(hidden_states, "hidden_states");
             const hss::StoreOptions options{layer_idx, token_offset, kind_from(kind),
@@ -310,8 +312,8 @@ void bind_store(nb::module_& m) {
           "Writes the cached prefix into out (float32, CPU or CUDA); returns the rows written.")
       .def(
           "retrieve_layers",
-          [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle layer_idxs,
-             int64_t row_begin, nb::handle like) {
+          [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle layer_idxs, int64_t row_begin,
+             nb::handle like) {
             TokenIds ids = token_ids_from(token_ids, "token_ids");
             std::vector<hss::Slot> slots = slots_from(layer_idxs, "layer_idxs");
             const ArrayKind array_kind = array_kind_from(like);
@@ -319,8 +321,7 @@ void bind_store(nb::module_& m) {
             {
               nb::gil_scoped_release release;
               tensors = ids.visit([&](auto span) {
-                return live(s).retrieve_layers(span, std::span<const hss::Slot>(slots),
-                                               row_begin);
+                return live(s).retrieve_layers(span, std::span<const hss::Slot>(slots), row_begin);
               });
             }
             nb::list result;

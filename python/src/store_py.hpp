@@ -45,11 +45,11 @@ struct PyHiddenStateStore {
   PyHiddenStateStore& operator=(PyHiddenStateStore&&) = default;
   ~PyHiddenStateStore() = default;
 
-  std::shared_ptr<void> owner;           ///< keeps `store` alive (the store itself or its engine)
+  std::shared_ptr<void> owner;  ///< keeps `store` alive (the store itself or its engine)
   hss::HiddenStateStore* store = nullptr;
   const hss::TokenDatabase* token_database = nullptr;
-  nb::object token_database_object;      ///< the Python token database, if it came from Python
-  nb::object bound_object;               ///< what bind_storage_manager was last given
+  nb::object token_database_object;  ///< the Python token database, if it came from Python
+  nb::object bound_object;           ///< what bind_storage_manager was last given
   std::vector<std::unique_ptr<PyStorageManager>> managers;  ///< last = current; others retired
 
   void bind(nb::handle manager);

@@ -23,8 +23,8 @@ std::string repr_of(nb::handle obj) {
 }
 
 std::string py_type_name(nb::handle obj) {
-  return nb::cast<std::string>(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())))
-                                   .attr("__qualname__"));
+  return nb::cast<std::string>(
+      nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))).attr("__qualname__"));
 }
 
 std::string shape_of(const dlpack::Tensor& t) {
@@ -37,9 +37,9 @@ std::string shape_of(const dlpack::Tensor& t) {
 }
 
 std::string dtype_of(const dlpack::DataType& d) {
-  const char* base = d.code == dlpack::kDLInt     ? "int"
-                     : d.code == dlpack::kDLUInt  ? "uint"
-                     : d.code == dlpack::kDLFloat ? "float"
+  const char* base = d.code == dlpack::kDLInt      ? "int"
+                     : d.code == dlpack::kDLUInt   ? "uint"
+                     : d.code == dlpack::kDLFloat  ? "float"
                      : d.code == dlpack::kDLBfloat ? "bfloat"
                                                    : "code";
   std::string out = base + std::to_string(d.bits);
@@ -62,7 +62,8 @@ ImportedTensor import_dlpack(nb::handle obj_in, const char* name, void** stream_
   if (!nb::hasattr(obj, "__dlpack__") || !nb::hasattr(obj, "__dlpack_device__")) {
     throw InvalidArgument(std::string(name) +
                           " must be a tensor with __dlpack__ (NumPy array, torch tensor, ...), "
-                          "got " + py_type_name(obj) + " " + repr_of(obj));
+                          "got " +
+                          py_type_name(obj) + " " + repr_of(obj));
   }
   if (nb::cast<bool>(nb::getattr(obj, "requires_grad", nb::bool_(false)))) {
     obj = obj.attr("detach")();  // LMCache detaches too; DLPack refuses tensors needing grad
@@ -245,8 +246,8 @@ std::vector<int64_t> int_list_from(nb::handle obj, const char* name) {
   for (Py_ssize_t i = 0; i < count; ++i) {
     PyObject* item = items[i];
     if (PyBool_Check(item) || !PyIndex_Check(item)) {
-      throw InvalidArgument(std::string(name) + "[" + std::to_string(i) + "] = " +
-                            repr_of(item) + " is not an integer");
+      throw InvalidArgument(std::string(name) + "[" + std::to_string(i) + "] = " + repr_of(item) +
+                            " is not an integer");
     }
     int overflow = 0;
     long long value = PyLong_AsLongLongAndOverflow(item, &overflow);
@@ -258,8 +259,8 @@ std::vector<int64_t> int_list_from(nb::handle obj, const char* name) {
       value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
     }
     if (overflow != 0) {
-      throw InvalidArgument(std::string(name) + "[" + std::to_string(i) + "] = " +
-                            repr_of(item) + " is out of the 64-bit range");
+      throw InvalidArgument(std::string(name) + "[" + std::to_string(i) + "] = " + repr_of(item) +
+                            " is out of the 64-bit range");
     }
     out[static_cast<size_t>(i)] = value;
   }
@@ -301,13 +302,13 @@ nb::object export_tensor(HostTensor&& tensor, ArrayKind kind) {
     std::unique_ptr<HostTensor> release(static_cast<HostTensor*>(p));
   });
   (void)owned.release();  // the capsule owns it now
-  if (kind == ArrayKind::kDefault) kind = torch_importable() ? ArrayKind::kTorch : ArrayKind::kNumpy;
+  if (kind == ArrayKind::kDefault)
+    kind = torch_importable() ? ArrayKind::kTorch : ArrayKind::kNumpy;
   if (kind == ArrayKind::kTorch) {
     return nb::ndarray<nb::pytorch, float, nb::ndim<2>, nb::c_contig>(data, {rows, cols}, owner)
         .cast();
   }
-  return nb::ndarray<nb::numpy, float, nb::ndim<2>, nb::c_contig>(data, {rows, cols}, owner)
-      .cast();
+  return nb::ndarray<nb::numpy, float, nb::ndim<2>, nb::c_contig>(data, {rows, cols}, owner).cast();
 }
 
 void bind_tensor(nb::module_& m) {
@@ -319,7 +320,8 @@ void bind_tensor(nb::module_& m) {
                               std::string(to_string(t.view.dtype)),
                               std::string(to_string(t.view.device)));
       },
-      nb::arg("tensor"), "Test helper: how hsstore sees a tensor (rows, cols, stride, dtype, device).");
+      nb::arg("tensor"),
+      "Test helper: how hsstore sees a tensor (rows, cols, stride, dtype, device).");
 }
 
 }  // namespace hss::python
