@@ -53,12 +53,14 @@ class ImportedTensor {
 /// A 2-D float tensor borrowed from Python, plus the CUDA stream its data is ready on.
 struct BorrowedTensor {
   ImportedTensor owner;
+  nb::object keep_alive;   ///< the tensor itself, when read without DLPack (torch CPU fast path)
   MutableTensorView view;  ///< for input, use view.as_const()
   void* stream = nullptr;  ///< cudaStream_t for device tensors (null = legacy default stream)
 };
 
-/// Imports a 2-D float32/float16/bfloat16 tensor through __dlpack__. `name` is the argument name
-/// used in error messages (InvalidArgument). CUDA tensors: torch tensors are read on torch's
+/// Imports a 2-D float32/float16/bfloat16 tensor through __dlpack__ (a strided CPU torch tensor is
+/// read directly: data_ptr/shape/stride, without torch's ~3 us __dlpack__). `name` is the argument
+/// name used in error messages (InvalidArgument). CUDA tensors: torch tensors are read on torch's
 /// current stream (passed to __dlpack__ and returned in `stream`); other producers on the legacy
 /// default stream.
 [[nodiscard]] BorrowedTensor borrow_tensor(nb::handle obj, const char* name);
@@ -77,6 +79,7 @@ class TokenIds {
 
  private:
   ImportedTensor owner_;
+  nb::object keep_alive_;
   std::vector<int64_t> owned_;
   std::span<const int32_t> i32_;
   std::span<const int64_t> i64_;

@@ -58,3 +58,28 @@ def test_retrieve_into_torch_out():
     out = torch.zeros(2 * CHUNK, DIM)
     assert f.store.retrieve_hidden_states_into(tokens, out) == 2 * CHUNK
     torch.testing.assert_close(out, data)
+
+
+def test_torch_fast_path_edge_cases():
+    """CPU torch tensors are read without __dlpack__; unusual ones fall back to DLPack."""
+    from hsstore import _hsstore
+
+    base = torch.randn(2 * CHUNK, 3 * DIM)
+    assert _hsstore._roundtrip_tensor(base[:, DIM : 2 * DIM]) == (2 * CHUNK, DIM, 3 * DIM, "float32", "host")
+    assert _hsstore._roundtrip_tensor(base[3:4, :DIM]) == (1, DIM, DIM, "float32", "host")
+    assert _hsstore._roundtrip_tensor(torch.zeros(4, 8, dtype=torch.bfloat16))[3] == "bfloat16"
+    with pytest.raises(ValueError, match="float64"):
+        _hsstore._roundtrip_tensor(torch.zeros(4, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="2-D"):
+        _hsstore._roundtrip_tensor(torch.zeros(4))
+    with pytest.raises(ValueError):
+        _hsstore._roundtrip_tensor(torch.Size([4, 8]))
+    f = Fixture()
+    tokens = torch.arange(100, 100 + 2 * CHUNK, dtype=torch.int32)
+    f.mark_kv_present(f.keys_for(tokens.tolist()))
+    data = torch.randn(2 * CHUNK, DIM)
+    neg = torch._neg_view(data)  # shares data's storage with a flag torch's __dlpack__ ignores
+    assert f.store.store_hidden_states(tokens, neg) == 2
+    torch.testing.assert_close(f.store.retrieve_hidden_states(tokens), -data)
+    strided_ids = torch.arange(0, 4 * CHUNK, 2)[: 2 * CHUNK]
+    assert [k for *_, k in f.db.process_tokens(strided_ids)] == f.keys_for(strided_ids.tolist())
