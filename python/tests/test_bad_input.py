@@ -82,3 +82,33 @@ def test_bad_constructor_arguments():
         hsstore.HiddenStateStore(Fixture().config, object())
     with pytest.raises(hsstore.ConfigError, match="max_hidden_state_cpu_size"):
         hsstore.HiddenStateStore({"max_hidden_state_cpu_size": 0}, hsstore.ChunkedTokenDatabase())
+
+
+class _OnOtherDevice:
+    """A producer whose DLPack tensor claims a device hsstore cannot use (ROCm, type 10)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack_device__(self):
+        return (10, 0)
+
+    def __dlpack__(self, stream=None, **kwargs):
+        import ctypes
+
+        capsule = self.array.__dlpack__()
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        tensor = get(capsule, b"dltensor")
+        ctypes.c_int32.from_address(tensor + 8).value = 10  # DLTensor.device.device_type
+        return capsule
+
+
+def test_unusable_device_is_value_error():
+    f = Fixture()
+    with pytest.raises(ValueError, match="hidden_states is on DLPack device type 10"):
+        f.store.store_hidden_states(TOKENS, _OnOtherDevice(rows(2 * CHUNK)))
+    with pytest.raises(ValueError, match="token_ids must be on the CPU"):
+        f.store.retrieve_hidden_states(_OnOtherDevice(np.arange(16, dtype=np.int64)))
+    assert f.store.stats()["stores"] == 0
+    assert f.roundtrip_ok()
