@@ -15,7 +15,9 @@ Making a real ``LMCacheEngine`` use it::
 
 ``install()`` replaces ``lmcache.v1.cache_engine.HiddenStateStore``, the name ``LMCacheEngine``
 constructs when ``enable_hidden_state_cache`` is true; ``uninstall()`` puts LMCache's class back.
-Engines built before ``install()`` keep the store they have.
+Engines built before ``install()`` keep the store they have. It acts in the calling process only:
+where the engine lives in worker processes (vLLM), call it there, e.g. from a ``sitecustomize.py``
+on the workers' ``PYTHONPATH``.
 """
 
 from __future__ import annotations
