@@ -3,16 +3,23 @@
 JOBS ?= $(shell nproc)
 BUILD_DIR := build
 ASAN_DIR := build-asan
+# The Python package is built and tested in a venv of the build tree (scripts/pyenv), never the
+# system Python.
+PYENV := $(BUILD_DIR)/pyenv
+PYTHON_FLAGS = -DHSS_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(abspath $(PYENV))/bin/python
 
-.PHONY: all bootstrap configure build test demo demo-remote asan bench format clean
+.PHONY: all bootstrap configure build test test-lmcache demo demo-remote asan bench format clean
 
 all: build
 
 bootstrap:
 	@scripts/bootstrap
 
-$(BUILD_DIR)/build.ninja:
-	cmake --preset default
+$(PYENV)/.ready: scripts/pyenv | bootstrap
+	scripts/pyenv $(PYENV)
+
+$(BUILD_DIR)/build.ninja: $(PYENV)/.ready
+	cmake --preset default $(PYTHON_FLAGS)
 
 configure: bootstrap $(BUILD_DIR)/build.ninja
 
@@ -21,6 +28,10 @@ build: configure
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+
+# The drop-in inside the real LMCache 0.5.6 (a cached venv outside the clone, ~6 GB with torch).
+test-lmcache: bootstrap
+	scripts/lmcache_venv
 
 demo: build
 	$(BUILD_DIR)/tools/hss-demo
