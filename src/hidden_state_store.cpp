@@ -57,7 +57,7 @@ class HiddenStateStore::Impl {
   Impl(const Config& config, const TokenDatabase& token_database)
       : config_(config),
         token_database_(token_database),
-        device_path_(detail::DevicePath::create()),
+        device_path_(detail::DevicePath::create(config)),
         pool_(checked_pool_bytes(config), /*try_pinned=*/true, /*prefault=*/true) {
     if (config.hidden_state_block_bytes > 0) {
       (void)pool_.ensure_block_bytes(static_cast<uint64_t>(config.hidden_state_block_bytes));
@@ -252,7 +252,8 @@ int64_t HiddenStateStore::Impl::store(std::span<const Token> token_ids, const Te
   std::shared_ptr<detail::CopyFence> fence;
   try {
     if (on_device) {
-      fence = device_path_->store(source, hidden.device_index, segments, opt.stream);
+      fence = device_path_->store(source, hidden.device_index, segments,
+                                   static_cast<Stream>(opt.stream));
     } else {
       HSS_RANGE("store/gather_cast");
       detail::host_store(source, segments);
@@ -479,7 +480,8 @@ int64_t HiddenStateStore::Impl::retrieve_into(std::span<const Token> token_ids,
   if (out.device == Device::kCuda) {
     const auto segments = plan_restore(w, 0, opt.row_begin);
     auto pins = std::make_shared<std::vector<std::vector<EntryRef>>>(std::move(w.pinned));
-    device_path_->restore(segments, view, out.device_index, opt.stream, std::move(pins));
+    device_path_->restore(segments, view, out.device_index, static_cast<Stream>(opt.stream), {},
+                          std::move(pins));
   } else {
     detail::host_restore(plan_restore(w, 0, opt.row_begin), view);
   }

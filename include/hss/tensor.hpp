@@ -11,7 +11,13 @@
 
 #include "hss/detail/host_buffer.hpp"
 
+struct CUstream_st;
+
 namespace hss {
+
+/// A CUDA stream handle, identical to cudaStream_t (no CUDA header needed). nullptr is the legacy
+/// default stream.
+using Stream = CUstream_st*;
 
 enum class DType { kFloat32, kFloat16, kBFloat16 };
 enum class Device { kHost, kCuda };
