@@ -1,6 +1,6 @@
 // Restore kernels: the custom batched gather (one block per tile, instantiated per output type:
-// float32, float16, bfloat16; conversions through restore_tile in hss/kernels/tiling.hpp) and the cub::DeviceMemcpy::Batched baseline it is
-// measured against (docs/kernels.md).
+// float32, float16, bfloat16; conversions through restore_tile in hss/kernels/tiling.hpp) and the
+// cub::DeviceMemcpy::Batched baseline it is measured against (docs/kernels.md).
 
 #include <cub/device/device_memcpy.cuh>
 

@@ -518,8 +518,8 @@ std::string Config::to_yaml() const {
   out += "hidden_state_block_bytes: " + std::to_string(hidden_state_block_bytes) + "\n";
   out += "hidden_state_restore_impl: " + std::string(to_string(hidden_state_restore_impl)) + "\n";
   out += "hidden_state_staging_bytes: " + std::to_string(hidden_state_staging_bytes) + "\n";
-  out += "hidden_state_output_cache_bytes: " + std::to_string(hidden_state_output_cache_bytes) +
-         "\n";
+  out +=
+      "hidden_state_output_cache_bytes: " + std::to_string(hidden_state_output_cache_bytes) + "\n";
   out += "hidden_state_stream_threshold_bytes: " +
          std::to_string(hidden_state_stream_threshold_bytes) + "\n";
   return out;

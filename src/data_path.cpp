@@ -21,8 +21,6 @@ std::unique_ptr<DevicePath> DevicePath::create(const Config& config) {
 ScopedDevicePathFactory::ScopedDevicePathFactory(DevicePathFactory factory)
     : previous_(std::exchange(installed_factory(), std::move(factory))) {}
 
-ScopedDevicePathFactory::~ScopedDevicePathFactory() {
-  installed_factory() = std::move(previous_);
-}
+ScopedDevicePathFactory::~ScopedDevicePathFactory() { installed_factory() = std::move(previous_); }
 
 }  // namespace hss::detail

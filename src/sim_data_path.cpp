@@ -24,10 +24,10 @@ struct SimEvent {
 };
 
 struct Op {
-  std::function<void()> work;           // may be empty (a pure wait or signal)
-  std::shared_ptr<SimEvent> wait_for;   // runnable once fired
-  std::shared_ptr<SimEvent> signal;     // fired after work
-  std::function<void()> after_signal;   // bookkeeping under the lock (staging budget)
+  std::function<void()> work;          // may be empty (a pure wait or signal)
+  std::shared_ptr<SimEvent> wait_for;  // runnable once fired
+  std::shared_ptr<SimEvent> signal;    // fired after work
+  std::function<void()> after_signal;  // bookkeeping under the lock (staging budget)
   Clock::time_point not_before;
 };
 
@@ -39,9 +39,7 @@ struct Queue {
 // Copy streams live beside their caller stream: id + kCopyStreamBit.
 constexpr uint64_t kCopyStreamBit = uint64_t{1} << 62;
 
-uint64_t id_of(Stream stream) {
-  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(stream));
-}
+uint64_t id_of(Stream stream) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(stream)); }
 
 }  // namespace
 
@@ -238,17 +236,16 @@ void SimDataPath::check_pointer(const void* data, bool on_device, int device_ind
 FenceRef SimDataPath::store(const kernels::SourceView& src, int device_index,
                             std::span<const kernels::WriteSegment> segments, Stream stream) {
   check_device(device_index);
-  const bool cast = std::any_of(segments.begin(), segments.end(), [&](const auto& seg) {
-    return seg.dst_type != src.type;
-  });
+  const bool cast = std::any_of(segments.begin(), segments.end(),
+                                [&](const auto& seg) { return seg.dst_type != src.type; });
   uint64_t staging = 0;
   if (cast) {
     for (const auto& seg : segments) staging += seg.count * kernels::elem_bytes(seg.dst_type);
   }
   // One call larger than the budget runs in rounds on the CUDA path; here it takes it all.
   const uint64_t charge = std::min(staging, core_->options.staging_bytes);
-  auto planned = std::make_shared<std::vector<kernels::WriteSegment>>(segments.begin(),
-                                                                      segments.end());
+  auto planned =
+      std::make_shared<std::vector<kernels::WriteSegment>>(segments.begin(), segments.end());
   auto fence_event = std::make_shared<SimEvent>();
   const uint64_t caller = id_of(stream);
 
@@ -266,8 +263,9 @@ FenceRef SimDataPath::store(const kernels::SourceView& src, int device_index,
     if (!fits) throw Error("simulated device store: staging never drained (a held stream)");
   }
   if (!cast) {  // direct copy, ordered on the caller's stream
-    core_->enqueue(caller, Op{[src, planned] { host_store(src, *planned); }, nullptr, fence_event,
-                              nullptr, {}});
+    core_->enqueue(
+        caller,
+        Op{[src, planned] { host_store(src, *planned); }, nullptr, fence_event, nullptr, {}});
   } else {  // gather + cast into staging on the caller's stream, copy on its copy stream
     auto staging_buffer = std::make_shared<std::vector<std::byte>>(staging);
     auto gathered = std::make_shared<SimEvent>();
@@ -280,7 +278,10 @@ FenceRef SimDataPath::store(const kernels::SourceView& src, int device_index,
                                 }
                                 host_store(src, to_staging);
                               },
-                              nullptr, gathered, nullptr, {}});
+                              nullptr,
+                              gathered,
+                              nullptr,
+                              {}});
     Core* core = core_.get();
     core_->enqueue(caller | kCopyStreamBit,
                    Op{[planned, staging_buffer] {
@@ -291,7 +292,9 @@ FenceRef SimDataPath::store(const kernels::SourceView& src, int device_index,
                           cursor += bytes;
                         }
                       },
-                      gathered, fence_event, [core, charge] { core->staging_in_flight -= charge; },
+                      gathered,
+                      fence_event,
+                      [core, charge] { core->staging_in_flight -= charge; },
                       {}});
     core_->staging_in_flight += charge;
   }
@@ -303,8 +306,8 @@ void SimDataPath::restore(std::span<const kernels::GatherSegment> segments,
                           const kernels::OutputView& out, int device_index, Stream stream,
                           std::span<const FenceRef> after, std::shared_ptr<const void> keep_alive) {
   check_device(device_index);
-  auto planned = std::make_shared<std::vector<kernels::GatherSegment>>(segments.begin(),
-                                                                       segments.end());
+  auto planned =
+      std::make_shared<std::vector<kernels::GatherSegment>>(segments.begin(), segments.end());
   const uint64_t caller = id_of(stream);
   auto done = std::make_shared<SimEvent>();
   std::lock_guard lock(core_->mutex);
@@ -313,8 +316,8 @@ void SimDataPath::restore(std::span<const kernels::GatherSegment> segments,
     if (sim == nullptr) throw Error("simulated restore: a fence from another data path");
     if (!sim->landed()) core_->enqueue(caller, Op{nullptr, sim->event(), nullptr, nullptr, {}});
   }
-  core_->enqueue(caller, Op{[planned, out] { host_restore(*planned, out); }, nullptr, done,
-                            nullptr, {}});
+  core_->enqueue(caller,
+                 Op{[planned, out] { host_restore(*planned, out); }, nullptr, done, nullptr, {}});
   core_->restores.push_back({done, std::move(keep_alive)});
   core_->pump();
 }
@@ -325,8 +328,7 @@ size_t SimDataPath::release_finished() {
     std::lock_guard lock(core_->mutex);
     auto split = std::stable_partition(core_->restores.begin(), core_->restores.end(),
                                        [](const auto& r) { return !r.done->fired; });
-    finished.assign(std::make_move_iterator(split),
-                    std::make_move_iterator(core_->restores.end()));
+    finished.assign(std::make_move_iterator(split), std::make_move_iterator(core_->restores.end()));
     core_->restores.erase(split, core_->restores.end());
   }
   return finished.size();

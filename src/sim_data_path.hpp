@@ -40,7 +40,7 @@ class SimDataPath final : public DevicePath {
  public:
   struct Options {
     uint64_t staging_bytes = uint64_t{1} << 30;  ///< Config::hidden_state_staging_bytes
-    std::chrono::microseconds delay{0};          ///< 0: run at once; else a worker runs each op late
+    std::chrono::microseconds delay{0};  ///< 0: run at once; else a worker runs each op late
     int devices = 1;
   };
   static constexpr std::chrono::seconds kHostWaitLimit{60};

@@ -54,8 +54,8 @@ TEST(SimDataPath, StoreOnAHeldStreamReturnsAtOnceAndLandsInOrderWhenReleased) {
   float* src = device_rows(sim, 1.0f);
   std::vector<float> pool(kElems, 0.0f);
   sim.hold(s);
-  const FenceRef fence =
-      sim.store({src, ElemType::kFloat32, kCols, kCols}, 0, whole(pool.data(), ElemType::kFloat32), s);
+  const FenceRef fence = sim.store({src, ElemType::kFloat32, kCols, kCols}, 0,
+                                   whole(pool.data(), ElemType::kFloat32), s);
   EXPECT_FALSE(fence->ready());
   EXPECT_EQ(pool[5], 0.0f);  // nothing ran
   EXPECT_EQ(sim.queued(s), 1u);
@@ -83,7 +83,8 @@ TEST(SimDataPath, CastStoreGathersOnTheCallerStreamAndCopiesOnItsCopyStream) {
   sim.release(s);
   EXPECT_TRUE(fence->ready());
   EXPECT_EQ(sim.staging_in_flight(), 0u);
-  for (int64_t i = 0; i < kElems; ++i) ASSERT_EQ(pool[static_cast<size_t>(i)], static_cast<float>(i));
+  for (int64_t i = 0; i < kElems; ++i)
+    ASSERT_EQ(pool[static_cast<size_t>(i)], static_cast<float>(i));
 }
 
 TEST(SimDataPath, TwoStreamsOneHeldTheOtherProceeds) {

@@ -62,8 +62,8 @@ HSS_HOST_DEVICE const void* source_address(const SourceView& s, int64_t row0, in
 
 /// Output address of flat prefix element `flat`.
 HSS_HOST_DEVICE void* output_address(const OutputView& o, int64_t flat) {
-  return static_cast<unsigned char*>(o.data) +
-         ((flat / o.cols) * o.row_stride + flat % o.cols) * static_cast<int64_t>(elem_bytes(o.type));
+  return static_cast<unsigned char*>(o.data) + ((flat / o.cols) * o.row_stride + flat % o.cols) *
+                                                   static_cast<int64_t>(elem_bytes(o.type));
 }
 
 /// Writes source element `flat` of a store (already widened or kept at 16 bits) into `dst[i]`.
