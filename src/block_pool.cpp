@@ -3,17 +3,97 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <bit>
+#include <fstream>
+#include <optional>
 #include <string>
 
 #include "cuda_runtime.hpp"
 #include "hss/error.hpp"
 
 namespace hss::detail {
+namespace {
 
-BlockPool::BlockPool(uint64_t capacity_bytes, bool try_pinned, bool prefault)
-    : capacity_bytes_(capacity_bytes) {
-  if (capacity_bytes == 0) throw InvalidArgument("pool capacity_bytes must be > 0, got 0");
+/// First integer after `label` on a line of `path` (e.g. "MemAvailable:" in /proc/meminfo).
+std::optional<uint64_t> read_labelled(const char* path, const std::string& label) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(label, 0) == 0) return std::stoull(line.substr(label.size()));
+  }
+  return std::nullopt;
+}
+
+std::optional<uint64_t> read_number(const char* path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word == "max") return std::nullopt;
+  try {
+    return std::stoull(word);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+/// Bytes this process may still populate: MemAvailable, lowered by the cgroup (v2) limit.
+/// nullopt when neither can be read (then nothing is checked).
+std::optional<uint64_t> memory_available() {
+  std::optional<uint64_t> limit;
+  if (auto kib = read_labelled("/proc/meminfo", "MemAvailable:")) limit = *kib * 1024;
+  const auto max = read_number("/sys/fs/cgroup/memory.max");
+  const auto current = read_number("/sys/fs/cgroup/memory.current");
+  if (max && current) {
+    const uint64_t room = *max > *current ? *max - *current : 0;
+    limit = limit ? std::min(*limit, room) : room;
+  }
+  return limit;
+}
+
+uint64_t checked_granule(uint64_t capacity_bytes, uint64_t requested) {
+  if (requested == 0) return BlockPool::granule_for_pool(capacity_bytes);
+  if (requested % BlockPool::kMinGranuleBytes != 0 || requested > BlockPool::kMaxGranuleBytes) {
+    throw InvalidArgument("hidden_state_block_bytes = " + std::to_string(requested) +
+                          " must be a multiple of 64 and at most 64 MiB");
+  }
+  return std::min(requested,
+                  capacity_bytes / BlockPool::kMinGranuleBytes * BlockPool::kMinGranuleBytes);
+}
+
+}  // namespace
+
+uint64_t BlockPool::granule_for_pool(uint64_t capacity_bytes) {
+  const uint64_t for_1024 = std::bit_floor(std::max<uint64_t>(capacity_bytes / 1024, 1));
+  const uint64_t pool_cap = capacity_bytes / kMinGranuleBytes * kMinGranuleBytes;
+  return std::min({kDefaultGranuleBytes, std::max(for_1024, kMinGranuleBytes), pool_cap});
+}
+
+BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_pinned,
+                     bool prefault)
+    : arena_bytes_(capacity_bytes),
+      granule_bytes_(checked_granule(capacity_bytes, granule_bytes)),
+      num_blocks_(granule_bytes_ == 0 ? 0 : capacity_bytes / granule_bytes_) {
+  if (num_blocks_ == 0) {
+    throw InvalidArgument("hidden-state pool of " + std::to_string(capacity_bytes) +
+                          " bytes is smaller than one 64-byte granule");
+  }
+  if (num_blocks_ > UINT32_MAX) {
+    throw InvalidArgument("hidden-state pool of " + std::to_string(capacity_bytes) +
+                          " bytes has more than 2^32 granules of " +
+                          std::to_string(granule_bytes_) + " bytes; raise the granule");
+  }
+  // Populating (or pinning) more than the process may use is an OOM kill, not an error: check
+  // before touching a page.
+  if (prefault) {
+    if (const auto available = memory_available(); available && capacity_bytes > *available) {
+      throw Error("hidden-state pool: " + std::to_string(capacity_bytes) +
+                  " bytes (max_hidden_state_cpu_size) exceed the " + std::to_string(*available) +
+                  " bytes of memory available to this process (MemAvailable / cgroup limit)");
+    }
+  }
+  free_.reserve(num_blocks_);  // before the arena: a throw here leaks nothing
   if (try_pinned) {
+    // A failed cudaHostAlloc is not an error: the pool falls back to ordinary pages (documented;
+    // stats().pinned says which).
     base_ = static_cast<std::byte*>(pinned_host_alloc(capacity_bytes));
     pinned_ = base_ != nullptr;
   }
@@ -27,38 +107,18 @@ BlockPool::BlockPool(uint64_t capacity_bytes, bool try_pinned, bool prefault)
     (void)madvise(mem, capacity_bytes, MADV_HUGEPAGE);
     base_ = static_cast<std::byte*>(mem);
   }
+  // Lowest ids on top of the stack: the first entries fill the arena from its start.
+  for (uint64_t i = 0; i < num_blocks_; ++i) {
+    free_.push_back(static_cast<uint32_t>(num_blocks_ - 1 - i));
+  }
 }
 
 BlockPool::~BlockPool() {
   if (pinned_) {
     pinned_host_free(base_);
   } else {
-    munmap(base_, capacity_bytes_);
+    munmap(base_, arena_bytes_);
   }
-}
-
-uint64_t BlockPool::ensure_block_bytes(uint64_t preferred) {
-  std::lock_guard lock(mutex_);
-  if (block_bytes_relaxed_ != 0) return block_bytes_relaxed_;
-  uint64_t bytes = (std::max<uint64_t>(preferred, 16) + 15) / 16 * 16;
-  bytes = std::min(bytes, capacity_bytes_ / 16 * 16);
-  if (bytes == 0) bytes = 16;
-  block_bytes_relaxed_ = bytes;
-  num_blocks_ = capacity_bytes_ / bytes;
-  free_.resize(num_blocks_);
-  // Lowest ids on top of the stack: the first entries fill the arena from its start.
-  for (uint64_t i = 0; i < num_blocks_; ++i) free_[i] = static_cast<uint32_t>(num_blocks_ - 1 - i);
-  return bytes;
-}
-
-uint64_t BlockPool::block_bytes() const {
-  std::lock_guard lock(mutex_);
-  return block_bytes_relaxed_;
-}
-
-uint64_t BlockPool::num_blocks() const {
-  std::lock_guard lock(mutex_);
-  return num_blocks_;
 }
 
 uint64_t BlockPool::free_blocks() const {
@@ -66,22 +126,27 @@ uint64_t BlockPool::free_blocks() const {
   return free_.size();
 }
 
-size_t BlockPool::blocks_for(uint64_t bytes) const {
-  return static_cast<size_t>((bytes + block_bytes_relaxed_ - 1) / block_bytes_relaxed_);
-}
-
-bool BlockPool::allocate(size_t n, BlockList& out) {
+bool BlockPool::allocate(std::span<uint32_t> out) noexcept {
   std::lock_guard lock(mutex_);
-  if (free_.size() < n) return false;
-  out.insert(out.end(), free_.end() - static_cast<ptrdiff_t>(n), free_.end());
-  free_.resize(free_.size() - n);
+  if (free_.size() < out.size()) return false;
+  // Pop in stack order so consecutive fresh ids land in ascending order in `out`.
+  for (uint32_t& id : out) {
+    id = free_.back();
+    free_.pop_back();
+  }
   return true;
 }
 
 void BlockPool::release(std::span<const uint32_t> blocks) noexcept {
   if (blocks.empty()) return;
   std::lock_guard lock(mutex_);
-  free_.insert(free_.end(), blocks.rbegin(), blocks.rend());
+  // Reverse, so the entry's first granule is on top again; never reallocates (capacity is full).
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) free_.push_back(*it);
+}
+
+void BlockPool::free_ids(std::vector<uint32_t>& out) const {
+  std::lock_guard lock(mutex_);
+  out.assign(free_.begin(), free_.end());
 }
 
 }  // namespace hss::detail

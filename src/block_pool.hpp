@@ -1,13 +1,15 @@
 #pragma once
-// The hidden-state pool: one arena allocated at construction, carved into equal blocks.
+// The hidden-state pool: one arena allocated at construction, cut into fixed granules.
 //
-// Why blocks: hidden-state chunks of one shape are the common case, so the granule is fixed on
-// first use to the byte size of one full chunk of that shape (or Config::hidden_state_block_bytes)
-// and uniform chunks fill the arena exactly: floor(capacity / chunk_bytes) of them. Other shapes
-// (trailing partial chunks, other hidden dims) take ceil(bytes / block_bytes) blocks that need not
-// be adjacent, so the pool never fragments: any free block serves any entry. Free blocks are a
-// stack of ids: alloc and free are O(blocks of the entry), O(1) for uniform chunks. Metadata
-// (the stack, entries' block lists) lives outside the arena.
+// Why fixed granules: entries of every shape (hidden dims, partial chunks, 16-bit and float32
+// storage, several kinds and layers) share one pool. An entry takes ceil(bytes / granule)
+// granules that need not be adjacent, so any free granule serves any entry: the pool cannot
+// fragment, and an empty pool takes floor(capacity / chunk_bytes) chunks of any shape whose bytes
+// are a multiple of the granule, whatever was stored before. The waste per entry is below one
+// granule (64 KiB by default; smaller pools get smaller granules, see granule_for_pool).
+// Free granules are a stack of ids reserved to its full size at construction, so allocate and
+// release never allocate memory: O(granules of the entry), and release is noexcept. Fresh ids
+// are handed out in ascending order so a fresh pool's entries lie in adjacent granules.
 //
 // Thread safety: all methods may be called concurrently; one short mutex guards the free stack.
 
@@ -23,39 +25,51 @@ using BlockList = std::vector<uint32_t>;
 
 class BlockPool {
  public:
+  static constexpr uint64_t kDefaultGranuleBytes = uint64_t{64} << 10;
+  static constexpr uint64_t kMinGranuleBytes = 64;
+  static constexpr uint64_t kMaxGranuleBytes = uint64_t{64} << 20;
+
+  /// The automatic granule: 64 KiB, or for pools under 64 MiB the largest power of two that
+  /// leaves at least 1024 granules (at least 64 bytes, at most the pool rounded down to 64).
+  [[nodiscard]] static uint64_t granule_for_pool(uint64_t capacity_bytes);
+
   /// Allocates capacity_bytes now: page-locked, device-mapped memory when `try_pinned` and a
-  /// device is present, else anonymous pages (populated up front when `prefault`).
-  BlockPool(uint64_t capacity_bytes, bool try_pinned, bool prefault);
+  /// device is present, else anonymous pages (populated up front when `prefault`, after checking
+  /// that they fit in the memory available to the process: hss::Error naming both otherwise).
+  /// granule_bytes == 0 picks granule_for_pool; otherwise a multiple of 64 <= kMaxGranuleBytes.
+  BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_pinned, bool prefault);
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
-  /// Fixes the block size on first call (rounded up to 16 bytes, capped at the capacity) and
-  /// returns the block size in force.
-  uint64_t ensure_block_bytes(uint64_t preferred);
-  [[nodiscard]] uint64_t block_bytes() const;
-  [[nodiscard]] uint64_t capacity_bytes() const { return capacity_bytes_; }
-  [[nodiscard]] uint64_t num_blocks() const;
+  [[nodiscard]] uint64_t granule_bytes() const { return granule_bytes_; }
+  /// Usable bytes: num_blocks() x granule_bytes().
+  [[nodiscard]] uint64_t capacity_bytes() const { return num_blocks_ * granule_bytes_; }
+  [[nodiscard]] uint64_t num_blocks() const { return num_blocks_; }
   [[nodiscard]] uint64_t free_blocks() const;
   [[nodiscard]] bool pinned() const { return pinned_; }
 
-  /// Blocks needed for `bytes` (block size must be fixed).
-  [[nodiscard]] size_t blocks_for(uint64_t bytes) const;
-  /// Appends n block ids to `out`, or returns false and takes nothing.
-  [[nodiscard]] bool allocate(size_t n, BlockList& out);
+  /// Granules needed for `bytes`.
+  [[nodiscard]] size_t blocks_for(uint64_t bytes) const {
+    return static_cast<size_t>((bytes + granule_bytes_ - 1) / granule_bytes_);
+  }
+  /// Fills `out` with out.size() granule ids, or returns false and takes nothing. Never throws.
+  [[nodiscard]] bool allocate(std::span<uint32_t> out) noexcept;
   void release(std::span<const uint32_t> blocks) noexcept;
   [[nodiscard]] std::byte* block_address(uint32_t id) const {
-    return base_ + static_cast<uint64_t>(id) * block_bytes_relaxed_;
+    return base_ + static_cast<uint64_t>(id) * granule_bytes_;
   }
+  /// True when `id` is on the free stack (O(free); for check_invariants only).
+  void free_ids(std::vector<uint32_t>& out) const;
 
  private:
-  uint64_t capacity_bytes_;
+  uint64_t arena_bytes_;
+  uint64_t granule_bytes_;
+  uint64_t num_blocks_;
   std::byte* base_ = nullptr;
   bool pinned_ = false;
-  uint64_t block_bytes_relaxed_ = 0;  // written once under mutex_ before any block exists
   mutable std::mutex mutex_;
-  uint64_t num_blocks_ = 0;
-  std::vector<uint32_t> free_;
+  std::vector<uint32_t> free_;  // a stack; capacity == num_blocks_, so pushes never allocate
 };
 
 }  // namespace hss::detail

@@ -25,7 +25,9 @@ namespace {
 constexpr double kBytesPerGiB = 1073741824.0;  // 2^30
 // 2^64 as a double: the first byte count a uint64_t cannot hold.
 constexpr double kUint64Limit = 18446744073709551616.0;
-constexpr int64_t kBlockGranule = 16;
+// hidden_state_block_bytes: the pool granule override (BlockPool: a multiple of 64, <= 64 MiB).
+constexpr int64_t kBlockGranule = 64;
+constexpr int64_t kMaxBlockBytes = int64_t{64} << 20;
 
 constexpr std::string_view kChunkSize = "chunk_size";
 constexpr std::string_view kSaveUnfullChunk = "save_unfull_chunk";
@@ -35,6 +37,7 @@ constexpr std::string_view kMaxHiddenStateCpuSize = "max_hidden_state_cpu_size";
 constexpr std::string_view kHiddenStateLayers = "hidden_state_layers";
 constexpr std::string_view kHiddenStateStorageDType = "hidden_state_storage_dtype";
 constexpr std::string_view kHiddenStateBlockBytes = "hidden_state_block_bytes";
+constexpr std::string_view kHiddenStateKinds = "hidden_state_kinds";
 constexpr std::string_view kHiddenStateRestoreImpl = "hidden_state_restore_impl";
 constexpr std::string_view kHiddenStateStagingBytes = "hidden_state_staging_bytes";
 constexpr std::string_view kHiddenStateOutputCacheBytes = "hidden_state_output_cache_bytes";
@@ -206,6 +209,21 @@ std::optional<std::vector<int64_t>> parse_layers(std::string_view key, const YAM
   return layers;
 }
 
+std::optional<std::vector<ActivationKind>> parse_kinds(std::string_view key, const YAML::Node& node,
+                                                       std::string_view where) {
+  if (node.IsNull()) return std::nullopt;
+  constexpr std::string_view kExpected =
+      "expected a list of kinds (hidden, query, key, value, mlp_intermediate) or null";
+  if (!node.IsSequence()) fail(key, kExpected, describe(node), where);
+  std::vector<ActivationKind> kinds;
+  for (const YAML::Node& item : node) {
+    const auto kind = item.IsScalar() ? activation_kind_from_string(item.Scalar()) : std::nullopt;
+    if (!kind) fail(key, kExpected, describe(node), where);
+    kinds.push_back(*kind);
+  }
+  return kinds;
+}
+
 // Applies one key. False when hsstore does not know the key.
 bool apply_key(Config& cfg, std::string_view key, const YAML::Node& value, std::string_view where,
                bool where_is_line) {
@@ -225,6 +243,8 @@ bool apply_key(Config& cfg, std::string_view key, const YAML::Node& value, std::
     cfg.hidden_state_storage_dtype = parse_dtype(key, value, where);
   } else if (key == kHiddenStateBlockBytes) {
     cfg.hidden_state_block_bytes = parse_int(key, value, where);
+  } else if (key == kHiddenStateKinds) {
+    cfg.hidden_state_kinds = parse_kinds(key, value, where);
   } else if (key == kHiddenStateRestoreImpl) {
     cfg.hidden_state_restore_impl = parse_restore_impl(key, value, where);
   } else if (key == kHiddenStateStagingBytes) {
@@ -247,6 +267,7 @@ constexpr std::array kKnownKeys = {kChunkSize,
                                    kHiddenStateLayers,
                                    kHiddenStateStorageDType,
                                    kHiddenStateBlockBytes,
+                                   kHiddenStateKinds,
                                    kHiddenStateRestoreImpl,
                                    kHiddenStateStagingBytes,
                                    kHiddenStateOutputCacheBytes,
@@ -310,8 +331,10 @@ void validate_with(const Config& cfg, const Origins& origins) {
     }
     fail(kMaxHiddenStateCpuSize, kProblem, plain_double(cfg.max_hidden_state_cpu_size), where);
   }
-  if (cfg.hidden_state_block_bytes < 0 || cfg.hidden_state_block_bytes % kBlockGranule != 0) {
-    fail_key(origins, kHiddenStateBlockBytes, "must be 0 or a positive multiple of 16",
+  if (cfg.hidden_state_block_bytes < 0 || cfg.hidden_state_block_bytes % kBlockGranule != 0 ||
+      cfg.hidden_state_block_bytes > kMaxBlockBytes) {
+    fail_key(origins, kHiddenStateBlockBytes,
+             "must be 0 (automatic granule) or a positive multiple of 64 up to 64 MiB",
              std::to_string(cfg.hidden_state_block_bytes));
   }
   if (cfg.hidden_state_storage_dtype != StorageDType::kFloat32 &&
@@ -494,6 +517,12 @@ bool Config::layer_allowed(int64_t layer_idx) const {
          std::ranges::find(*hidden_state_layers, layer_idx) != hidden_state_layers->end();
 }
 
+bool Config::slot_allowed(ActivationKind kind, int64_t layer_idx) const {
+  return layer_allowed(layer_idx) &&
+         (!hidden_state_kinds ||
+          std::ranges::find(*hidden_state_kinds, kind) != hidden_state_kinds->end());
+}
+
 std::string Config::to_yaml() const {
   std::string out;
   out += "chunk_size: " + std::to_string(chunk_size) + "\n";
@@ -516,6 +545,18 @@ std::string Config::to_yaml() const {
   out += "\n";
   out += "hidden_state_storage_dtype: " + std::string(to_string(hidden_state_storage_dtype)) + "\n";
   out += "hidden_state_block_bytes: " + std::to_string(hidden_state_block_bytes) + "\n";
+  out += "hidden_state_kinds: ";
+  if (!hidden_state_kinds) {
+    out += "null";
+  } else {
+    out += "[";
+    for (size_t i = 0; i < hidden_state_kinds->size(); ++i) {
+      if (i != 0) out += ", ";
+      out += std::string(to_string((*hidden_state_kinds)[i]));
+    }
+    out += "]";
+  }
+  out += "\n";
   out += "hidden_state_restore_impl: " + std::string(to_string(hidden_state_restore_impl)) + "\n";
   out += "hidden_state_staging_bytes: " + std::to_string(hidden_state_staging_bytes) + "\n";
   out +=

@@ -1,7 +1,12 @@
 #pragma once
-// The hidden-state store's index: entries per (key, layer), per-key LRU. Not synchronised: the
-// store guards it with its index mutex and keeps every copy outside that lock.
+// The hidden-state store's index: entries per (key, kind, layer), per-key LRU. Not synchronised:
+// the store guards it with its index mutex and keeps every copy outside that lock.
+//
+// Exception safety: every mutating method here is noexcept once its inputs exist. Allocation (map
+// nodes, LRU nodes, slot vectors) happens in prepare_insert(), which changes nothing visible, so a
+// store can reserve everything first and then apply its plan without a throw in the middle.
 
+#include <array>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -11,16 +16,17 @@
 
 #include "block_pool.hpp"
 #include "data_path.hpp"
+#include "hss/activation.hpp"
 #include "hss/cache_key.hpp"
 
 namespace hss::detail {
 
-/// One (key, layer) of hidden states: rows x cols of `storage` over pool blocks. Shared
+/// One (key, kind, layer) of activations: rows x cols of `storage` over pool granules. Shared
 /// ownership is the pin: the index holds one reference, each retrieve copying it holds another,
-/// and the blocks return to the pool with the last reference (after any copy into them landed).
+/// and the granules return to the pool with the last reference (after any copy into them landed).
 struct Entry {
-  Entry(BlockPool& pool_, int64_t rows_, int64_t cols_, kernels::ElemType storage_)
-      : pool(pool_), rows(rows_), cols(cols_), storage(storage_) {}
+  Entry(BlockPool& pool_, int64_t rows_, int64_t cols_, kernels::ElemType storage_, Slot slot_)
+      : pool(pool_), rows(rows_), cols(cols_), storage(storage_), slot(slot_) {}
   ~Entry() {
     if (fence) (void)fence->wait();  // never hand back blocks a DMA may still write
     pool.release(blocks);
@@ -35,39 +41,65 @@ struct Entry {
   [[nodiscard]] bool copy_in_flight() const { return fence && !fence->ready(); }
 
   BlockPool& pool;
-  BlockList blocks;
+  BlockList blocks;  ///< empty until the pool granted them (so a dropped plan releases nothing)
   const int64_t rows, cols;
   const kernels::ElemType storage;
+  const Slot slot;
   std::shared_ptr<CopyFence> fence;  ///< set by device-path stores
   bool ready = false;                ///< published to retrieve (guarded by the index mutex)
 };
 using EntryRef = std::shared_ptr<Entry>;
 
-/// All layers of one key plus its LRU position.
+/// Every slot of one key plus its LRU position.
 struct KeyRecord {
-  std::vector<std::pair<int64_t, EntryRef>> layers;
+  std::vector<EntryRef> slots;
   std::list<const CacheEngineKey*>::iterator lru;
+  uint64_t guard = 0;        ///< id of the store call that may not evict this key (see StoreIndex)
+  uint32_t ready_slots = 0;  ///< slots published (the key counts as cached when > 0)
 
-  [[nodiscard]] EntryRef* find(int64_t layer) {
-    for (auto& [idx, entry] : layers) {
-      if (idx == layer) return &entry;
+  [[nodiscard]] EntryRef* find(Slot slot) {
+    for (EntryRef& entry : slots) {
+      if (entry->slot == slot) return &entry;
     }
     return nullptr;
   }
-  /// True when no layer may be evicted now (a copy into it is pending or in flight).
+  [[nodiscard]] const EntryRef* find(Slot slot) const {
+    for (const EntryRef& entry : slots) {
+      if (entry->slot == slot) return &entry;
+    }
+    return nullptr;
+  }
+  /// True when no slot may be evicted now (a copy into it is pending or in flight).
   [[nodiscard]] bool busy() const {
-    for (const auto& [idx, entry] : layers) {
+    for (const EntryRef& entry : slots) {
       if (!entry->ready || entry->copy_in_flight()) return true;
     }
     return false;
   }
+  /// True when evicting the key would return its granules to the pool now (nobody pins them).
+  [[nodiscard]] bool freeable() const {
+    for (const EntryRef& entry : slots) {
+      if (entry.use_count() != 1) return false;
+    }
+    return true;
+  }
 };
 
-/// Index + LRU (front = least recently used). Removed entries are moved to a graveyard so the
-/// caller can destroy them after releasing its lock.
+/// Index + LRU (front = least recently used) + accounting of the READY entries.
 class StoreIndex {
  public:
   using Map = std::unordered_map<CacheEngineKey, KeyRecord>;
+
+  /// New keys prepared for insertion: their map nodes and LRU nodes exist, outside the index.
+  class Prepared {
+   public:
+    [[nodiscard]] bool empty() const { return nodes_.empty(); }
+
+   private:
+    friend class StoreIndex;
+    Map nodes_;
+    std::list<const CacheEngineKey*> lru_;
+  };
 
   [[nodiscard]] KeyRecord* find(const CacheEngineKey& key) {
     auto it = map_.find(key);
@@ -78,70 +110,144 @@ class StoreIndex {
     return it == map_.end() ? nullptr : &it->second;
   }
 
-  /// The record of key, created at the MRU end when absent.
-  KeyRecord& find_or_insert(const CacheEngineKey& key) {
-    auto [it, inserted] = map_.try_emplace(key);
-    if (inserted) it->second.lru = lru_.insert(lru_.end(), &it->first);
+  /// Allocates what inserting `key` will need (may throw; changes nothing visible). Idempotent
+  /// per key. `slots` is the capacity its slot vector needs.
+  void prepare_insert(Prepared& prepared, const CacheEngineKey& key, size_t slots) {
+    auto [it, inserted] = prepared.nodes_.try_emplace(key);
+    if (inserted) {
+      try {
+        prepared.lru_.push_back(nullptr);
+      } catch (...) {
+        prepared.nodes_.erase(it);
+        throw;
+      }
+    }
+    it->second.slots.reserve(slots);
+  }
+  /// Makes sure the map can take `extra` more keys without rehashing (may throw; the rehash
+  /// itself is invisible).
+  void reserve_keys(size_t extra) { map_.reserve(map_.size() + extra); }
+
+  /// The record of `key`, moved in from `prepared` at the MRU end when absent. Requires
+  /// prepare_insert(prepared, key) and reserve_keys() for it; then it does not throw.
+  KeyRecord& find_or_insert(const CacheEngineKey& key, Prepared& prepared) noexcept {
+    if (KeyRecord* record = find(key)) return *record;
+    auto node = prepared.nodes_.extract(key);
+    auto lru_node = prepared.lru_.begin();
+    auto [it, inserted, unused] = map_.insert(std::move(node));
+    (void)inserted;
+    (void)unused;
+    lru_.splice(lru_.end(), prepared.lru_, lru_node);
+    *lru_node = &it->first;
+    it->second.lru = lru_node;
     return it->second;
   }
 
-  void touch(KeyRecord& record) { lru_.splice(lru_.end(), lru_, record.lru); }
+  void touch(KeyRecord& record) noexcept { lru_.splice(lru_.end(), lru_, record.lru); }
 
-  /// Removes the key; its entries go to `graveyard`. Returns the number of ready entries removed.
-  size_t erase(const CacheEngineKey& key, std::vector<EntryRef>& graveyard) {
+  /// Removes the key. Entries nobody else pins die here (their granules go back to the pool);
+  /// pinned ones when their last reader lets go. Returns the number of READY entries removed.
+  size_t erase(const CacheEngineKey& key) noexcept {
     auto it = map_.find(key);
     if (it == map_.end()) return 0;
     size_t ready = 0;
-    for (auto& [idx, entry] : it->second.layers) {
+    for (const EntryRef& entry : it->second.slots) {
       ready += entry->ready ? 1 : 0;
-      account_remove(*entry);
-      graveyard.push_back(std::move(entry));
+      account_remove(it->second, *entry);
     }
     lru_.erase(it->second.lru);
     map_.erase(it);
     return ready;
   }
 
-  /// Least recently used key that is not busy, or nullptr.
-  [[nodiscard]] const CacheEngineKey* eviction_candidate() {
+  /// Removes one slot's entry (a replacement, a failed copy); drops the key when it was the last.
+  void erase_slot(const CacheEngineKey& key, const Entry* entry) noexcept {
+    auto it = map_.find(key);
+    if (it == map_.end()) return;
+    auto& slots = it->second.slots;
+    for (auto s = slots.begin(); s != slots.end(); ++s) {
+      if (s->get() == entry) {
+        account_remove(it->second, **s);
+        slots.erase(s);
+        break;
+      }
+    }
+    if (slots.empty()) {
+      lru_.erase(it->second.lru);
+      map_.erase(it);
+    }
+  }
+
+  /// The least recently used key that is not busy, not guarded by store call `guard`, and (when
+  /// `freeable_only`) pinned by nobody; nullptr if none.
+  [[nodiscard]] const CacheEngineKey* eviction_candidate(uint64_t guard,
+                                                         bool freeable_only) const noexcept {
     for (const CacheEngineKey* key : lru_) {
-      if (!map_.at(*key).busy()) return key;
+      const KeyRecord& record = map_.find(*key)->second;
+      if (guard != 0 && record.guard == guard) continue;
+      if (record.busy() || (freeable_only && !record.freeable())) continue;
+      return key;
     }
     return nullptr;
   }
 
-  void account_publish(const Entry& entry) {
+  void account_publish(KeyRecord& record, Entry& entry) noexcept {
+    entry.ready = true;
+    if (record.ready_slots++ == 0) ++ready_keys_;
     ++ready_entries_;
     bytes_held_ += entry.payload_bytes();
     blocks_held_ += entry.blocks.size();
-  }
-  void account_remove(const Entry& entry) {
-    if (!entry.ready) return;
-    --ready_entries_;
-    bytes_held_ -= entry.payload_bytes();
-    blocks_held_ -= entry.blocks.size();
+    auto& kind = per_kind_[static_cast<size_t>(entry.slot.kind)];
+    ++kind.entries;
+    kind.bytes += entry.payload_bytes();
   }
 
-  void clear(std::vector<EntryRef>& graveyard) {
-    for (auto& [key, record] : map_) {
-      for (auto& [idx, entry] : record.layers) graveyard.push_back(std::move(entry));
-    }
+  void clear() noexcept {
     map_.clear();
     lru_.clear();
-    ready_entries_ = bytes_held_ = blocks_held_ = 0;
+    ready_entries_ = bytes_held_ = blocks_held_ = ready_keys_ = 0;
+    per_kind_ = {};
   }
 
+  template <typename Fn>
+  void for_each_lru(Fn&& fn) const {
+    for (const CacheEngineKey* key : lru_) fn(*key, map_.find(*key)->second);
+  }
+
+  struct KindTotals {
+    uint64_t entries = 0;
+    uint64_t bytes = 0;
+  };
   [[nodiscard]] size_t keys() const { return map_.size(); }
+  /// Keys with at least one READY slot (LMCache's num_cached_chunks).
+  [[nodiscard]] uint64_t ready_keys() const { return ready_keys_; }
+  [[nodiscard]] size_t lru_size() const { return lru_.size(); }
   [[nodiscard]] uint64_t ready_entries() const { return ready_entries_; }
   [[nodiscard]] uint64_t bytes_held() const { return bytes_held_; }
   [[nodiscard]] uint64_t blocks_held() const { return blocks_held_; }
+  [[nodiscard]] const KindTotals& kind_totals(ActivationKind kind) const {
+    return per_kind_[static_cast<size_t>(kind)];
+  }
 
  private:
+  void account_remove(KeyRecord& record, const Entry& entry) noexcept {
+    if (!entry.ready) return;
+    if (--record.ready_slots == 0) --ready_keys_;
+    --ready_entries_;
+    bytes_held_ -= entry.payload_bytes();
+    blocks_held_ -= entry.blocks.size();
+    auto& kind = per_kind_[static_cast<size_t>(entry.slot.kind)];
+    --kind.entries;
+    kind.bytes -= entry.payload_bytes();
+  }
+
   Map map_;
   std::list<const CacheEngineKey*> lru_;
   uint64_t ready_entries_ = 0;
   uint64_t bytes_held_ = 0;
   uint64_t blocks_held_ = 0;
+  uint64_t ready_keys_ = 0;
+  std::array<KindTotals, kNumActivationKinds> per_kind_{};
 };
 
 }  // namespace hss::detail

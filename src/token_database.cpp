@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <bit>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -84,22 +85,24 @@ std::vector<Chunk> ChunkedTokenDatabase::process_tokens(std::span<const int64_t>
 }
 
 std::vector<Chunk> ChunkedTokenDatabase::process_hashes(std::span<const uint64_t> hashes,
-                                                        std::span<const int64_t> offsets) const {
-  if (hashes.size() != offsets.size()) {
+                                                        std::span<const int64_t> counts) const {
+  if (hashes.size() != counts.size()) {
     throw InvalidArgument("process_hashes: hashes has " + std::to_string(hashes.size()) +
-                          " entries but offsets has " + std::to_string(offsets.size()));
+                          " entries but offsets (token counts) has " +
+                          std::to_string(counts.size()));
   }
   std::vector<Chunk> chunks;
   chunks.reserve(hashes.size());
   int64_t start = 0;
   for (size_t i = 0; i < hashes.size(); ++i) {
-    if (offsets[i] <= start) {
+    // LMCache: offsets[i] is the token count of chunk i, end = start + offsets[i].
+    if (counts[i] <= 0 || counts[i] > INT64_MAX - start) {
       throw InvalidArgument("process_hashes: offsets[" + std::to_string(i) +
-                            "] = " + std::to_string(offsets[i]) + " must be > " +
-                            std::to_string(start) + " (offsets increase strictly from 0)");
+                            "] = " + std::to_string(counts[i]) +
+                            " must be a token count > 0 (the chunk's length)");
     }
-    chunks.push_back(Chunk{start, offsets[i], make_key(hashes[i])});
-    start = offsets[i];
+    chunks.push_back(Chunk{start, start + counts[i], make_key(hashes[i])});
+    start += counts[i];
   }
   return chunks;
 }

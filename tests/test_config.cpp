@@ -359,12 +359,16 @@ TEST(ConfigErrors, UnknownStorageDType) {
                   {"hidden_state_storage_dtype", "Float32", "line 1"});
 }
 
-TEST(ConfigErrors, BlockBytesNotMultipleOf16) {
+TEST(ConfigErrors, BlockBytesNotMultipleOf64) {
   expect_mentions(yaml_error("hidden_state_block_bytes: 100\n"),
-                  {"hidden_state_block_bytes", "100", "line 1", "16"});
+                  {"hidden_state_block_bytes", "100", "line 1", "64"});
+  expect_mentions(yaml_error("hidden_state_block_bytes: 16\n"),
+                  {"hidden_state_block_bytes", "16", "line 1", "64"});
+  expect_mentions(yaml_error("hidden_state_block_bytes: 134217728\n"),
+                  {"hidden_state_block_bytes", "134217728", "64 MiB"});
   expect_mentions(yaml_error("hidden_state_block_bytes: big\n"),
                   {"hidden_state_block_bytes", "big", "line 1"});
-  EXPECT_EQ(Config::from_yaml("hidden_state_block_bytes: 16").hidden_state_block_bytes, 16);
+  EXPECT_EQ(Config::from_yaml("hidden_state_block_bytes: 64").hidden_state_block_bytes, 64);
 }
 
 TEST(ConfigErrors, LayersNotAListOfInts) {

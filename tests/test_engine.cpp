@@ -72,7 +72,7 @@ TEST(Engine, KvPressureEvictsAndHiddenStatesFollowLazily) {
   const auto b = test::make_tokens(10 * 16, 5);
   ASSERT_EQ(engine->store(a, test::view_of(kv_rows(a, 0), 8, DType::kBFloat16)), 8);
   const auto rows = test::make_rows(a, 0, 0, 32);
-  ASSERT_EQ(hs.store_hidden_states(a, test::view_of(rows, 32)), 8);
+  ASSERT_EQ(hs.store_hidden_states(a, test::view_of(rows, 32)).cached, 8);
   // 18 chunks into a 16-chunk KV pool: a's two oldest chunks go (the prefix head).
   ASSERT_EQ(engine->store(b, test::view_of(kv_rows(b, 0), 8, DType::kBFloat16)), 10);
   EXPECT_LT(engine->lookup(a), 8 * 16);

@@ -49,7 +49,7 @@ TEST_P(LargeCopies, RoundTripIsBitExactWithStridesAndOffsets) {
     }
   }
   const TensorView view{base, c.dtype, kRows, kCols, stride, Device::kHost, 0};
-  ASSERT_EQ(store.store_hidden_states(tokens, view, {0, 0}), 5);
+  ASSERT_EQ(store.store_hidden_states(tokens, view, {0, 0}).cached, 5);
 
   // Fresh tensor, tail from an odd row.
   const int64_t row_begin = 37;

@@ -32,39 +32,42 @@ class Model {
  public:
   explicit Model(const ControlledKv& kv) : kv_(kv) {}
 
-  int64_t store(const std::vector<Chunk>& chunks, int64_t layer, int64_t offset) {
-    int64_t count = 0;
-    std::set<uint64_t> writing;
+  /// {written, cached}: LMCache's count of new chunks, and chunks of the range held after.
+  StoreResult store(const std::vector<Chunk>& chunks, int64_t layer, int64_t offset) {
+    StoreResult result;
+    std::set<uint64_t> own;  // a store never evicts keys of its own token list
+    for (const Chunk& c : chunks) own.insert(c.key.chunk_hash);
     for (const Chunk& c : chunks) {
       if (c.start < offset) continue;
       const uint64_t k = c.key.chunk_hash;
       if (held_.count({k, layer})) {
         touch(k);
-        ++count;
+        ++result.cached;
         continue;
       }
-      if (entries() == kPoolChunks && !evict_lru_except(writing)) break;
+      if (entries() == kPoolChunks && !evict_lru_except(own)) break;
       held_.insert({k, layer});
       touch(k);
-      writing.insert(k);
-      ++count;
+      ++result.written;
+      ++result.cached;
     }
-    return count;
+    return result;
   }
 
-  /// Prefix chunks hit for all `layers`; applies coupled eviction and reverse touches.
+  /// Prefix chunks hit for all `layers`; applies coupled eviction and reverse touches. KV is
+  /// asked first, per chunk, as LMCache does.
   int64_t retrieve(const std::vector<Chunk>& chunks, const std::vector<int64_t>& layers) {
     int64_t hit = 0;
     for (const Chunk& c : chunks) {
       const uint64_t k = c.key.chunk_hash;
-      const bool all = std::all_of(layers.begin(), layers.end(), [&](int64_t l) {
-        return held_.count({k, l}) > 0;
-      });
-      if (!all) break;
       if (!kv_.contains(c.key)) {
         drop(k);
         break;
       }
+      const bool all = std::all_of(layers.begin(), layers.end(), [&](int64_t l) {
+        return held_.count({k, l}) > 0;
+      });
+      if (!all) break;
       ++hit;
     }
     for (int64_t i = hit - 1; i >= 0; --i) touch(chunks[static_cast<size_t>(i)].key.chunk_hash);
@@ -98,6 +101,8 @@ class Model {
   }
 
   [[nodiscard]] size_t entries() const { return held_.size(); }
+  [[nodiscard]] size_t keys() const { return lru_.size(); }
+  [[nodiscard]] std::vector<uint64_t> lru() const { return {lru_.begin(), lru_.end()}; }
   [[nodiscard]] bool has(uint64_t k, int64_t l) const { return held_.count({k, l}) > 0; }
 
  private:
@@ -146,10 +151,12 @@ TEST(StoreModel, RandomOperationsMatchTheReferenceModel) {
     if (kind < 40) {  // store, sometimes incremental
       const int64_t offset = pick(3) == 0 ? pick(len + 1) : 0;
       const auto rows = test::make_rows(tokens, offset, layer, kCols);
-      const int64_t got = store.store_hidden_states(
+      const StoreResult got = store.store_hidden_states(
           tokens, {rows.data(), DType::kFloat32, len - offset, kCols, 0, Device::kHost, 0},
           {layer, offset});
-      ASSERT_EQ(got, model.store(chunks, layer, offset));
+      const StoreResult want = model.store(chunks, layer, offset);
+      ASSERT_EQ(got.written, want.written);
+      ASSERT_EQ(got.cached, want.cached);
     } else if (kind < 65) {  // single-layer retrieve, sometimes only the tail
       const int64_t row_begin = pick(2) == 0 ? pick(len + 1) : 0;
       auto out = store.retrieve_hidden_states(tokens, {layer, row_begin});
@@ -192,7 +199,12 @@ TEST(StoreModel, RandomOperationsMatchTheReferenceModel) {
         ASSERT_EQ(store.drop_key(c.key), model.drop(c.key.chunk_hash));
       }
     }
-    ASSERT_EQ(store.num_cached_chunks(), model.entries());
+    ASSERT_EQ(store.num_entries(), model.entries());
+    ASSERT_EQ(store.num_cached_chunks(), model.keys());
+    std::vector<uint64_t> lru;
+    for (const CacheEngineKey& key : store.lru_keys()) lru.push_back(key.chunk_hash);
+    ASSERT_EQ(lru, model.lru());
+    ASSERT_NO_THROW(store.check_invariants());
     if (!chunks.empty()) {
       ASSERT_EQ(store.has_chunk(chunks.front().key, layer),
                 model.has(chunks.front().key.chunk_hash, layer));

@@ -77,8 +77,8 @@ TEST(StoreStress, ConcurrentReadersOnlyEverSeeCorrectRows) {
   EXPECT_GT(s.hs_evictions, 0u);
   EXPECT_GT(s.coupled_evictions + engine->kv_backend().stats().evictions, 0u);
   // Accounting stayed consistent: what the index says it holds fits the pool.
-  EXPECT_LE(s.blocks_held * s.block_bytes, s.pool_capacity_bytes);
-  EXPECT_EQ(s.chunks_held, store.num_cached_chunks());
+  EXPECT_LE(s.blocks_held * s.granule_bytes, s.pool_capacity_bytes);
+  EXPECT_EQ(s.keys_held, store.num_cached_chunks());
 }
 
 }  // namespace

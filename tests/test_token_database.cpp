@@ -97,7 +97,8 @@ TEST(TokenDatabase, ChunkSizeMustBePositive) {
 TEST(TokenDatabase, ProcessHashesUsesEngineHashesAndOffsets) {
   ChunkedTokenDatabase db(16, false, Metadata{"vllm", "m", 1, 0, "float16"});
   const std::vector<uint64_t> hashes{11, 22, 33};
-  const std::vector<int64_t> offsets{16, 32, 40};
+  // LMCache's meaning: offsets[i] is the token count of chunk i.
+  const std::vector<int64_t> offsets{16, 16, 8};
   const auto chunks = db.process_hashes(hashes, offsets);
   ASSERT_EQ(chunks.size(), 3u);
   EXPECT_EQ(chunks[1].start, 16);
@@ -105,8 +106,23 @@ TEST(TokenDatabase, ProcessHashesUsesEngineHashesAndOffsets) {
   EXPECT_EQ(chunks[2].size(), 8);
   EXPECT_EQ(chunks[2].key.chunk_hash, 33u);
   EXPECT_EQ(chunks[2].key.kv_dtype, "float16");
-  EXPECT_THROW((void)db.process_hashes(hashes, std::vector<int64_t>{16, 32}), InvalidArgument);
-  EXPECT_THROW((void)db.process_hashes(hashes, std::vector<int64_t>{16, 16, 40}), InvalidArgument);
+  EXPECT_THROW((void)db.process_hashes(hashes, std::vector<int64_t>{16, 16}), InvalidArgument);
+  EXPECT_THROW((void)db.process_hashes(hashes, std::vector<int64_t>{16, 0, 8}), InvalidArgument);
+  EXPECT_THROW((void)db.process_hashes(hashes, std::vector<int64_t>{16, -4, 8}), InvalidArgument);
+}
+
+TEST(TokenDatabase, ProcessHashesAcceptsLmcacheTokenCounts) {
+  // The input LMCache's own tests pass: chunks of 8, 8 and 4 tokens.
+  ChunkedTokenDatabase db(8, true);
+  const std::vector<uint64_t> hashes{1, 2, 3};
+  const auto chunks = db.process_hashes(hashes, std::vector<int64_t>{8, 8, 4});
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0].start, 0);
+  EXPECT_EQ(chunks[0].end, 8);
+  EXPECT_EQ(chunks[1].start, 8);
+  EXPECT_EQ(chunks[1].end, 16);
+  EXPECT_EQ(chunks[2].start, 16);
+  EXPECT_EQ(chunks[2].end, 20);
 }
 
 }  // namespace

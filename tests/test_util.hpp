@@ -115,8 +115,8 @@ inline void run_every_stage_once() {
   HiddenStateStore store(c, db);
   const auto a = make_tokens(32, 1), b = make_tokens(32, 2);
   const auto ra = make_rows(a, 0, 0, 32), rb = make_rows(b, 0, 0, 32);
-  ASSERT_EQ(store.store_hidden_states(a, view_of(ra, 32)), 2);
-  ASSERT_EQ(store.store_hidden_states(b, view_of(rb, 32)), 2);  // evicts a
+  ASSERT_EQ(store.store_hidden_states(a, view_of(ra, 32)).written, 2);
+  ASSERT_EQ(store.store_hidden_states(b, view_of(rb, 32)).written, 2);  // evicts a
   ASSERT_TRUE(store.retrieve_hidden_states(b).has_value());
 }
 

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "hss/activation.hpp"
+
 namespace hss {
 
 /// How hidden-state rows are kept in the pool.
@@ -32,9 +34,14 @@ struct Config {
   double max_hidden_state_cpu_size = 0.0;                   ///< GiB, hidden-state pool
   std::optional<std::vector<int64_t>> hidden_state_layers;  ///< allowlist; unset = all layers
   StorageDType hidden_state_storage_dtype = StorageDType::kFloat32;
-  /// Allocation granule of the hidden-state pool in bytes. 0 (default) picks the byte size of one
-  /// full chunk of the first shape stored, so uniform chunks fill the pool exactly.
+  /// Allocation granule of the hidden-state pool in bytes: every entry takes ceil(bytes / granule)
+  /// granules. 0 (default) = automatic: 64 KiB, smaller for pools under 64 MiB (at least 1024
+  /// granules). Otherwise a multiple of 64 up to 64 MiB; chunks whose bytes are a multiple of
+  /// the granule fill the pool exactly.
   int64_t hidden_state_block_bytes = 0;
+  /// Optional allowlist of activation kinds accepted on store; unset = every kind.
+  /// hidden_state_layers filters the layers of every kind.
+  std::optional<std::vector<ActivationKind>> hidden_state_kinds;
 
   // Device data path and host copies (hsstore extensions; LMCache has no such keys).
   /// Restore implementation for device outputs. HSS_RESTORE_IMPL overrides it (debugging aid).
@@ -70,6 +77,8 @@ struct Config {
   /// True when layer_idx passes the hidden_state_layers allowlist (always, when unset). Layer
   /// indices are storage labels compared literally: -1 is "the final state" by convention only.
   [[nodiscard]] bool layer_allowed(int64_t layer_idx) const;
+  /// True when both allowlists (hidden_state_kinds, hidden_state_layers) pass the slot.
+  [[nodiscard]] bool slot_allowed(ActivationKind kind, int64_t layer_idx) const;
 
   /// The effective values as YAML (round-trips through from_yaml).
   [[nodiscard]] std::string to_yaml() const;

@@ -1,8 +1,9 @@
 #pragma once
-// hss::HiddenStateStore: per-token hidden states cached per (chunk key, layer) on a pinned host
-// pool of their own, restored as one contiguous float32 prefix.
+// hss::HiddenStateStore: per-token activations (hidden states, and optionally other kinds) cached
+// per (chunk key, kind, layer) on a pinned host pool of their own, restored as one contiguous
+// prefix. The semantics are LMCache's HiddenStateStore (0.5.6) wherever LMCache defines them.
 //
-// Entry state machine (one entry = one (key, layer)):
+// Entry state machine (one entry = one (key, kind, layer) "slot"):
 //
 //   free blocks --alloc--> PENDING --copy landed--> READY --evict/drop--> DETACHED --> free blocks
 //                  (index, not yet visible)    (visible to retrieve)  (out of the index; its
@@ -12,17 +13,30 @@
 //   every retrieve that returns the entry holds another for the duration of its copy ("pinned").
 //   Blocks go back to the pool only when the last reference drops, so a retrieve never reads
 //   blocks that a concurrent eviction is reusing.
+// * The pool is cut into fixed granules (64 KiB by default, smaller for small pools); an entry
+//   takes ceil(bytes / granule) granules that need not be adjacent, so the pool never fragments
+//   and, once empty, takes floor(pool / chunk_bytes) chunks of any shape whose bytes are a
+//   multiple of the granule (docs/design.md, "Pool").
 // * A host-path store copies into PENDING blocks outside the index lock and publishes them as
 //   READY afterwards. A device-path store publishes at once with a CUDA event; a retrieve that
 //   returns the entry waits for that event (and only that one).
-// * LRU is per key (all layers of a key together), as in LMCache. Pool pressure evicts the least
-//   recently used key's hidden states only; KV is never touched (HS evicted =/> KV evicted).
-// * A retrieve that finds KV gone for a chunk drops that key's hidden states on the spot (KV
-//   evicted => HS evicted), lazily, with StorageManager::contains().
+// * LRU is per key (every slot of a key together), as in LMCache. Pool pressure evicts the least
+//   recently used key's activations only; KV is never touched (HS evicted =/> KV evicted). A
+//   store never evicts keys of its own token list (the prefix it is extending).
+// * A retrieve asks the KV side first, per chunk, as LMCache does: a chunk whose KV is gone has
+//   every slot of its key dropped (KV evicted => HS evicted), lazily, with
+//   StorageManager::contains(), and the prefix ends there.
+//
+// Failure: bad arguments throw InvalidArgument naming the argument and its value, with nothing
+// changed (stats included). Any exception (std::bad_alloc, a CUDA error) leaves the index and the
+// pool exactly as before the call: the strong guarantee.
 //
 // Thread safety: every public method may be called from many threads at once. The index lock is
 // held for index updates only, never across a copy, a kernel launch or a KV contains() call.
+// What may block the host: host-memory calls copy on the calling thread; nothing waits on
+// another thread's copy except a retrieve of an entry whose device-to-host copy is in flight.
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -30,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "hss/activation.hpp"
 #include "hss/cache_key.hpp"
 #include "hss/config.hpp"
 #include "hss/storage_manager.hpp"
@@ -41,37 +56,60 @@ namespace hss {
 struct StoreOptions {
   int64_t layer_idx = 0;
   int64_t token_offset = 0;  ///< rows of hidden_states start at token_ids[token_offset]
-  void* stream = nullptr;    ///< cudaStream_t for device input; null = legacy default stream
+  ActivationKind kind = ActivationKind::kHidden;
+  Stream stream = nullptr;  ///< orders device input reads; null = legacy default stream
 };
 
 struct RetrieveOptions {
   int64_t layer_idx = 0;
-  int64_t row_begin = 0;   ///< copy only rows [row_begin, prefix end) of the prefix
-  void* stream = nullptr;  ///< cudaStream_t used by retrieve_hidden_states_into
+  int64_t row_begin = 0;  ///< copy only rows [row_begin, prefix end) of the prefix
+  ActivationKind kind = ActivationKind::kHidden;
+  Stream stream = nullptr;  ///< orders device output writes (retrieve_*_into)
+};
+
+/// What a store did. `written` is LMCache's return value (chunks newly written by this call: 0
+/// when the whole range was already cached); `cached` is how many chunks of the range
+/// [token_offset, end) are cached for the slot after the call, already-cached ones included.
+struct StoreResult {
+  int64_t written = 0;
+  int64_t cached = 0;
+
+  friend bool operator==(const StoreResult&, const StoreResult&) = default;
+};
+
+struct KindStats {
+  uint64_t entries_held = 0;
+  uint64_t bytes_held = 0;
+  uint64_t chunks_written = 0;
 };
 
 struct HiddenStateStats {
-  uint64_t chunks_held = 0;  ///< (key, layer) entries
-  uint64_t keys_held = 0;
-  uint64_t bytes_held = 0;  ///< payload bytes of the entries held
-  uint64_t blocks_held = 0;
-  uint64_t pool_capacity_bytes = 0;
-  uint64_t block_bytes = 0;  ///< 0 until the first store fixes the granule
+  uint64_t keys_held = 0;     ///< distinct chunk keys (num_cached_chunks(), as LMCache counts)
+  uint64_t entries_held = 0;  ///< (key, kind, layer) entries (num_entries())
+  uint64_t bytes_held = 0;    ///< payload bytes of the entries held
+  uint64_t blocks_held = 0;   ///< pool granules held by the entries of the index
+  uint64_t pool_capacity_bytes = 0;  ///< usable bytes: granules x granule_bytes
+  uint64_t pool_free_bytes = 0;      ///< granules on the free list x granule_bytes
+  uint64_t granule_bytes = 0;        ///< the pool's allocation unit
   bool pinned = false;       ///< pool is page-locked device-mapped memory (a device was found)
   bool device_path = false;  ///< the CUDA data path is usable in this process
+  bool closed = false;
   uint64_t stores = 0;
   uint64_t chunks_written = 0;
   uint64_t retrieves = 0;
   uint64_t hit_tokens = 0;
   uint64_t miss_tokens = 0;
-  uint64_t hs_evictions = 0;       ///< keys evicted for pool pressure (HS only)
-  uint64_t coupled_evictions = 0;  ///< keys dropped because their KV was gone
-  uint64_t allocation_failures = 0;
+  uint64_t hs_evictions = 0;         ///< keys evicted for pool pressure (HS only)
+  uint64_t coupled_evictions = 0;    ///< keys dropped because their KV was gone
+  uint64_t allocation_failures = 0;  ///< stores that stopped early for want of pool space
+  uint64_t staging_waits = 0;        ///< device stores that waited on the host for staging space
+  std::array<KindStats, kNumActivationKinds> per_kind{};  ///< indexed by ActivationKind
 };
 
 class HiddenStateStore {
  public:
-  /// ConfigError if max_hidden_state_cpu_size <= 0. Allocates the whole pool now.
+  /// ConfigError if max_hidden_state_cpu_size <= 0; hss::Error if the pool does not fit in the
+  /// memory available to the process. Allocates the whole pool now.
   HiddenStateStore(const Config& config, const TokenDatabase& token_database);
   ~HiddenStateStore();
   HiddenStateStore(const HiddenStateStore&) = delete;
@@ -80,53 +118,91 @@ class HiddenStateStore {
   /// nullptr: treat KV as present for every chunk. The manager must outlive the store.
   void bind_storage_manager(const StorageManager* storage_manager);
 
-  /// Stores rows for the chunks of token_ids that start at or after options.token_offset.
-  /// hidden_states has len(token_ids) - token_offset rows. Returns how many chunks of that range
-  /// are cached for the layer after the call, already-cached ones included (0 for a layer outside
-  /// the allowlist). Under pool pressure evicts this store's LRU keys; stops early (returning the
-  /// count so far) when no space can be found. Bad arguments: InvalidArgument, nothing written.
+  /// Stores rows for the chunks of token_ids that start at or after options.token_offset (a
+  /// chunk straddling token_offset is skipped: chunks stay atomic with KV). hidden_states has
+  /// len(token_ids) - token_offset rows. A chunk already cached for the slot with the same shape
+  /// is touched, not rewritten; one cached with another hidden dim or storage type is replaced.
+  /// Under pool pressure evicts LRU keys other than those of token_ids; stops at the first chunk
+  /// that does not fit (the cached range stays a contiguous run). A slot outside the allowlists
+  /// stores nothing ({0, 0}). Bad arguments: InvalidArgument, nothing written.
   /// Device input: asynchronous on options.stream; CUDA failures throw hss::Error.
-  int64_t store_hidden_states(std::span<const int32_t> token_ids, const TensorView& hidden_states,
-                              const StoreOptions& options = {});
-  int64_t store_hidden_states(std::span<const int64_t> token_ids, const TensorView& hidden_states,
-                              const StoreOptions& options = {});
+  StoreResult store_hidden_states(std::span<const int32_t> token_ids,
+                                  const TensorView& hidden_states,
+                                  const StoreOptions& options = {});
+  StoreResult store_hidden_states(std::span<const int64_t> token_ids,
+                                  const TensorView& hidden_states,
+                                  const StoreOptions& options = {});
+  /// The same with caller-computed chunks (LMCache's own token database, an engine's block
+  /// hashes): chunks[0].start == 0, chunks[i].start == chunks[i-1].end, every chunk non-empty;
+  /// hidden_states has chunks.back().end - token_offset rows.
+  StoreResult store_chunks(std::span<const Chunk> chunks, const TensorView& hidden_states,
+                           const StoreOptions& options = {});
 
-  /// The longest contiguous prefix whose every chunk has KV and hidden states for the layer, as
-  /// rows [row_begin, prefix end). nullopt on a full miss or row_begin at/past the prefix end.
+  /// The longest contiguous prefix whose every chunk has KV and the slot, as float32 rows
+  /// [row_begin, prefix end). nullopt on a full miss or row_begin at/past the prefix end.
   [[nodiscard]] std::optional<HostTensor> retrieve_hidden_states(
       std::span<const int32_t> token_ids, const RetrieveOptions& options = {});
   [[nodiscard]] std::optional<HostTensor> retrieve_hidden_states(
       std::span<const int64_t> token_ids, const RetrieveOptions& options = {});
+  [[nodiscard]] std::optional<HostTensor> retrieve_chunks(std::span<const Chunk> chunks,
+                                                          const RetrieveOptions& options = {});
 
-  /// Same walk, written into `out` (float32, host or device, at least the rows needed). Returns
-  /// the rows written (0 on a miss). Device output: enqueued on options.stream.
+  /// Same walk, written into `out` (host or device, at least the rows needed, cols = the cached
+  /// hidden dim). Returns the rows written (0 on a miss). `out` is checked against the prefix
+  /// before anything changes: a too-small view is InvalidArgument with nothing dropped or counted.
+  /// Device output: enqueued on options.stream.
   int64_t retrieve_hidden_states_into(std::span<const int32_t> token_ids,
                                       const MutableTensorView& out,
                                       const RetrieveOptions& options = {});
   int64_t retrieve_hidden_states_into(std::span<const int64_t> token_ids,
                                       const MutableTensorView& out,
                                       const RetrieveOptions& options = {});
+  int64_t retrieve_chunks_into(std::span<const Chunk> chunks, const MutableTensorView& out,
+                               const RetrieveOptions& options = {});
 
-  /// All-or-nothing multi-layer restore: one tensor per layer, all with the same rows (the
-  /// longest prefix where every listed layer is present); empty vector when there is none.
+  /// All-or-nothing multi-slot restore: one tensor per slot, all with the same rows (the longest
+  /// prefix where every listed slot is present); empty vector when there is none. The layer-index
+  /// forms mean kind kHidden. An empty list is InvalidArgument.
   [[nodiscard]] std::vector<HostTensor> retrieve_layers(std::span<const int32_t> token_ids,
                                                         std::span<const int64_t> layer_idxs,
                                                         int64_t row_begin = 0);
   [[nodiscard]] std::vector<HostTensor> retrieve_layers(std::span<const int64_t> token_ids,
                                                         std::span<const int64_t> layer_idxs,
                                                         int64_t row_begin = 0);
+  [[nodiscard]] std::vector<HostTensor> retrieve_layers(std::span<const int32_t> token_ids,
+                                                        std::span<const Slot> slots,
+                                                        int64_t row_begin = 0);
+  [[nodiscard]] std::vector<HostTensor> retrieve_layers(std::span<const int64_t> token_ids,
+                                                        std::span<const Slot> slots,
+                                                        int64_t row_begin = 0);
 
-  /// Tokens of the prefix where every chunk has KV and every listed layer. Changes nothing.
+  /// Tokens of the prefix retrieve_layers would return for these chunks and slots (the same walk,
+  /// the same checks): coverage == rows of retrieve_layers(..., row_begin = 0). Changes nothing.
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks,
                                  std::span<const int64_t> layer_idxs) const;
+  [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks, std::span<const Slot> slots) const;
 
-  [[nodiscard]] size_t num_cached_chunks() const;  ///< (key, layer) entries held
-  [[nodiscard]] bool has_chunk(const CacheEngineKey& key, int64_t layer_idx = 0) const;
-  /// Drops every layer of the key. True when something was held.
+  /// Distinct chunk keys held (LMCache's num_cached_chunks).
+  [[nodiscard]] size_t num_cached_chunks() const;
+  /// (key, kind, layer) entries held.
+  [[nodiscard]] size_t num_entries() const;
+  [[nodiscard]] bool has_chunk(const CacheEngineKey& key, int64_t layer_idx = 0,
+                               ActivationKind kind = ActivationKind::kHidden) const;
+  /// Drops every slot of the key. True when something was held.
   bool drop_key(const CacheEngineKey& key);
+  /// Keys from least to most recently used (tests and admin tools).
+  [[nodiscard]] std::vector<CacheEngineKey> lru_keys() const;
+  /// Evicts the least recently used evictable key, as pool pressure would. False if none.
+  bool evict_one_lru();
+  /// Debug check of the index and pool invariants (accounting, LRU links, block ownership, no
+  /// granule both free and held). Throws hss::Error naming the first broken invariant. O(size).
+  void check_invariants() const;
   /// Waits for every pending device-to-host copy.
   void flush();
-  /// Flushes and releases every entry. Later calls throw hss::Error. Idempotent.
+  /// Flushes and releases every entry; final even against concurrent calls: once it returns the
+  /// store holds nothing. Afterwards store/retrieve/coverage/drop_key/evict_one_lru throw
+  /// hss::Error; has_chunk is false, num_* and lru_keys are empty, flush does nothing and stats
+  /// works (closed = true). Idempotent.
   void close();
   [[nodiscard]] HiddenStateStats stats() const;
 

@@ -11,12 +11,13 @@
 
 #include "hss/detail/host_buffer.hpp"
 
+// cudaStream_t is `CUstream_st*`: naming the struct keeps CUDA headers out of public headers while
+// the type stays identical, so a cudaStream_t (or torch's stream handle) converts without a cast.
 struct CUstream_st;
 
 namespace hss {
 
-/// A CUDA stream handle, identical to cudaStream_t (no CUDA header needed). nullptr is the legacy
-/// default stream.
+/// A CUDA stream (identical to cudaStream_t). nullptr is the legacy default stream.
 using Stream = CUstream_st*;
 
 enum class DType { kFloat32, kFloat16, kBFloat16 };
@@ -24,6 +25,13 @@ enum class Device { kHost, kCuda };
 
 [[nodiscard]] constexpr size_t element_size(DType dtype) {
   return dtype == DType::kFloat32 ? 4 : 2;
+}
+/// True for the enumerators (a cast integer may be anything; views are validated with these).
+[[nodiscard]] constexpr bool is_valid(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+}
+[[nodiscard]] constexpr bool is_valid(Device device) {
+  return device == Device::kHost || device == Device::kCuda;
 }
 [[nodiscard]] std::string_view to_string(DType dtype);
 [[nodiscard]] std::string_view to_string(Device device);

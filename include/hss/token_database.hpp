@@ -24,8 +24,9 @@ class TokenDatabase {
   [[nodiscard]] virtual std::vector<Chunk> process_tokens(
       std::span<const int64_t> tokens) const = 0;
 
-  /// Keys for hashes an engine already has: hashes[i] covers tokens [offsets[i-1], offsets[i])
-  /// (offsets[-1] = 0). Sizes must match and offsets must increase strictly.
+  /// Keys for hashes an engine already has, with LMCache's meaning of offsets: offsets[i] is the
+  /// token count of chunk i, so chunk i covers [start_i, start_i + offsets[i]) with start_0 = 0.
+  /// As many counts as hashes, every count > 0, else InvalidArgument.
   [[nodiscard]] virtual std::vector<Chunk> process_hashes(
       std::span<const uint64_t> hashes, std::span<const int64_t> offsets) const = 0;
 

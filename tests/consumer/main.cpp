@@ -18,10 +18,10 @@ int main() {
   engine->store(tokens, {kv.data(), hss::DType::kBFloat16, 32, 4});
   std::vector<float> hidden(32 * 8);
   for (size_t i = 0; i < hidden.size(); ++i) hidden[i] = static_cast<float>(i);
-  const int64_t stored = engine->hidden_state_store()->store_hidden_states(
+  const hss::StoreResult stored = engine->hidden_state_store()->store_hidden_states(
       tokens, {hidden.data(), hss::DType::kFloat32, 32, 8});
   auto restored = engine->hidden_state_store()->retrieve_hidden_states(tokens);
-  const bool ok = stored == 2 && restored && restored->rows() == 32 &&
+  const bool ok = stored.written == 2 && stored.cached == 2 && restored && restored->rows() == 32 &&
                   std::memcmp(restored->data(), hidden.data(), hidden.size() * 4) == 0;
   std::printf("consumer: %s (hsstore %s)\n", ok ? "ok" : "MISMATCH",
               hss::build_info().version.c_str());

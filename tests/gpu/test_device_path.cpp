@@ -148,8 +148,8 @@ TEST_P(DeviceStoreDTypes, DeviceStoreEqualsHostStoreBitForBit) {
 
   const TensorView host_view{host.data(), dtype, rows, cols, stride, Device::kHost, 0};
   const TensorView dev_view{dev.ptr, dtype, rows, cols, stride, Device::kCuda, 0};
-  EXPECT_EQ(s.host->store_hidden_states(tokens, host_view), 5);
-  EXPECT_EQ(s.device->store_hidden_states(tokens, dev_view), 5);
+  EXPECT_EQ(s.host->store_hidden_states(tokens, host_view).cached, 5);
+  EXPECT_EQ(s.device->store_hidden_states(tokens, dev_view).cached, 5);
   EXPECT_TRUE(s.device->stats().device_path);
 
   const auto want = s.host->retrieve_hidden_states(tokens);
@@ -210,8 +210,10 @@ TEST(DevicePath, RetrieveWaitsForAPendingCopy) {
   CUDA_OK(cudaLaunchHostFunc(stream.stream, sleep_on_stream, &delay_ms));
   StoreOptions opt;
   opt.stream = stream.stream;
-  EXPECT_EQ(s.device->store_hidden_states(
-                tokens, {dev.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, opt),
+  EXPECT_EQ(s.device
+                ->store_hidden_states(
+                    tokens, {dev.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, opt)
+                .cached,
             4);
   const auto got = s.device->retrieve_hidden_states(tokens);
   ASSERT_TRUE(got);
@@ -304,9 +306,11 @@ TEST(DevicePath, StoreLargerThanOneStagingBufferRunsInRounds) {
   DeviceBytes dev(host.size());
   ASSERT_NE(dev.ptr, nullptr);
   CUDA_OK(cudaMemcpy(dev.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
-  EXPECT_EQ(s.device->store_hidden_states(
-                tokens, {dev.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}),
-            10);
+  EXPECT_EQ(
+      s.device
+          ->store_hidden_states(tokens, {dev.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0})
+          .cached,
+      10);
   const auto got = s.device->retrieve_hidden_states(tokens);
   ASSERT_TRUE(got);
   ASSERT_EQ(got->rows(), rows);

@@ -83,7 +83,7 @@ class RequestRun {
       prefix = n_;
       for (int64_t layer : options_.layers) {
         const MutableTensorView out = options_.device->output(n_, cols);
-        const int64_t rows = hs_.retrieve_hidden_states_into(tokens_, out, {layer, 0, nullptr});
+        const int64_t rows = hs_.retrieve_hidden_states_into(tokens_, out, {.layer_idx = layer});
         auto& host = rows_by_layer.emplace_back(static_cast<size_t>(rows * cols));
         options_.device->download(out, rows, host);
         result_.hs_restore_bytes += host.size() * sizeof(float);
@@ -120,14 +120,14 @@ class RequestRun {
     const auto start = Clock::now();
     if (options_.device == nullptr) {
       std::optional<HostTensor> t =
-          hs_.retrieve_hidden_states(tokens_, {layer, row_begin, nullptr});
+          hs_.retrieve_hidden_states(tokens_, {.layer_idx = layer, .row_begin = row_begin});
       result_.hs_restore_s += seconds_since(start);
       if (!t) return;
       host.assign(t->values().begin(), t->values().end());
     } else {
       const MutableTensorView out = options_.device->output(n_, cols);
-      const int64_t rows =
-          hs_.retrieve_hidden_states_into(tokens_, out, {layer, row_begin, nullptr});
+      const int64_t rows = hs_.retrieve_hidden_states_into(
+          tokens_, out, {.layer_idx = layer, .row_begin = row_begin});
       host.resize(static_cast<size_t>(rows * cols));
       options_.device->download(out, rows, host);
       result_.hs_restore_s += seconds_since(start);
@@ -169,7 +169,7 @@ class RequestRun {
         const auto t0 = Clock::now();
         TensorView view{hidden.data(), DType::kBFloat16, chunk, cols, 0, Device::kHost, 0};
         if (options_.device != nullptr) view = options_.device->upload_bf16(hidden, chunk, cols);
-        (void)hs_.store_hidden_states(prefix, view, {layer, start, nullptr});
+        (void)hs_.store_hidden_states(prefix, view, {.layer_idx = layer, .token_offset = start});
         result_.hs_store_s += seconds_since(t0);
         result_.hs_store_bytes += hidden.size() * sizeof(uint16_t);
         result_.chunks_stored += 1;

@@ -1,0 +1,232 @@
+// The read path. Every read (retrieve, retrieve_into, retrieve_layers, coverage) is one walk:
+//   plan_walk:  slot presence under the index lock (pinning what it finds), then KV presence per
+//               chunk outside it, asked before the slot as LMCache does, then fence waits;
+//   checks:     the caller's output against what the walk found;
+//   apply_walk: drop the orphan key, touch the prefix in reverse order, count.
+// So a retrieve that fails its checks changes nothing, and coverage is the walk without apply.
+
+#include <algorithm>
+#include <string>
+
+#include "hidden_state_store_impl.hpp"
+#include "hss/error.hpp"
+#include "log.hpp"
+#include "nvtx.hpp"
+#include "store_validation.hpp"
+
+namespace hss {
+
+using detail::EntryRef;
+
+HiddenStateStore::Impl::Walk HiddenStateStore::Impl::plan_walk(std::span<const Chunk> chunks,
+                                                               std::span<const Slot> slots) const {
+  HSS_RANGE("retrieve/walk");
+  Walk w;
+  w.chunks = chunks;
+  w.slots = slots.size();
+  size_t present = 0;  // chunks whose every slot is held, READY and of a consistent shape
+  {
+    std::lock_guard lock(mutex_);
+    check_open_locked();
+    w.pinned.reserve(std::min<size_t>(chunks.size(), 4096) * slots.size());
+    for (; present < chunks.size(); ++present) {
+      const Chunk& chunk = chunks[present];
+      const detail::KeyRecord* record = index_.find(chunk.key);
+      if (record == nullptr) break;
+      size_t s = 0;
+      for (; s < slots.size(); ++s) {
+        const EntryRef* entry = record->find(slots[s]);
+        if (entry == nullptr || !(*entry)->ready || (*entry)->rows != chunk.size()) break;
+        // A hidden dim that changes part-way (a caller bug) ends the prefix there.
+        if (present > 0 && (*entry)->cols != w.pinned[s]->cols) break;
+      }
+      if (s != slots.size()) break;
+      for (const Slot& slot : slots) w.pinned.push_back(*record->find(slot));
+    }
+  }
+  // KV outside the lock (contains() takes the KV backend's own lock), for every chunk of the
+  // prefix and the chunk that ended it: LMCache asks KV first, so a chunk with KV gone is an
+  // orphan even when the slot is missing there.
+  size_t hits = present;
+  if (const StorageManager* kv = storage_manager_.load(std::memory_order_acquire)) {
+    const size_t asked = std::min(present + 1, chunks.size());
+    for (size_t i = 0; i < asked; ++i) {
+      if (!kv->contains(chunks[i].key)) {
+        w.orphan = i;
+        hits = i;
+        break;
+      }
+    }
+  }
+  // Device-path entries: the rows are there once their copy landed.
+  for (size_t i = 0; i < hits; ++i) {
+    for (size_t s = 0; s < w.slots; ++s) {
+      const detail::Entry& entry = *w.pinned[i * w.slots + s];
+      if (entry.fence && !entry.fence->wait()) {
+        detail::log(detail::LogLevel::kError,
+                    "hidden-state copy failed, dropping chunk: " + entry.fence->error());
+        w.failed_copy = i;
+        hits = i;
+        break;
+      }
+    }
+  }
+  w.pinned.resize(hits * w.slots);
+  w.hits = static_cast<int64_t>(hits);
+  w.prefix_tokens = hits > 0 ? chunks[hits - 1].end : 0;
+  return w;
+}
+
+void HiddenStateStore::Impl::apply_walk(const Walk& w, int64_t n_tokens) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (w.orphan) {
+      // KV evicted => hidden states evicted (every slot of the key).
+      if (index_.find(w.chunks[*w.orphan].key) != nullptr) {
+        (void)index_.erase(w.chunks[*w.orphan].key);
+        counters_.coupled_evictions.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    if (w.failed_copy) (void)index_.erase(w.chunks[*w.failed_copy].key);
+    // Reverse order: chunk 0 ends most recent, so pressure evicts the suffix first.
+    for (int64_t i = w.hits - 1; i >= 0; --i) {
+      if (detail::KeyRecord* record = index_.find(w.chunks[static_cast<size_t>(i)].key)) {
+        index_.touch(*record);
+      }
+    }
+  }
+  counters_.retrieves.fetch_add(1, std::memory_order_relaxed);
+  counters_.hit_tokens.fetch_add(static_cast<uint64_t>(w.prefix_tokens), std::memory_order_relaxed);
+  counters_.miss_tokens.fetch_add(static_cast<uint64_t>(n_tokens - w.prefix_tokens),
+                                  std::memory_order_relaxed);
+}
+
+std::vector<kernels::GatherSegment> HiddenStateStore::Impl::plan_restore(const Walk& w, size_t slot,
+                                                                         int64_t row_begin) const {
+  std::vector<kernels::GatherSegment> segments;
+  const int64_t cols = w.cols(slot);
+  const auto granule = static_cast<int64_t>(pool_.granule_bytes());
+  for (int64_t i = 0; i < w.hits; ++i) {
+    const Chunk& chunk = w.chunks[static_cast<size_t>(i)];
+    if (chunk.end <= row_begin) continue;
+    const detail::Entry& entry = w.entry(i, slot);
+    const int64_t first_row = std::max<int64_t>(0, row_begin - chunk.start);
+    const auto esize = static_cast<int64_t>(kernels::elem_bytes(entry.storage));
+    kernels::for_each_block_piece(
+        first_row * cols, (chunk.size() - first_row) * cols, esize, granule,
+        [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
+          segments.push_back(
+              {pool_.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset,
+               chunk.start * cols + first - row_begin * cols, count, entry.storage});
+        });
+  }
+  return segments;
+}
+
+template <typename Token>
+std::vector<HostTensor> HiddenStateStore::Impl::retrieve_tokens(std::span<const Token> token_ids,
+                                                                std::span<const Slot> slots,
+                                                                int64_t row_begin) {
+  HSS_RANGE("retrieve");
+  if (row_begin < 0)
+    throw InvalidArgument("row_begin = " + std::to_string(row_begin) + " is negative");
+  detail::check_slots(slots);
+  const std::vector<Chunk> chunks = token_database_.process_tokens(token_ids);
+  return retrieve_chunk_list(chunks, static_cast<int64_t>(token_ids.size()), slots, row_begin);
+}
+
+std::vector<HostTensor> HiddenStateStore::Impl::retrieve_chunk_list(std::span<const Chunk> chunks,
+                                                                    int64_t n_tokens,
+                                                                    std::span<const Slot> slots,
+                                                                    int64_t row_begin) {
+  HSS_RANGE("retrieve");
+  if (row_begin < 0)
+    throw InvalidArgument("row_begin = " + std::to_string(row_begin) + " is negative");
+  detail::check_slots(slots);
+  const Walk w = plan_walk(chunks, slots);
+  std::vector<HostTensor> out;
+  if (row_begin < w.prefix_tokens) {
+    HSS_RANGE("retrieve/assemble");
+    out.reserve(slots.size());
+    for (size_t s = 0; s < slots.size(); ++s) {
+      const int64_t cols = w.cols(s);
+      HostTensor tensor(w.prefix_tokens - row_begin, cols);
+      detail::host_restore(plan_restore(w, s, row_begin), {tensor.data(), cols, cols});
+      out.push_back(std::move(tensor));
+    }
+  }
+  apply_walk(w, n_tokens);
+  return out;
+}
+
+template <typename Token>
+int64_t HiddenStateStore::Impl::retrieve_tokens_into(std::span<const Token> token_ids,
+                                                     const MutableTensorView& out,
+                                                     const RetrieveOptions& opt) {
+  HSS_RANGE("retrieve");
+  detail::check_retrieve_options(opt);
+  const std::vector<Chunk> chunks = token_database_.process_tokens(token_ids);
+  return retrieve_chunk_list_into(chunks, static_cast<int64_t>(token_ids.size()), out, opt);
+}
+
+int64_t HiddenStateStore::Impl::retrieve_chunk_list_into(std::span<const Chunk> chunks,
+                                                         int64_t n_tokens,
+                                                         const MutableTensorView& out,
+                                                         const RetrieveOptions& opt) {
+  HSS_RANGE("retrieve");
+  detail::check_retrieve_options(opt);
+  if (out.dtype != DType::kFloat32) {
+    throw InvalidArgument("out.dtype = " + std::string(to_string(out.dtype)) +
+                          ": retrieve_hidden_states_into writes float32");
+  }
+  detail::check_view(out.as_const(), "out", device_path_ != nullptr);
+  const Slot slot{opt.kind, opt.layer_idx};
+  Walk w = plan_walk(chunks, std::span<const Slot>(&slot, 1));
+  if (opt.row_begin >= w.prefix_tokens) {
+    apply_walk(w, n_tokens);
+    return 0;
+  }
+  const int64_t rows = w.prefix_tokens - opt.row_begin;
+  const int64_t cols = w.cols(0);
+  // Checked before anything changes: a bad output view drops nothing and counts nothing.
+  if (out.cols != cols) {
+    throw InvalidArgument("out.cols = " + std::to_string(out.cols) +
+                          " but the cached hidden dim is " + std::to_string(cols));
+  }
+  if (out.rows < rows) {
+    throw InvalidArgument("out.rows = " + std::to_string(out.rows) + " is too small for the " +
+                          std::to_string(rows) + " rows of the cached prefix");
+  }
+  HSS_RANGE("retrieve/assemble");
+  const kernels::OutputView view{static_cast<float*>(out.data), cols, out.stride()};
+  const auto segments = plan_restore(w, 0, opt.row_begin);
+  if (out.device == Device::kCuda) {
+    auto pins = std::make_shared<std::vector<EntryRef>>(w.pinned);
+    device_path_->restore(segments, view, out.device_index, opt.stream, {}, std::move(pins));
+  } else {
+    detail::host_restore(segments, view);
+  }
+  apply_walk(w, n_tokens);
+  return rows;
+}
+
+int64_t HiddenStateStore::Impl::coverage(std::span<const Chunk> chunks,
+                                         std::span<const Slot> slots) const {
+  detail::check_slots(slots);
+  return plan_walk(chunks, slots).prefix_tokens;
+}
+
+template std::vector<HostTensor> HiddenStateStore::Impl::retrieve_tokens(std::span<const int32_t>,
+                                                                         std::span<const Slot>,
+                                                                         int64_t);
+template std::vector<HostTensor> HiddenStateStore::Impl::retrieve_tokens(std::span<const int64_t>,
+                                                                         std::span<const Slot>,
+                                                                         int64_t);
+template int64_t HiddenStateStore::Impl::retrieve_tokens_into(std::span<const int32_t>,
+                                                              const MutableTensorView&,
+                                                              const RetrieveOptions&);
+template int64_t HiddenStateStore::Impl::retrieve_tokens_into(std::span<const int64_t>,
+                                                              const MutableTensorView&,
+                                                              const RetrieveOptions&);
+
+}  // namespace hss

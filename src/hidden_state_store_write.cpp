@@ -1,0 +1,231 @@
+// The store path. Three phases, so that a failure anywhere leaves the store as it was:
+//   1. under the index lock: plan which chunks need writing, allocate everything the plan needs
+//      (entries, map and LRU nodes, slot vectors) while nothing is changed yet, then apply it with
+//      operations that cannot throw (touches, evictions, granule grants, inserts as PENDING);
+//   2. no lock: copy the rows into the granted granules (host) or enqueue the copies (device);
+//   3. under the lock: publish the entries as READY.
+// A failed phase 2 withdraws this call's PENDING entries.
+
+#include <algorithm>
+#include <string>
+
+#include "checked_size.hpp"
+#include "hidden_state_store_impl.hpp"
+#include "hss/error.hpp"
+#include "nvtx.hpp"
+#include "store_validation.hpp"
+
+namespace hss {
+
+using detail::EntryRef;
+using kernels::ElemType;
+
+struct HiddenStateStore::Impl::Write {
+  size_t chunk = 0;
+  EntryRef entry;
+  const detail::Entry* replaces = nullptr;  // an entry of the slot with another shape
+};
+
+struct HiddenStateStore::Impl::StorePlan {
+  std::span<const Chunk> chunks;
+  std::vector<Write> writes;  // planned; after phase 1: the granted ones, in chunk order
+  std::vector<kernels::WriteSegment> segments;
+  std::shared_ptr<detail::CopyFence> fence;
+  int64_t cached = 0;
+  int64_t esize = 0;
+};
+
+template <typename Token>
+StoreResult HiddenStateStore::Impl::store_tokens(std::span<const Token> token_ids,
+                                                 const TensorView& hidden,
+                                                 const StoreOptions& opt) {
+  HSS_RANGE("store");
+  detail::check_store_arguments(static_cast<int64_t>(token_ids.size()), hidden, opt,
+                                device_path_ != nullptr);
+  std::vector<Chunk> chunks;
+  {
+    HSS_RANGE("store/keys");
+    chunks = token_database_.process_tokens(token_ids);  // validates the token ids
+  }
+  return store_validated(chunks, hidden, opt);
+}
+
+StoreResult HiddenStateStore::Impl::store_chunks(std::span<const Chunk> chunks,
+                                                 const TensorView& hidden,
+                                                 const StoreOptions& opt) {
+  HSS_RANGE("store");
+  check_chunks(chunks);
+  detail::check_store_arguments(chunks.empty() ? 0 : chunks.back().end, hidden, opt,
+                                device_path_ != nullptr);
+  return store_validated(chunks, hidden, opt);
+}
+
+StoreResult HiddenStateStore::Impl::store_validated(std::span<const Chunk> chunks,
+                                                    const TensorView& hidden,
+                                                    const StoreOptions& opt) {
+  const Slot slot{opt.kind, opt.layer_idx};
+  if (!config_.slot_allowed(slot.kind, slot.layer_idx)) {
+    std::lock_guard lock(mutex_);
+    check_open_locked();
+    counters_.stores.fetch_add(1, std::memory_order_relaxed);
+    return {};
+  }
+  const ElemType storage = (config_.hidden_state_storage_dtype == StorageDType::kNative &&
+                            hidden.dtype != DType::kFloat32)
+                               ? static_cast<ElemType>(static_cast<int>(hidden.dtype))
+                               : ElemType::kFloat32;
+  StorePlan plan;
+  plan.chunks = chunks;
+  plan.esize = static_cast<int64_t>(kernels::elem_bytes(storage));
+  reserve_and_apply(hidden, opt, storage, plan);
+  counters_.stores.fetch_add(1, std::memory_order_relaxed);
+  if (plan.writes.empty()) return {0, plan.cached};
+  try {
+    copy_rows(plan, hidden, opt);
+  } catch (...) {
+    withdraw(plan);
+    throw;
+  }
+  publish(plan);
+  const auto written = static_cast<int64_t>(plan.writes.size());
+  counters_.chunks_written.fetch_add(plan.writes.size(), std::memory_order_relaxed);
+  counters_.kind_chunks_written[static_cast<size_t>(slot.kind)].fetch_add(
+      plan.writes.size(), std::memory_order_relaxed);
+  return {written, plan.cached};
+}
+
+void HiddenStateStore::Impl::reserve_and_apply(const TensorView& hidden, const StoreOptions& opt,
+                                               ElemType storage, StorePlan& plan) {
+  HSS_RANGE("store/alloc");
+  const std::span<const Chunk> chunks = plan.chunks;
+  const Slot slot{opt.kind, opt.layer_idx};
+  std::vector<Write>& writes = plan.writes;
+  detail::StoreIndex::Prepared prepared;
+  size_t max_segments = 0;
+
+  std::lock_guard lock(mutex_);
+  check_open_locked();
+  const uint64_t guard = ++next_guard_;
+
+  // Plan: which chunks need writing. Allocation is fine here: nothing has changed yet.
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& chunk = chunks[i];
+    detail::KeyRecord* record = index_.find(chunk.key);
+    // Every key of the caller's token list is off limits to this call's evictions, the chunks
+    // before token_offset included: they are the prefix this call extends.
+    if (record) record->guard = guard;
+    if (chunk.start < opt.token_offset) continue;  // chunks stay atomic with KV boundaries
+    const EntryRef* held = record ? record->find(slot) : nullptr;
+    if (held && (*held)->cols == hidden.cols && (*held)->storage == storage) continue;
+    const uint64_t bytes = detail::checked_bytes(chunk.size(), hidden.cols, plan.esize);
+    auto entry = std::make_shared<detail::Entry>(pool_, chunk.size(), hidden.cols, storage, slot);
+    const size_t need = pool_.blocks_for(bytes);
+    entry->blocks.reserve(need);
+    max_segments += need;
+    if (record) {
+      record->slots.reserve(record->slots.size() + 1);
+    }
+    // A replacement may remove the record's last slot (and so the record): prepare a fresh one.
+    if (!record || held) index_.prepare_insert(prepared, chunk.key, 1);
+    writes.push_back({i, std::move(entry), held ? held->get() : nullptr});
+  }
+  index_.reserve_keys(writes.size());
+  plan.segments.reserve(max_segments);
+
+  // Apply: nothing below throws.
+  size_t granted = 0;
+  size_t next_write = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& chunk = chunks[i];
+    if (chunk.start < opt.token_offset) continue;
+    if (next_write < writes.size() && writes[next_write].chunk == i) {
+      Write& w = writes[next_write++];
+      if (w.replaces != nullptr) index_.erase_slot(chunk.key, w.replaces);
+      const size_t need = w.entry->blocks.capacity();
+      w.entry->blocks.resize(need);  // within capacity: no allocation
+      bool ok = need <= pool_.num_blocks() && pool_.allocate(w.entry->blocks);
+      while (!ok && need <= pool_.num_blocks() && evict_for_space(guard)) {
+        ok = pool_.allocate(w.entry->blocks);
+      }
+      if (!ok) {
+        w.entry->blocks.clear();
+        counters_.allocation_failures.fetch_add(1, std::memory_order_relaxed);
+        break;  // stop at this chunk: the cached range stays contiguous
+      }
+      detail::KeyRecord& record = index_.find_or_insert(chunk.key, prepared);
+      record.guard = guard;
+      index_.touch(record);
+      record.slots.push_back(w.entry);  // capacity reserved above
+      ++granted;
+      ++plan.cached;
+    } else if (detail::KeyRecord* record = index_.find(chunk.key)) {
+      index_.touch(*record);  // already cached for the slot with this shape
+      ++plan.cached;
+    }
+  }
+  writes.erase(writes.begin() + static_cast<ptrdiff_t>(granted), writes.end());
+}
+
+bool HiddenStateStore::Impl::evict_for_space(uint64_t guard) noexcept {
+  HSS_RANGE("evict");
+  // Only keys nobody pins give their granules back now; evicting a pinned one would lose its
+  // data without making room for this allocation.
+  const CacheEngineKey* victim = index_.eviction_candidate(guard, /*freeable_only=*/true);
+  if (victim == nullptr) return false;
+  (void)index_.erase(*victim);
+  counters_.hs_evictions.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void HiddenStateStore::Impl::copy_rows(StorePlan& plan, const TensorView& hidden,
+                                       const StoreOptions& opt) {
+  // Segments were reserved before phase 1 applied anything: building them does not allocate.
+  auto& segments = plan.segments;
+  const auto granule = static_cast<int64_t>(pool_.granule_bytes());
+  for (const Write& w : plan.writes) {
+    const Chunk& chunk = plan.chunks[w.chunk];
+    const int64_t src_row0 = chunk.start - opt.token_offset;
+    const detail::Entry& entry = *w.entry;
+    kernels::for_each_block_piece(
+        0, chunk.size() * hidden.cols, plan.esize, granule,
+        [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
+          segments.push_back(
+              {pool_.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset,
+               src_row0, first, count, entry.storage});
+        });
+  }
+  const kernels::SourceView source{hidden.data,
+                                   static_cast<ElemType>(static_cast<int>(hidden.dtype)),
+                                   hidden.cols, hidden.stride()};
+  if (hidden.device == Device::kCuda) {
+    plan.fence = device_path_->store(source, hidden.device_index, segments, opt.stream);
+  } else {
+    HSS_RANGE("store/gather_cast");
+    detail::host_store(source, segments);
+  }
+}
+
+void HiddenStateStore::Impl::publish(StorePlan& plan) noexcept {
+  std::lock_guard lock(mutex_);
+  for (Write& w : plan.writes) {
+    w.entry->fence = plan.fence;
+    // An entry dropped meanwhile (drop_key, close, a coupled eviction) stays detached.
+    detail::KeyRecord* record = index_.find(plan.chunks[w.chunk].key);
+    if (record == nullptr) continue;
+    if (const EntryRef* held = record->find(w.entry->slot); held && *held == w.entry) {
+      index_.account_publish(*record, *w.entry);
+    }
+  }
+}
+
+void HiddenStateStore::Impl::withdraw(StorePlan& plan) noexcept {
+  std::lock_guard lock(mutex_);
+  for (const Write& w : plan.writes) index_.erase_slot(plan.chunks[w.chunk].key, w.entry.get());
+}
+
+template StoreResult HiddenStateStore::Impl::store_tokens(std::span<const int32_t>,
+                                                          const TensorView&, const StoreOptions&);
+template StoreResult HiddenStateStore::Impl::store_tokens(std::span<const int64_t>,
+                                                          const TensorView&, const StoreOptions&);
+
+}  // namespace hss
