@@ -50,6 +50,8 @@ class CopyFence {
   [[nodiscard]] virtual bool wait() noexcept = 0;
   /// Never blocks. True once the copies have landed or failed (cached once seen).
   [[nodiscard]] virtual bool ready() noexcept = 0;
+  /// The cached flag alone: no device call, safe under any lock. DevicePath::poll() refreshes it.
+  [[nodiscard]] virtual bool landed() const noexcept = 0;
   [[nodiscard]] virtual std::string error() const = 0;
 };
 using FenceRef = std::shared_ptr<CopyFence>;
@@ -85,6 +87,10 @@ class DevicePath {
 
   /// Drops the keep-alives of the restores that have finished; never waits. Returns how many.
   virtual size_t release_finished() = 0;
+  /// Refreshes the landed flag of every outstanding fence and releases finished restores; never
+  /// waits. The store calls it outside its lock before eviction decisions, so that decisions
+  /// under the lock read cached flags only.
+  virtual void poll() = 0;
   /// Restores enqueued and not yet released by release_finished() or flush().
   [[nodiscard]] virtual size_t restores_in_flight() const = 0;
 

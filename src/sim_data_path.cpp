@@ -69,6 +69,7 @@ class SimDataPath::Core {
     int device;
   };
   std::map<uintptr_t, Allocation> allocations;
+  std::vector<std::weak_ptr<CopyFence>> fences;  // outstanding, for poll()
 
   void enqueue(uint64_t queue, Op op) {
     op.not_before = Clock::now() + options.delay;
@@ -152,8 +153,8 @@ class SimFence final : public CopyFence {
     std::lock_guard lock(core_->mutex);
     return error_;
   }
+  bool landed() const noexcept override { return landed_.load(std::memory_order_acquire); }
   [[nodiscard]] const std::shared_ptr<SimEvent>& event() const { return event_; }
-  [[nodiscard]] bool landed() const { return landed_.load(std::memory_order_acquire); }
 
  private:
   std::shared_ptr<SimDataPath::Core> core_;
@@ -299,7 +300,22 @@ FenceRef SimDataPath::store(const kernels::SourceView& src, int device_index,
     core_->staging_in_flight += charge;
   }
   core_->pump();
-  return std::make_shared<SimFence>(core_, fence_event);
+  auto fence = std::make_shared<SimFence>(core_, fence_event);
+  std::erase_if(core_->fences, [](const std::weak_ptr<CopyFence>& f) { return f.expired(); });
+  core_->fences.push_back(fence);
+  return fence;
+}
+
+void SimDataPath::poll() {
+  std::vector<std::shared_ptr<CopyFence>> fences;
+  {
+    std::lock_guard lock(core_->mutex);
+    for (const auto& weak : core_->fences) {
+      if (auto fence = weak.lock()) fences.push_back(std::move(fence));
+    }
+  }
+  for (const auto& fence : fences) (void)fence->ready();  // takes the core's lock itself
+  (void)release_finished();
 }
 
 void SimDataPath::restore(std::span<const kernels::GatherSegment> segments,

@@ -61,6 +61,7 @@ class SimDataPath final : public DevicePath {
                int device_index, Stream stream, std::span<const FenceRef> after,
                std::shared_ptr<const void> keep_alive) override;
   size_t release_finished() override;
+  void poll() override;
   [[nodiscard]] size_t restores_in_flight() const override;
   void flush() override;
   [[nodiscard]] uint64_t staging_waits() const override;

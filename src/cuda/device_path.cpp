@@ -382,6 +382,21 @@ size_t CudaDevicePath::release_finished() {
   return finished.size();
 }
 
+void CudaDevicePath::poll() {
+  std::vector<std::shared_ptr<EventFence>> fences;
+  {
+    std::lock_guard lock(mutex_);
+    std::erase_if(outstanding_, [&](const std::weak_ptr<EventFence>& weak) {
+      auto fence = weak.lock();
+      if (!fence || fence->landed()) return true;
+      fences.push_back(std::move(fence));
+      return false;
+    });
+  }
+  for (const auto& fence : fences) (void)fence->ready();  // event queries outside every lock
+  (void)release_finished();
+}
+
 size_t CudaDevicePath::restores_in_flight() const {
   return restores_in_flight_.load(std::memory_order_relaxed);
 }

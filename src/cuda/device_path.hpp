@@ -94,8 +94,10 @@ class EventFence final : public CopyFence {
   [[nodiscard]] bool wait() noexcept override;
   [[nodiscard]] bool ready() noexcept override;
   [[nodiscard]] std::string error() const override;
+  [[nodiscard]] bool landed() const noexcept override {
+    return landed_.load(std::memory_order_acquire);
+  }
   [[nodiscard]] cudaEvent_t event() const { return event_.get(); }
-  [[nodiscard]] bool landed() const { return landed_.load(std::memory_order_acquire); }
 
  private:
   Event event_;
@@ -119,6 +121,7 @@ class CudaDevicePath final : public DevicePath {
                int device_index, Stream stream, std::span<const FenceRef> after,
                std::shared_ptr<const void> keep_alive) override;
   size_t release_finished() override;
+  void poll() override;
   [[nodiscard]] size_t restores_in_flight() const override;
   void flush() override;
   [[nodiscard]] uint64_t staging_waits() const override;
