@@ -425,8 +425,9 @@ TEST_F(SimRules, DestructionWithRestoresAndCopiesInFlightIsClean) {
   std::vector<float> seen(static_cast<size_t>(2 * kChunk * kCols));
   std::thread engine([&] {
     sim->wait_for_host_waiters(1);  // teardown is waiting for the blocked stream
-    sim->release(s);                // runs the copy, then the restore, in stream order
-    std::memcpy(seen.data(), out.data, seen.size() * sizeof(float));  // the path is still alive
+    // The engine's next work on the stream reads the restored rows (still held: it queues).
+    sim->launch(s, [&] { std::memcpy(seen.data(), out.data, seen.size() * sizeof(float)); });
+    sim->release(s);  // the copy, the restore, then the read, in stream order
   });
   store_.reset();
   engine.join();
