@@ -66,8 +66,8 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
   for (size_t i = 0; i < items.size(); ++i) {
     const StoreItem& item = items[i];
     check_item(i, [&] {
-      detail::check_store_arguments(static_cast<int64_t>(item.token_ids.size()),
-                                    item.hidden_states, item.options, device_path_ != nullptr);
+      detail::check_store_arguments(static_cast<int64_t>(item.token_ids.size()), item.hidden_states,
+                                    item.options, device_path_ != nullptr);
       check_pointer(item.hidden_states.data, item.hidden_states.device,
                     item.hidden_states.device_index, "hidden_states");
     });
@@ -156,7 +156,7 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
   // Every output against its walk before anything is written.
   for (size_t i = 0; i < items.size(); ++i) {
     check_walk_outputs(walks[i], std::span<const MutableTensorView>(&items[i].out, 1),
-                       items[i].options.row_begin, "items[" + std::to_string(i) + "]: ");
+                       items[i].options.row_begin, i);
   }
   std::vector<int64_t> rows(items.size());
   for (size_t i = 0; i < items.size(); ++i) {

@@ -10,8 +10,8 @@
 #include <atomic>
 #include <mutex>
 #include <optional>
-#include <string>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "block_pool.hpp"
@@ -99,15 +99,15 @@ class HiddenStateStore::Impl {
   Walk plan_walk(std::span<const Chunk> chunks, std::span<const Slot> slots,
                  bool wait_for_copies = true) const;
   /// plan_walk in two parts: the index part (caller holds mutex_), then KV and fences (no lock).
-  void walk_index_locked(Walk& w, std::span<const Chunk> chunks,
-                         std::span<const Slot> slots) const;
+  void walk_index_locked(Walk& w, std::span<const Chunk> chunks, std::span<const Slot> slots) const;
   void walk_finish(Walk& w, bool wait_for_copies) const;
   /// apply_walk with mutex_ held by the caller, and its counting part (no lock).
   void apply_walk_locked(const Walk& w) noexcept;
   void count_walk(const Walk& w, int64_t n_tokens) noexcept;
   /// restore_walk_into's checks alone (InvalidArgument, nothing changed).
-  void check_walk_outputs(const Walk& w, std::span<const MutableTensorView> outs,
-                          int64_t row_begin, const std::string& prefix) const;
+  /// `item`: the batch index to name in a message (none for a single call).
+  void check_walk_outputs(const Walk& w, std::span<const MutableTensorView> outs, int64_t row_begin,
+                          std::optional<size_t> item = std::nullopt) const;
   /// Applies a walk: drops the orphan (coupled eviction) and failed chunks, touches the prefix in
   /// reverse order, counts the retrieve. Never throws.
   void apply_walk(const Walk& w, int64_t n_tokens) noexcept;

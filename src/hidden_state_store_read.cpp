@@ -227,8 +227,8 @@ void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
   }
 }
 
-int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunks,
-                                                    int64_t n_tokens, std::span<const Slot> slots,
+int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunks, int64_t n_tokens,
+                                                    std::span<const Slot> slots,
                                                     std::span<const MutableTensorView> outs,
                                                     int64_t row_begin, Stream stream) {
   HSS_RANGE("retrieve");
@@ -246,13 +246,14 @@ int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunk
 void HiddenStateStore::Impl::check_walk_outputs(const Walk& w,
                                                 std::span<const MutableTensorView> outs,
                                                 int64_t row_begin,
-                                                const std::string& prefix) const {
+                                                std::optional<size_t> item) const {
   if (row_begin >= w.prefix_tokens) return;
   const int64_t rows = w.prefix_tokens - row_begin;
   // Checked before anything changes: a bad output view drops nothing and counts nothing.
   for (size_t s = 0; s < outs.size(); ++s) {
-    const std::string name =
-        prefix + (outs.size() == 1 ? "out" : "outs[" + std::to_string(s) + "]");
+    if (outs[s].cols == w.cols(s) && outs[s].rows >= rows) continue;
+    const std::string name = (item ? "items[" + std::to_string(*item) + "]: " : std::string()) +
+                             (outs.size() == 1 ? "out" : "outs[" + std::to_string(s) + "]");
     if (outs[s].cols != w.cols(s)) {
       throw InvalidArgument(name + ".cols = " + std::to_string(outs[s].cols) +
                             " but the cached hidden dim is " + std::to_string(w.cols(s)));
@@ -269,7 +270,7 @@ int64_t HiddenStateStore::Impl::restore_walk_into(Walk& w, std::span<const Mutab
                                                   int64_t row_begin, Stream stream) {
   if (row_begin >= w.prefix_tokens) return 0;
   const int64_t rows = w.prefix_tokens - row_begin;
-  check_walk_outputs(w, outs, row_begin, "");
+  check_walk_outputs(w, outs, row_begin);
   HSS_RANGE("retrieve/assemble");
   std::shared_ptr<std::vector<EntryRef>> pins;  // shared by this walk's device restores
   for (size_t s = 0; s < outs.size(); ++s) {

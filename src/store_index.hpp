@@ -53,9 +53,9 @@ struct Entry {
   const int64_t rows, cols;
   const kernels::ElemType storage;
   const Slot slot;
-  std::shared_ptr<CopyFence> fence;  ///< set by device-path stores
+  std::shared_ptr<CopyFence> fence;     ///< set by device-path stores
   DeferredRelease* deferred = nullptr;  ///< where blocks wait for an in-flight copy (device path)
-  bool ready = false;                ///< published to retrieve (guarded by the index mutex)
+  bool ready = false;                   ///< published to retrieve (guarded by the index mutex)
 };
 using EntryRef = std::shared_ptr<Entry>;
 

@@ -60,8 +60,7 @@ class CountingDb final : public TokenDatabase {
 
 class SimRules : public ::testing::Test {
  protected:
-  void make_store(int64_t pool_chunks = 64, SimDataPath::Options options = {},
-                  Config config = {}) {
+  void make_store(int64_t pool_chunks = 64, SimDataPath::Options options = {}, Config config = {}) {
     const Config sized = test::store_config(kChunk, kCols, pool_chunks);
     config.chunk_size = sized.chunk_size;
     config.enable_hidden_state_cache = true;
@@ -77,8 +76,9 @@ class SimRules : public ::testing::Test {
   TensorView device_copy(const std::vector<float>& rows) {
     void* data = sim_->allocate(rows.size() * sizeof(float));
     std::memcpy(data, rows.data(), rows.size() * sizeof(float));
-    return {data, DType::kFloat32, static_cast<int64_t>(rows.size()) / kCols, kCols, 0,
-            Device::kCuda, 0};
+    return {
+        data, DType::kFloat32, static_cast<int64_t>(rows.size()) / kCols, kCols, 0, Device::kCuda,
+        0};
   }
   MutableTensorView device_out(int64_t rows, DType dtype = DType::kFloat32) {
     void* data = sim_->allocate(static_cast<size_t>(rows * kCols) * element_size(dtype));
@@ -114,7 +114,7 @@ TEST_F(SimRules, StoreUnderPressureAfterAnUnfinishedDeviceRestoreEvictsOnlyFreea
   sim_->hold(s);
   const auto out = device_out(2 * kChunk);
   EXPECT_EQ(retrieve_device(a, out, s), 2 * kChunk);  // queued: A is pinned by the restore
-  EXPECT_EQ(store(c), (StoreResult{2, 2}));            // B (freeable) makes room, not A
+  EXPECT_EQ(store(c), (StoreResult{2, 2}));           // B (freeable) makes room, not A
   EXPECT_EQ(store_->stats().allocation_failures, 0u);
   EXPECT_TRUE(store_->retrieve_hidden_states(a).has_value());
   EXPECT_FALSE(store_->retrieve_hidden_states(b).has_value());
@@ -184,7 +184,7 @@ TEST_F(SimRules, DroppingAnEntryWithItsCopyInFlightDefersTheGranulesInsteadOfWai
   const auto chunks = db_.inner.process_tokens(std::span<const int64_t>(t));
   EXPECT_TRUE(store_->drop_key(chunks[0].key));
   EXPECT_TRUE(store_->drop_key(chunks[1].key));
-  EXPECT_EQ(sim_->host_waits(), 0u);  // no wait for the copy
+  EXPECT_EQ(sim_->host_waits(), 0u);                        // no wait for the copy
   EXPECT_LT(store_->stats().pool_free_bytes, free_before);  // granules wait for the copy
   sim_->release(s);
   store_->flush();
@@ -302,8 +302,8 @@ TEST_F(SimRules, BatchResultsEqualSingleCallsWithOneKeyPassPerTokenList) {
       rows.push_back(rows_of(*t, layer));
       StoreOptions o;
       o.layer_idx = layer;
-      items.push_back({*t, {rows.back().data(), DType::kFloat32,
-                            static_cast<int64_t>(t->size()), kCols}, o});
+      items.push_back(
+          {*t, {rows.back().data(), DType::kFloat32, static_cast<int64_t>(t->size()), kCols}, o});
     }
   }
   // rows may have moved while growing: rebuild the views.
@@ -321,9 +321,9 @@ TEST_F(SimRules, BatchResultsEqualSingleCallsWithOneKeyPassPerTokenList) {
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore single(test::store_config(kChunk, kCols, 256), db);
   for (size_t i = 0; i < items.size(); ++i) {
-    EXPECT_EQ(single.store_hidden_states(items[i].token_ids, items[i].hidden_states,
-                                         items[i].options),
-              results[i])
+    EXPECT_EQ(
+        single.store_hidden_states(items[i].token_ids, items[i].hidden_states, items[i].options),
+        results[i])
         << i;
   }
   // Retrieve batch == single retrieves, host outputs.
@@ -334,18 +334,18 @@ TEST_F(SimRules, BatchResultsEqualSingleCallsWithOneKeyPassPerTokenList) {
     RetrieveOptions o;
     o.layer_idx = items[i].options.layer_idx;
     o.row_begin = static_cast<int64_t>(i % 2);
-    reads.push_back({items[i].token_ids,
-                     {got[i].data(), DType::kFloat32,
-                      static_cast<int64_t>(items[i].token_ids.size()), kCols},
-                     o});
+    reads.push_back(
+        {items[i].token_ids,
+         {got[i].data(), DType::kFloat32, static_cast<int64_t>(items[i].token_ids.size()), kCols},
+         o});
   }
   const auto read_rows = store_->retrieve_batch_into(reads);
   for (size_t i = 0; i < reads.size(); ++i) {
     std::vector<float> want(got[i].size(), -1.0f);
     EXPECT_EQ(read_rows[i],
               single.retrieve_hidden_states_into(
-                  reads[i].token_ids,
-                  {want.data(), DType::kFloat32, reads[i].out.rows, kCols}, reads[i].options))
+                  reads[i].token_ids, {want.data(), DType::kFloat32, reads[i].out.rows, kCols},
+                  reads[i].options))
         << i;
     EXPECT_EQ(got[i], want) << i;
   }
@@ -355,8 +355,8 @@ TEST_F(SimRules, BatchWithABadItemNamesItsIndexAndDoesNothing) {
   make_store();
   const auto a = tokens64(2 * kChunk, 22);
   const auto rows = rows_of(a);
-  std::vector<StoreItem> items(3, StoreItem{a, {rows.data(), DType::kFloat32, 2 * kChunk, kCols},
-                                            {}});
+  std::vector<StoreItem> items(3,
+                               StoreItem{a, {rows.data(), DType::kFloat32, 2 * kChunk, kCols}, {}});
   items[1].options.layer_idx = 1;
   items[2].hidden_states.rows = 5;  // wrong row count
   try {
@@ -371,8 +371,8 @@ TEST_F(SimRules, BatchWithABadItemNamesItsIndexAndDoesNothing) {
   items[2].hidden_states.rows = 2 * kChunk;
   EXPECT_EQ(store_->store_batch(items).size(), 3u);
   std::vector<float> out(rows.size());
-  std::vector<RetrieveItem> reads(2, RetrieveItem{a, {out.data(), DType::kFloat32, 2 * kChunk,
-                                                      kCols}, {}});
+  std::vector<RetrieveItem> reads(
+      2, RetrieveItem{a, {out.data(), DType::kFloat32, 2 * kChunk, kCols}, {}});
   reads[1].out.rows = 3;  // too small for the cached prefix
   const auto retrieves_before = store_->stats().retrieves;
   try {

@@ -174,9 +174,9 @@ class HiddenStateStore {
   /// hidden dim, dtype float32, bfloat16 or float16 whatever the storage: same-type rows are bit
   /// copies, narrowing rounds to nearest-even). Device output never waits on the host: the
   /// restore is ordered after the entries' pending copies on options.stream, and the entries stay
-  /// pinned until it has read them. Returns the rows written (0 on a miss). `out` is checked against the prefix
-  /// before anything changes: a too-small view is InvalidArgument with nothing dropped or counted.
-  /// Device output: enqueued on options.stream.
+  /// pinned until it has read them. Returns the rows written (0 on a miss). `out` is checked
+  /// against the prefix before anything changes: a too-small view is InvalidArgument with nothing
+  /// dropped or counted. Device output: enqueued on options.stream.
   int64_t retrieve_hidden_states_into(std::span<const int32_t> token_ids,
                                       const MutableTensorView& out,
                                       const RetrieveOptions& options = {});
