@@ -262,7 +262,12 @@ INSTANTIATE_TEST_SUITE_P(
                       RoundTrip{DType::kBFloat16, DType::kFloat16, StorageDType::kNative},
                       RoundTrip{DType::kFloat16, DType::kFloat16, StorageDType::kNative},
                       RoundTrip{DType::kFloat16, DType::kFloat32, StorageDType::kNative},
-                      RoundTrip{DType::kFloat16, DType::kBFloat16, StorageDType::kFloat32}));
+                      RoundTrip{DType::kFloat16, DType::kBFloat16, StorageDType::kFloat32}),
+    [](const ::testing::TestParamInfo<RoundTrip>& info) {
+      return std::string(to_string(info.param.in)) + "_to_" +
+             std::string(to_string(info.param.out)) + "_" +
+             (info.param.storage == StorageDType::kNative ? "native" : "float32_storage");
+    });
 
 TEST(DeviceHazards, BatchEqualsSingleCallsBitForBit) {
   HSS_REQUIRE_DEVICE();
