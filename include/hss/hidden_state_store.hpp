@@ -18,8 +18,12 @@
 //   and, once empty, takes floor(pool / chunk_bytes) chunks of any shape whose bytes are a
 //   multiple of the granule (docs/design.md, "Pool").
 // * A host-path store copies into PENDING blocks outside the index lock and publishes them as
-//   READY afterwards. A device-path store publishes at once with a CUDA event; a retrieve that
-//   returns the entry waits for that event (and only that one).
+//   READY afterwards. A device-path store publishes once its copies are enqueued, with a CUDA
+//   event (the fence); a host-output retrieve that returns the entry waits for that event (and
+//   only that one), a device-output retrieve makes its stream wait for it on the device.
+// * Dropping or evicting an entry whose copy is still in flight never waits: its blocks return
+//   to the pool once the copy has landed. Entries read by an unfinished device restore stay
+//   pinned (never eviction victims) until it has finished.
 // * LRU is per key (every slot of a key together), as in LMCache. Pool pressure evicts the least
 //   recently used key's activations only; KV is never touched (HS evicted =/> KV evicted). A
 //   store never evicts keys of its own token list (the prefix it is extending).
