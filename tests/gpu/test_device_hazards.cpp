@@ -263,10 +263,10 @@ INSTANTIATE_TEST_SUITE_P(
                       RoundTrip{DType::kFloat16, DType::kFloat16, StorageDType::kNative},
                       RoundTrip{DType::kFloat16, DType::kFloat32, StorageDType::kNative},
                       RoundTrip{DType::kFloat16, DType::kBFloat16, StorageDType::kFloat32}),
-    [](const ::testing::TestParamInfo<RoundTrip>& info) {
-      return std::string(to_string(info.param.in)) + "_to_" +
-             std::string(to_string(info.param.out)) + "_" +
-             (info.param.storage == StorageDType::kNative ? "native" : "float32_storage");
+    [](const ::testing::TestParamInfo<RoundTrip>& param_info) {
+      return std::string(to_string(param_info.param.in)) + "_to_" +
+             std::string(to_string(param_info.param.out)) + "_" +
+             (param_info.param.storage == StorageDType::kNative ? "native" : "float32_storage");
     });
 
 TEST(DeviceHazards, BatchEqualsSingleCallsBitForBit) {
