@@ -90,13 +90,25 @@ uint64_t pool_bytes_for(int64_t entries, int64_t chunk_size, int64_t hidden_dim,
   return static_cast<uint64_t>((entries + 1) * chunk_size * hidden_dim * elem_bytes);
 }
 
-CopyBuffer::CopyBuffer(size_t bytes) : data_(bytes, std::byte{1}) {}
+CopyBuffer::CopyBuffer(size_t bytes) : size_(bytes) {
+  constexpr size_t kPage = 4096;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage;
+  data_.reset(static_cast<std::byte*>(std::aligned_alloc(kPage, rounded)));
+  if (!data_) throw std::bad_alloc();
+  std::memset(data_.get(), 1, rounded);
+}
 
-Timed memcpy_reference(const void* src, size_t bytes, int copies, const std::string& name) {
+CopyBuffer::CopyBuffer(const void* src, size_t bytes) : CopyBuffer(bytes) {
+  std::memcpy(data_.get(), src, bytes);
+}
+
+Timed memcpy_reference(const void* src_in, size_t bytes, int copies, const std::string& name) {
   auto dst = std::make_shared<CopyBuffer>(bytes * static_cast<size_t>(copies));
+  auto aligned_src = std::make_shared<CopyBuffer>(src_in, bytes);
   Timed t;
   t.name = name;
-  t.run = [dst, src, bytes, copies] {
+  t.run = [dst, aligned_src, bytes, copies] {
+    const std::byte* src = aligned_src->data();
     for (int i = 0; i < copies; ++i) {
       std::byte* to = dst->data() + bytes * static_cast<size_t>(i);
       std::memcpy(to, src, bytes);
@@ -127,11 +139,13 @@ void stream_copy(void* dst, const void* src, size_t bytes) {
 #endif
 }
 
-Timed stream_copy_reference(const void* src, size_t bytes, int copies) {
+Timed stream_copy_reference(const void* src_in, size_t bytes, int copies) {
   auto dst = std::make_shared<CopyBuffer>(bytes * static_cast<size_t>(copies));
+  auto aligned_src = std::make_shared<CopyBuffer>(src_in, bytes);
   Timed t;
   t.name = "stream copy";
-  t.run = [dst, src, bytes, copies] {
+  t.run = [dst, aligned_src, bytes, copies] {
+    const std::byte* src = aligned_src->data();
     for (int i = 0; i < copies; ++i) {
       std::byte* to = dst->data() + bytes * static_cast<size_t>(i);
       stream_copy(to, src, bytes);

@@ -1,92 +1,631 @@
 #!/usr/bin/env bash
-# The device check: configure for sm_90, build, run the `gpu` tests and the GPU benchmarks, print
-# ptxas resource usage of the kernels and a short table last. Budget: under 8 minutes on a
-# 16-core machine with one H200 (each stage has its own timeout, capped so the stages together
-# stay under 420 s; nvidia-smi and the summary add seconds).
+# The GPU check of hsstore, in one call on a bare, offline GPU machine.
 #
-#   bench/gpu_check.sh            # from the repository root
+#   bash bench/gpu_check.sh prepare [--deps DIR]        # here (network): fill DIR (.gpu-deps)
+#   bash bench/gpu_check.sh run [--deps DIR]            # on the GPU machine, DIR carried along
+#   bash bench/gpu_check.sh run --dry-run [--deps DIR]  # here: unpack + configure only
+#   bash bench/gpu_check.sh selftest WORKDIR            # ctest: prepare into WORKDIR, dry run
 #
-# Output directory: $OUT_DIR, else $OUT, else ./gpu-out (gpu.json, one log per stage).
+# prepare: `apt-get download`s the Debian packages the GPU machine lacks (yaml-cpp, xxHash,
+# GoogleTest/GMock, hiredis, with their runtime libraries, and pkgconf in case the machine has
+# no pkg-config) into DIR, at most 24 MiB, and prints the one-line command to run there.
+#
+# run: unpacks every .deb of DIR with `dpkg -x` into a temporary prefix (never /), configures
+# a Release build for sm_90 against it (CMAKE_PREFIX_PATH, pkg-config path, LD_LIBRARY_PATH),
+# builds with all cores, then runs, each stage under its own timeout and all of them within
+# $HSS_GPU_CHECK_BUDGET_S (default 470 s): the `gpu` ctest tests; compute-sanitizer memcheck,
+# racecheck and synccheck over the GPU test binary; the GPU benchmarks (hss-bench gpu_store
+# gpu_retrieve gpu_small gpu_overlap, and gpu_batch when hss-bench has it); the kernels'
+# resource usage; the Python binding's CUDA tests when python/CMakeLists.txt exists. It prints a
+# short table last and writes the log, the table and the benchmark JSON into $OUT when set
+# (else into BUILD_DIR/gpu-check-out). Exit status 1 when no CUDA device was used, when any GPU
+# test or benchmark was skipped, when a sanitizer reported an error, or when a stage failed or
+# timed out.
+#
+# run --dry-run: the same unpack and configure, but with the system's copies of those libraries
+# hidden from CMake (CMAKE_IGNORE_PREFIX_PATH / CMAKE_IGNORE_PATH, pkg-config limited to the
+# prefix), then checks in CMakeCache.txt that every dependency was found inside the prefix. It
+# stops before building anything.
+#
+# Options: --deps DIR (default .gpu-deps), --build-dir DIR (default build-gpu; build-gpu-dry for
+# --dry-run). Environment: HSS_GPU_CHECK_BUDGET_S, HSS_GPU_MEMCHECK_FILTER (default: every
+# test), HSS_GPU_SANITIZE_FILTER (racecheck and synccheck; default: the kernel tests).
 set -uo pipefail
 
-cd "$(dirname "$0")/.."
-out_dir=${OUT_DIR:-${OUT:-./gpu-out}}
-mkdir -p "$out_dir"
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo" || exit 2
+
+readonly max_deps_bytes=$((24 * 1024 * 1024))
+# The -dev packages the build needs; their runtime libraries are added from their Depends.
+readonly dev_packages=(libyaml-cpp-dev libxxhash-dev libgtest-dev libgmock-dev libhiredis-dev)
+# pkgconf: CMake needs a pkg-config for xxHash (and hiredis); the GPU machine may have none.
+readonly tool_packages=(pkgconf-bin)
+# Present on any machine that runs the result (and newer there); never carried.
+readonly base_libraries=(libc6 libgcc-s1 libstdc++6)
+
+die() {
+  echo "gpu_check: $*" >&2
+  exit 2
+}
+
+usage() {
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
+  exit "${1:-0}"
+}
+
+# ---------------------------------------------------------------------------------------------
+# prepare
+
+# The runtime libraries a package depends on directly (lib*, minus the base libraries).
+runtime_depends() {
+  apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces \
+    --no-enhances "$1" 2>/dev/null |
+    awk '$1 == "Depends:" && $2 ~ /^lib/ && $2 !~ /^</ {print $2}' |
+    grep -vxF -f <(printf '%s\n' "${base_libraries[@]}") || true
+}
+
+cmd_prepare() {
+  local deps=$1
+  command -v apt-get >/dev/null 2>&1 || die "prepare needs apt-get (a Debian/Ubuntu machine)"
+  local -a packages=()
+  local p d
+  for p in "${dev_packages[@]}" "${tool_packages[@]}"; do
+    packages+=("$p")
+    while read -r d; do [[ -n $d ]] && packages+=("$d"); done < <(runtime_depends "$p")
+  done
+  mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
+
+  mkdir -p "$deps" || die "cannot create $deps"
+  local download
+  download=$(mktemp -d "${TMPDIR:-/tmp}/hss-gpu-download.XXXXXX") || die "mktemp failed"
+  local -a apt_opts=(-q)
+  # apt drops to user _apt for downloads, which cannot write a root-owned 0700 directory.
+  [[ $(id -u) -eq 0 ]] && apt_opts+=(-o APT::Sandbox::User=root)
+  if ! (cd "$download" && apt-get "${apt_opts[@]}" download "${packages[@]}") >"$download.log" 2>&1; then
+    if [[ $(id -u) -eq 0 ]]; then
+      # Package lists may be missing (a fresh container): fetch them once and retry.
+      apt-get -qq update >>"$download.log" 2>&1
+      (cd "$download" && apt-get "${apt_opts[@]}" download "${packages[@]}") >>"$download.log" 2>&1
+    fi
+  fi
+  local got
+  got=$(find "$download" -maxdepth 1 -name '*.deb' | wc -l)
+  if ((got != ${#packages[@]})); then
+    cat "$download.log" >&2
+    rm -rf -- "$download" "$download.log"
+    die "apt-get download fetched $got of ${#packages[@]} packages (${packages[*]})"
+  fi
+  local bytes
+  bytes=$(du -cb "$download"/*.deb | tail -n 1 | cut -f1)
+  if ((bytes > max_deps_bytes)); then
+    rm -rf -- "$download" "$download.log"
+    die "the packages take $bytes bytes, more than the $max_deps_bytes allowed"
+  fi
+  find "$deps" -maxdepth 1 -name '*.deb' -delete
+  mv "$download"/*.deb "$deps"/
+  rm -rf -- "$download" "$download.log"
+  {
+    echo "# bench/gpu_check.sh prepare, $(date -u '+%Y-%m-%d %H:%M UTC'), on $(sed -n 's/^PRETTY_NAME=//p' /etc/os-release 2>/dev/null | tr -d '"')"
+    echo "# package version sha256"
+    for deb in "$deps"/*.deb; do
+      printf '%s %s %s\n' "$(dpkg-deb -f "$deb" Package 2>/dev/null)" \
+        "$(dpkg-deb -f "$deb" Version 2>/dev/null)" "$(sha256sum "$deb" | cut -d' ' -f1)"
+    done
+  } >"$deps/MANIFEST"
+  bytes=$(du -sb "$deps" | cut -f1)
+  ((bytes <= max_deps_bytes)) || die "$deps holds $bytes bytes, more than $max_deps_bytes"
+
+  local rel=${deps#"$repo"/}
+  local deps_arg=""
+  [[ $rel != .gpu-deps ]] && deps_arg=" --deps $rel"
+  echo "prepared $rel: ${#packages[@]} packages, $bytes bytes (limit $max_deps_bytes): ${packages[*]}"
+  echo "on the GPU machine, from the repository root, carrying [\"$rel\"]:"
+  echo "  bash bench/gpu_check.sh run$deps_arg"
+}
+
+# ---------------------------------------------------------------------------------------------
+# unpack + configure (run and run --dry-run)
+
+prefix=""
+cleanup_prefix() {
+  # Only the directory this script created, never anything else.
+  if [[ -n $prefix && $prefix == "${TMPDIR:-/tmp}"/hss-gpu-prefix-* && -d $prefix ]]; then
+    rm -rf -- "$prefix"
+  fi
+}
+
+unpack_deb() {
+  local deb=$1 dest=$2
+  if command -v dpkg-deb >/dev/null 2>&1; then
+    dpkg -x "$deb" "$dest"
+  else
+    # No dpkg: a .deb is an ar archive holding data.tar.*.
+    local member
+    member=$(ar t "$deb" | grep '^data\.tar') || return 1
+    ar p "$deb" "$member" | tar -x -C "$dest" -f - --auto-compress 2>/dev/null ||
+      ar p "$deb" "$member" | tar -x -C "$dest" -I "${member##*.}" -f -
+  fi
+}
+
+# Unpacks into $prefix (named after the build directory, so a rerun configures the same paths and
+# rebuilds nothing) and exports what the configure, build and tests need.
+setup_prefix() {
+  local deps=$1 build_dir=$2
+  shopt -s nullglob
+  local debs=("$deps"/*.deb)
+  shopt -u nullglob
+  ((${#debs[@]} > 0)) || die "no .deb in $deps: run 'bash bench/gpu_check.sh prepare' first (with network)"
+  local tag
+  tag=$(printf '%s' "$build_dir" | md5sum | cut -c1-12)
+  prefix="${TMPDIR:-/tmp}/hss-gpu-prefix-$tag"
+  [[ $prefix != / && -n $tag ]] || die "bad prefix $prefix"
+  cleanup_prefix
+  mkdir -p "$prefix" || die "cannot create $prefix"
+  trap cleanup_prefix EXIT
+  local deb
+  for deb in "${debs[@]}"; do
+    unpack_deb "$deb" "$prefix" || die "cannot unpack $deb"
+  done
+  deps_root="$prefix/usr"
+  local arch
+  arch=$(gcc -print-multiarch 2>/dev/null || true)
+  [[ -n $arch ]] || arch="$(uname -m)-linux-gnu"
+  deps_libdir="$deps_root/lib/$arch"
+  [[ -d $deps_libdir ]] || die "$deps_libdir missing after unpacking: packages of another architecture?"
+  # .pc files name /usr; point them at the prefix (pkg-config would drop -I/usr/include anyway).
+  local pc
+  for pc in "$deps_libdir"/pkgconfig/*.pc "$deps_root"/lib/pkgconfig/*.pc "$deps_root"/share/pkgconfig/*.pc; do
+    [[ -f $pc ]] && sed -i -E "s#^([A-Za-z_]+)=/usr(/|\$)#\\1=$deps_root\\2#" "$pc"
+  done
+  export LD_LIBRARY_PATH="$deps_libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  pc_dirs="$deps_libdir/pkgconfig:$deps_root/lib/pkgconfig:$deps_root/share/pkgconfig"
+  # The carried pkgconf when it runs here, else the machine's.
+  pkg_config="$deps_root/bin/pkgconf"
+  if ! "$pkg_config" --version >/dev/null 2>&1; then
+    pkg_config=$(command -v pkg-config || command -v pkgconf || true)
+    [[ -n $pkg_config ]] || die "neither the carried pkgconf nor a pkg-config runs here"
+  fi
+  echo "prefix: $prefix (${#debs[@]} packages from $deps); pkg-config: $pkg_config"
+}
+
+# CUDA tools may live outside PATH on a bare image.
+find_cuda_tools() {
+  local d
+  for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer /opt/nvidia/nsight-compute; do
+    [[ -d $d && :$PATH: != *:$d:* ]] && PATH="$PATH:$d"
+  done
+  export PATH
+}
+
+# configure_args DRY_RUN: the cmake arguments for the build against the prefix.
+configure_args() {
+  local dry=$1
+  args=(-S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release
+    -DCMAKE_PREFIX_PATH="$deps_root" -DPKG_CONFIG_EXECUTABLE="$pkg_config"
+    -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF
+    # CMake < 3.26 does not know nvcc's C++20 flag; harmless where CMake knows it.
+    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20
+    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20)
+  if command -v ninja >/dev/null 2>&1; then args+=(-G Ninja); fi
+  local nvcc
+  nvcc=$(command -v nvcc || true)
+  if [[ -n $nvcc ]]; then
+    args+=(-DHSS_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$nvcc")
+  elif ((dry)); then
+    echo "no nvcc here: the dry run configures the host path only"
+    args+=(-DHSS_ENABLE_CUDA=OFF)
+  else
+    die "no nvcc on PATH or in /usr/local/cuda/bin"
+  fi
+  if ((dry)); then
+    # Hide every system copy: prefixes /usr, /usr/local and / (merged /lib), their library and
+    # include directories, and pkg-config's default search path.
+    local arch=${deps_libdir##*/}
+    args+=(-DCMAKE_IGNORE_PREFIX_PATH="/usr;/usr/local;/"
+      -DCMAKE_IGNORE_PATH="/usr/include;/usr/local/include;/usr/lib;/usr/lib/$arch;/lib;/lib/$arch;/usr/local/lib;/usr/lib/$arch/cmake;/usr/lib/cmake;/usr/share/cmake")
+    export PKG_CONFIG_LIBDIR="$pc_dirs"
+    unset PKG_CONFIG_PATH
+  else
+    export PKG_CONFIG_PATH="$pc_dirs${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  fi
+}
+
+# After a dry-run configure: every cache entry about a carried library must point into the prefix.
+check_cache_in_prefix() {
+  local cache="$build_dir/CMakeCache.txt" bad=0 others=0 name value required
+  [[ -f $cache ]] || {
+    echo "no $cache" >&2
+    return 1
+  }
+  for required in yaml-cpp_DIR GTest_DIR pkgcfg_lib_XXHASH_xxhash XXHASH_INCLUDE_DIRS; do
+    value=$(grep -E "^$required:[A-Z]+=" "$cache" | head -n 1 | cut -d= -f2-)
+    if [[ $value == "$prefix"/* ]]; then
+      printf '  ok   %-28s %s\n' "$required" "$value"
+    else
+      printf '  BAD  %-28s %s (expected under %s)\n' "$required" "${value:-<unset>}" "$prefix"
+      bad=1
+    fi
+  done
+  # Any other entry naming one of the libraries (e.g. an optional hiredis tier) with a path value.
+  while IFS= read -r line; do
+    name=${line%%:*}
+    value=${line#*=}
+    value=${value%%;*}
+    [[ $value == /* ]] || continue
+    case $name in yaml-cpp_DIR | GTest_DIR | pkgcfg_lib_XXHASH_xxhash | XXHASH_INCLUDE_DIRS) continue ;; esac
+    if [[ $value == "$prefix"/* ]]; then
+      others=$((others + 1))
+    else
+      printf '  BAD  %-28s %s (expected under %s)\n' "$name" "$value" "$prefix"
+      bad=1
+    fi
+  done < <(grep -iE '^[^#/:]*(yaml|xxhash|gtest|gmock|hiredis)[^:]*:[A-Z]+=' "$cache")
+  echo "  ok   $others more cache entries naming yaml-cpp/xxhash/gtest/gmock/hiredis, all under the prefix"
+  return $bad
+}
+
+# ---------------------------------------------------------------------------------------------
+# stages
+
 start=$(date +%s)
-total_budget=420
-declare -a stage_names=() stage_codes=()
+declare -a stage_names=() stage_results=() stage_seconds=() stage_details=()
 
-remaining() { echo $((total_budget - ($(date +%s) - start))); }
+remaining() { echo $((budget - ($(date +%s) - start))); }
 
-# run_stage NAME TIMEOUT_S CMD...: runs with a timeout capped by what is left of the budget,
-# logs to $out_dir/NAME.log, records the exit code.
+record() {
+  stage_names+=("$1")
+  stage_results+=("$2")
+  stage_seconds+=("$3")
+  stage_details+=("$4")
+}
+
+# run_stage NAME TIMEOUT_S CMD...: logs to $logs/NAME.log; sets stage_rc (124 = timed out,
+# -1 = not run for lack of budget).
 run_stage() {
   local name=$1 limit=$2
   shift 2
   local left
   left=$(remaining)
-  if ((left < 10)); then
-    echo "== $name: skipped, total time budget spent"
-    stage_names+=("$name")
-    stage_codes+=("skipped")
-    return 0
+  rm -f "$logs/$name.log"
+  stage_time=0
+  if ((left < 5)); then
+    echo "== $name: not run, the ${budget} s budget is spent"
+    stage_rc=-1
+    return
   fi
   ((limit > left)) && limit=$left
-  echo "== $name (timeout ${limit}s)"
-  timeout --kill-after=10 "$limit" "$@" >"$out_dir/$name.log" 2>&1
-  local rc=$?
-  tail -n 25 "$out_dir/$name.log"
-  echo "== $name: exit code $rc ($(($(date +%s) - start)) s elapsed)"
-  stage_names+=("$name")
-  stage_codes+=("$rc")
-  return 0
+  echo "== $name (timeout ${limit} s): $*"
+  local t0
+  t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
+  stage_rc=$?
+  ((stage_rc == 137)) && stage_rc=124
+  stage_time=$(($(date +%s) - t0))
+  tail -n 15 "$logs/$name.log" | sed 's/^/   | /'
+  echo "== $name: exit $stage_rc after ${stage_time} s ($(($(date +%s) - start)) s elapsed)"
 }
 
-nproc_use=$(nproc 2>/dev/null || echo 16)
+# result_of RC [PROBLEM]: the table's word for a stage.
+result_of() {
+  local rc=$1 problem=${2:-}
+  if ((rc == -1)); then
+    echo "NOT RUN"
+  elif ((rc == 124)); then
+    echo "TIMEOUT"
+  elif ((rc != 0)) || [[ -n $problem ]]; then
+    echo "FAIL"
+  else
+    echo "ok"
+  fi
+}
 
-# CMake < 3.26 does not know nvcc's C++20 flag (CMAKE_CUDA_STANDARD 20 fails to configure);
-# defining it is harmless where CMake knows it.
-run_stage configure 90 cmake --preset gpu \
-  -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20
-run_stage build 240 cmake --build build-gpu -j "$nproc_use" --target hss_gpu_tests hss-bench
-run_stage gpu_tests 90 ctest --test-dir build-gpu -L gpu --output-on-failure --timeout 60
-run_stage gpu_bench 120 build-gpu/bench/hss-bench gpu_store gpu_retrieve --json "$out_dir/gpu.json"
+count() { grep -cE "$1" "$2" 2>/dev/null || true; }
 
-# ptxas resource usage of the hot kernels (sm_90): spills and local memory must be 0.
-ptxas_log="$out_dir/ptxas.log"
-run_stage ptxas 90 bash -c '
-  for cu in kernels/*.cu; do
-    nvcc -std=c++20 --expt-relaxed-constexpr -O3 -Iinclude -Isrc -Ikernels -arch=sm_90 \
-      -Xptxas -v -c "$cu" -o /dev/null || exit 1
-  done'
+stage_configure() {
+  run_stage configure 90 cmake "${args[@]}"
+  record configure "$(result_of $stage_rc)" "$stage_time" "sm_90, deps from $deps_rel"
+}
 
-echo
-echo "== nvidia-smi"
-timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv 2>&1 || echo "nvidia-smi unavailable"
-echo
-echo "== ptxas -v (sm_90), hsstore kernels"
-grep -A3 "Compiling entry function '_ZN3hss" "$ptxas_log" |
-  grep -E "entry function|spill|Used" |
-  sed -E "s/Compiling entry function '[^']*(gather_cast_kernel|restore_gather_kernel)(ILNS0_8ElemTypeE([0-9])ELS3_([0-9])E)?[^']*'/\1<\3,\4>/"
-echo "spill/lmem lines that are not zero (expect none):"
-grep -A3 "Compiling entry function '_ZN3hss" "$ptxas_log" |
-  grep -E "spill|lmem|stack frame" |
-  grep -vE "^ *0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads$" || echo "  none"
+stage_build() {
+  run_stage build 240 cmake --build "$build_dir" -j "$jobs" --target hss_gpu_tests hss-bench
+  record build "$(result_of $stage_rc)" "$stage_time" "hss_gpu_tests hss-bench, -j $jobs"
+}
 
-echo
-echo "== stages"
-for i in "${!stage_names[@]}"; do printf "  %-10s %s\n" "${stage_names[$i]}" "${stage_codes[$i]}"; done
-echo "  total      $(($(date +%s) - start)) s"
-echo
-echo "== GPU benchmark table (measured in this run; $out_dir/gpu.json)"
-if [[ -s $out_dir/gpu_bench.log ]]; then
-  # The bench prints its table last; show everything from its header on.
-  awk '/^hss-bench /{p=1} p' "$out_dir/gpu_bench.log"
-else
-  echo "  no benchmark output (see the stage codes above)"
-fi
+stage_gpu_tests() {
+  run_stage gpu_tests 90 ctest --test-dir "$build_dir" -L '^gpu$' --output-on-failure -j 4 --timeout 100
+  local log="$logs/gpu_tests.log" total passed skipped
+  total=$(sed -nE 's/.* tests passed, [0-9]+ tests failed out of ([0-9]+).*/\1/p' "$log" | tail -n 1)
+  passed=$(count 'Test +#[0-9]+: .* Passed' "$log")
+  skipped=$(count '\*\*\*Skipped|\*\*\*Not Run| Not Run ' "$log")
+  gpu_tests_passed=$passed
+  gpu_tests_skipped=$skipped
+  local problem=""
+  ((skipped > 0)) && problem="skipped"
+  [[ -z $total || $total == 0 ]] && problem="no tests"
+  record gpu_tests "$(result_of $stage_rc "$problem")" "$stage_time" \
+    "${passed} passed, ${skipped} skipped, of ${total:-0} (ctest -L ^gpu$)"
+  ((skipped > 0)) && skip_total=$((skip_total + skipped))
+}
 
-for code in "${stage_codes[@]}"; do
-  [[ $code != 0 ]] && exit 1
-done
-exit 0
+stage_sanitizer() {
+  local tool=$1 filter=$2 limit=$3
+  local binary="$build_dir/tests/hss_gpu_tests"
+  if ! command -v compute-sanitizer >/dev/null 2>&1; then
+    record "$tool" FAIL 0 "compute-sanitizer not found"
+    return
+  fi
+  run_stage "$tool" "$limit" compute-sanitizer --tool "$tool" --error-exitcode 86 \
+    "$binary" --gtest_filter="$filter" --gtest_brief=0
+  local log="$logs/$tool.log" errors ran skipped problem=""
+  errors=$(sed -nE 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/p' "$log" | tail -n 1)
+  ran=$(sed -nE 's/^\[==========\] ([0-9]+) tests? from .* ran\..*/\1/p' "$log" | tail -n 1)
+  skipped=$(sed -nE 's/^\[  SKIPPED \] ([0-9]+) tests?, listed below.*/\1/p' "$log" | tail -n 1)
+  skipped=${skipped:-0}
+  [[ -z $errors ]] && problem="no error summary"
+  [[ -n $errors && $errors != 0 ]] && problem="errors"
+  [[ -z $ran || $ran == 0 ]] && problem="no tests ran"
+  ((skipped > 0)) && problem="skipped" && skip_total=$((skip_total + skipped))
+  record "$tool" "$(result_of $stage_rc "$problem")" "$stage_time" \
+    "${errors:-?} errors, ${ran:-0} tests, ${skipped} skipped ($filter)"
+}
+
+# Figures and GPU skips in a bench JSON: "FIGURES SKIPS".
+bench_counts() {
+  python3 - "$1" <<'EOF' 2>/dev/null || echo "0 0"
+import json, sys
+d = json.load(open(sys.argv[1]))
+figs = [f for f in d["figures"] if f["workload"].startswith("gpu_")]
+skips = [s for s in d["skipped"] if s["workload"].startswith("gpu_")]
+print(len(figs), len(skips))
+EOF
+}
+
+stage_bench() {
+  local name=$1 limit=$2
+  shift 2
+  local json="$out/$name.json"
+  run_stage "$name" "$limit" "$build_dir/bench/hss-bench" "$@" --check --json "$json"
+  local figures=0 skips=0 problem=""
+  [[ -s $json ]] && read -r figures skips < <(bench_counts "$json")
+  ((figures == 0)) && problem="no figures"
+  ((skips > 0)) && problem="skipped" && skip_total=$((skip_total + skips))
+  bench_figures=$((bench_figures + figures))
+  record "$name" "$(result_of $stage_rc "$problem")" "$stage_time" \
+    "$figures figures, $skips skipped ($*) -> $(basename "$json")"
+}
+
+stage_resources() {
+  # The bench binary holds every kernel of the library (libhss may be static).
+  local binary="$build_dir/bench/hss-bench"
+  if ! command -v cuobjdump >/dev/null 2>&1 || [[ ! -x $binary ]]; then
+    record resources FAIL 0 "cuobjdump or $binary missing"
+    return
+  fi
+  run_stage resources 20 cuobjdump --dump-resource-usage "$binary"
+  # Per hss kernel: registers, stack, local memory (spills land in local memory: expect 0).
+  local usage
+  usage=$(grep -A1 "Function _ZN3hss" "$logs/resources.log" |
+    sed -nE 's/.*(gather_cast_kernel|restore_gather_kernel).*/\1/p; s/.*REG:([0-9]+) STACK:([0-9]+).*LOCAL:([0-9]+).*/REG \1 STACK \2 LOCAL \3/p' |
+    paste - - | sort | uniq -c | awk '{$1=$1; print}' | head -n 6 | paste -sd';' -)
+  local kernels nonzero
+  kernels=$(count 'Function _ZN3hss' "$logs/resources.log")
+  nonzero=$(grep -A1 "Function _ZN3hss" "$logs/resources.log" | grep -cE 'STACK:[1-9]|LOCAL:[1-9]' || true)
+  record resources "$(result_of $stage_rc)" "$stage_time" \
+    "$kernels hss kernels, $nonzero with stack/local memory"
+  [[ -n $usage ]] && echo "kernel resource usage (count name REG STACK LOCAL): $usage" >"$logs/resources.summary"
+}
+
+stage_python() {
+  if [[ ! -f python/CMakeLists.txt ]]; then
+    record python "absent" 0 "no python/CMakeLists.txt: no binding to test"
+    return
+  fi
+  local -a py_args=(-DHSS_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)")
+  local nb
+  nb=$(python3 -m nanobind --cmake_dir 2>/dev/null || true)
+  [[ -n $nb ]] && py_args+=(-Dnanobind_DIR="$nb")
+  run_stage python_configure 60 cmake "${args[@]}" "${py_args[@]}"
+  record python_configure "$(result_of $stage_rc)" "$stage_time" "HSS_BUILD_PYTHON=ON"
+  ((stage_rc == 0)) || return
+  # Ninja has one phony target per directory; other generators build everything.
+  local -a target=()
+  if [[ -f $build_dir/build.ninja ]] && ninja -C "$build_dir" -t query python/all >/dev/null 2>&1; then
+    target=(--target python/all)
+  fi
+  run_stage python_build 120 cmake --build "$build_dir" -j "$jobs" "${target[@]}"
+  record python_build "$(result_of $stage_rc)" "$stage_time" "${target[*]:-all targets}"
+  ((stage_rc == 0)) || return
+  run_stage python_tests 90 env PYTHONPATH="$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" \
+    python3 -m pytest python/tests -m cuda -rs -q
+  local log="$logs/python_tests.log" passed skipped problem=""
+  passed=$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' "$log" | tail -n 1)
+  skipped=$(sed -nE 's/.* ([0-9]+) skipped.*/\1/p' "$log" | tail -n 1)
+  [[ -z $passed || $passed == 0 ]] && problem="none passed"
+  [[ -n $skipped && $skipped != 0 ]] && problem="skipped" && skip_total=$((skip_total + skipped))
+  record python_tests "$(result_of $stage_rc "$problem")" "$stage_time" \
+    "${passed:-0} passed, ${skipped:-0} skipped (pytest -m cuda, torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || echo '?'))"
+}
+
+# The benchmark figures, one line each: median time, GB/s, ratio to each reference.
+bench_table() {
+  local json
+  for json in "$out"/gpu_store.json "$out"/gpu_retrieve.json "$out"/gpu_small_overlap.json \
+    "$out"/gpu_batch.json; do
+    [[ -s $json ]] || continue
+    python3 - "$json" <<'EOF' 2>/dev/null || echo "  (cannot read $json)"
+import json, sys
+d = json.load(open(sys.argv[1]))
+def t(s):
+    return f"{s*1e6:.1f} us" if s < 1e-3 else f"{s*1e3:.2f} ms"
+for f in d["figures"]:
+    p = f["params"]
+    shape = f"c{p['chunk_size']} h{p['hidden_dim']} t{p['tokens']}"
+    refs = "; ".join(f"{r['name']} {r['ratio']['median']:.2f}x" for r in f["refs"])
+    print(f"  {f['workload'] + '/' + f['name']:<58} {shape:<20} {t(f['seconds']['median']):>10} {f['gbps']:8.2f} GB/s  {refs}")
+for s in d["skipped"]:
+    print(f"  {s['workload']}/{s['what']}: SKIPPED: {s['reason']}")
+EOF
+  done
+}
+
+cmd_run() {
+  local dry=$1 deps=$2
+  build_dir=${build_dir_opt:-$repo/$([[ $dry == 1 ]] && echo build-gpu-dry || echo build-gpu)}
+  [[ $build_dir == /* ]] || build_dir="$repo/$build_dir"
+  deps_rel=${deps#"$repo"/}
+  find_cuda_tools
+  setup_prefix "$deps" "$build_dir"
+  configure_args "$dry"
+
+  if ((dry)); then
+    echo "== dry run: configure against $prefix only (system copies hidden)"
+    mkdir -p "$build_dir" || die "cannot create $build_dir"
+    rm -f "$build_dir/CMakeCache.txt"
+    local log="$build_dir/gpu-check-configure.log" t0
+    t0=$(date +%s)
+    if ! cmake "${args[@]}" >"$log" 2>&1; then
+      tail -n 40 "$log"
+      echo "gpu_check --dry-run: FAILED: configure against the prepared folder failed ($log)"
+      return 1
+    fi
+    grep -E "^-- (hsstore|Found|Checking for module)" "$log" | sed 's/^/   | /'
+    echo "== configured in $(($(date +%s) - t0)) s; dependencies in CMakeCache.txt:"
+    if ! check_cache_in_prefix; then
+      echo "gpu_check --dry-run: FAILED: a dependency was found outside the prepared prefix"
+      return 1
+    fi
+    echo "gpu_check --dry-run: OK: unpack and configure against $deps_rel only; nothing built"
+    return 0
+  fi
+
+  budget=${HSS_GPU_CHECK_BUDGET_S:-470}
+  out=${OUT:-$build_dir/gpu-check-out}
+  mkdir -p "$out" "$build_dir" || die "cannot create $out"
+  logs="$out/logs"
+  mkdir -p "$logs"
+  # Everything printed from here on also lands in $out/gpu_check.log.
+  exec 3>&1 4>&2
+  exec > >(tee "$out/gpu_check.log") 2>&1
+  local tee_pid=$!
+  jobs=$(nproc 2>/dev/null || echo 16)
+  skip_total=0 bench_figures=0 gpu_tests_passed=0 gpu_tests_skipped=0
+  echo "gpu_check run: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -n), $jobs cores, budget ${budget} s, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+
+  local smi
+  smi=$(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2>&1) || smi="nvidia-smi failed: $smi"
+  echo "device: $smi"
+
+  stage_configure
+  if [[ ${stage_results[-1]} == ok ]]; then
+    stage_build
+  fi
+  if [[ ${stage_results[-1]} == ok ]]; then
+    stage_resources
+    stage_gpu_tests
+    stage_sanitizer memcheck "${HSS_GPU_MEMCHECK_FILTER:-*}" 90
+    local sfilter=${HSS_GPU_SANITIZE_FILTER:-*DeviceStoreDTypes*:*DeviceRestore*}
+    stage_sanitizer racecheck "$sfilter" 60
+    stage_sanitizer synccheck "$sfilter" 60
+    # One hss-bench call (and JSON) per workload group: a timeout loses only its own figures.
+    stage_bench gpu_store 110 gpu_store
+    stage_bench gpu_retrieve 110 gpu_retrieve
+    stage_bench gpu_small_overlap 60 gpu_small gpu_overlap
+    # Batches of one-chunk items (store_batch): only once hss-bench has that workload.
+    if "$build_dir/bench/hss-bench" --help 2>/dev/null | grep -q '^  gpu_batch:'; then
+      stage_bench gpu_batch 45 gpu_batch
+    else
+      record gpu_batch absent 0 "hss-bench has no gpu_batch workload yet"
+    fi
+    stage_python
+  fi
+
+  local verdict=0 why=()
+  local i
+  for i in "${!stage_results[@]}"; do
+    case ${stage_results[$i]} in ok | absent) ;; *)
+      verdict=1
+      why+=("${stage_names[$i]} ${stage_results[$i]}")
+      ;;
+    esac
+  done
+  # A device was used when a GPU figure was measured, or the GPU tests ran and none skipped.
+  if ((bench_figures == 0 && (gpu_tests_passed == 0 || gpu_tests_skipped > 0))); then
+    verdict=1
+    why+=("no CUDA device was used")
+  fi
+  ((skip_total > 0)) && verdict=1 && why+=("$skip_total skipped")
+
+  {
+    echo
+    echo "== GPU benchmark figures (this run; ratio = hsstore throughput / reference, same run)"
+    bench_table
+    [[ -s $logs/resources.summary ]] && cat "$logs/resources.summary"
+    echo
+    echo "== gpu_check: $(date -u '+%Y-%m-%d %H:%M UTC'), device: $smi"
+    printf '  %-17s %-8s %6s  %s\n' stage result seconds detail
+    for i in "${!stage_names[@]}"; do
+      printf '  %-17s %-8s %6s  %s\n' "${stage_names[$i]}" "${stage_results[$i]}" \
+        "${stage_seconds[$i]}" "${stage_details[$i]}"
+    done
+    echo "  total $(($(date +%s) - start)) s; logs, table and JSON in $out"
+    if ((verdict == 0)); then
+      echo "gpu_check: PASS"
+    else
+      local IFS=';'
+      echo "gpu_check: FAIL (${why[*]})"
+    fi
+  } | tee "$out/summary.txt"
+  # Let tee finish writing the log before the caller collects $out.
+  exec 1>&3 2>&4 3>&- 4>&-
+  wait "$tee_pid" 2>/dev/null
+  return $verdict
+}
+
+# ---------------------------------------------------------------------------------------------
+
+main() {
+  local cmd=${1:-}
+  [[ -n $cmd ]] || usage 2
+  shift
+  deps="$repo/.gpu-deps"
+  dry_run=0
+  build_dir_opt=""
+  case $cmd in
+    -h | --help | help) usage 0 ;;
+    selftest)
+      # ctest: prepare into WORKDIR/deps, then the dry run with its build in WORKDIR/build.
+      work=${1:?selftest needs a work directory}
+      command -v apt-get >/dev/null 2>&1 || {
+        echo "gpu_check selftest: SKIPPED: no apt-get on this machine"
+        exit 77
+      }
+      mkdir -p "$work" || die "cannot create $work"
+      work=$(cd "$work" && pwd)
+      (cmd_prepare "$work/deps") || exit 1
+      build_dir_opt="$work/build"
+      cmd_run 1 "$work/deps"
+      exit $?
+      ;;
+    prepare | run) ;;
+    *) usage 2 ;;
+  esac
+  while (($# > 0)); do
+    case $1 in
+      --deps) deps=${2:?--deps needs a directory}; shift ;;
+      --build-dir) build_dir_opt=${2:?--build-dir needs a directory}; shift ;;
+      --dry-run) dry_run=1 ;;
+      -h | --help) usage 0 ;;
+      *) die "unknown argument $1 (try --help)" ;;
+    esac
+    shift
+  done
+  [[ $deps == /* ]] || deps="$repo/$deps"
+  if [[ $cmd == prepare ]]; then
+    cmd_prepare "$deps"
+  else
+    cmd_run "$dry_run" "$deps"
+  fi
+}
+
+# One line, parsed whole before it runs: editing this file during a run cannot change the run.
+main "$@"; exit $?

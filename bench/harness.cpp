@@ -208,8 +208,13 @@ void Report::print_workload(const std::string& workload) const {
         << std::right << std::setw(10) << format_seconds(f.seconds.median) << std::setw(20)
         << spread << std::setw(9) << gb.str() << "  ";
     for (const RefResult& r : f.refs) {
+      // The reference's own rate, so an implausible reference (a misaligned copy) shows.
+      std::ostringstream ref_gb;
+      ref_gb << std::fixed << std::setprecision(1)
+             << (r.seconds.median > 0 ? r.bytes / r.seconds.median / 1e9 : 0.0);
       out << " " << r.name << " " << format_ratio(r.ratio.median) << " ["
-          << format_ratio(r.ratio.p25) << ", " << format_ratio(r.ratio.p75) << "];";
+          << format_ratio(r.ratio.p25) << ", " << format_ratio(r.ratio.p75) << "] @" << ref_gb.str()
+          << " GB/s;";
     }
     out << "\n";
   }
@@ -280,7 +285,8 @@ bool Report::write_json(const std::string& path, const std::string& command,
       const RefResult& ref = f.refs[r];
       out << (r ? ", " : "") << "{\"name\": \"" << json_escape(ref.name)
           << "\", \"bytes\": " << json_number(ref.bytes)
-          << ", \"seconds\": " << json_stats(ref.seconds)
+          << ", \"seconds\": " << json_stats(ref.seconds) << ", \"gbps\": "
+          << json_number(ref.seconds.median > 0 ? ref.bytes / ref.seconds.median / 1e9 : 0.0)
           << ", \"ratio\": " << json_stats(ref.ratio) << "}";
     }
     out << "]}" << (i + 1 < figures_.size() ? "," : "") << "\n";

@@ -35,6 +35,9 @@ constexpr Workload kWorkloads[] = {
     {"pressure", run_pressure, "stores into a full pool: every write evicts"},
     {"gpu_store", run_gpu_store, "device rows stored + flush vs cudaMemcpyAsync D2H"},
     {"gpu_retrieve", run_gpu_retrieve, "restore strategies into device memory vs H2D memcpy"},
+    {"gpu_small", run_gpu_small, "one 256 x 1024 chunk: device store, restore vs cudaMemcpyAsync"},
+    {"gpu_overlap", run_gpu_overlap,
+     "store while the caller's stream is busy; restore during another stream's H2D copy"},
     {"batch", run_batch, "768 host items (256 requests x 3 layers) as one batch vs single calls"},
     {"gpu_batch", run_gpu_batch, "the same with device items (needs a device)"},
 };

@@ -1,17 +1,27 @@
-// Workloads `gpu_store` and `gpu_retrieve`, and the device variants of `store` and `retrieve`.
+// Workloads `gpu_store`, `gpu_retrieve`, `gpu_small` and `gpu_overlap`, and the device variants
+// of `store` and `retrieve`.
 //
 // gpu_store: device bfloat16/float32 rows stored (StoreOptions::stream, Device::kCuda views) and
 // flush()ed, against cudaMemcpyAsync device-to-host of the bytes the pool receives into pinned
 // memory. gpu_retrieve: retrieve_hidden_states_into a device buffer for each restore strategy
 // (HSS_RESTORE_IMPL=kernel|cub|memcpy, read when a store is constructed), against
 // cudaMemcpyAsync host-to-device of the same float32 bytes from pinned memory. Both sides end
-// with a stream synchronisation, so each time is the wall time an engine waits.
+// with a stream synchronisation, so each time is the wall time an engine waits. gpu_small: one
+// 256 x 1024 chunk per call (store + flush, the store call alone, restore with each strategy)
+// against cudaMemcpyAsync of the same bytes. gpu_overlap: a store issued while the caller's stream
+// is still busy (call time against an idle stream), and a restore while another stream runs a bulk
+// host-to-device copy (against cudaMemcpyAsync under the same copy, and against an idle link).
 //
 // Without CUDA in the build, or without a usable device, each reports "skipped" with the reason.
 
+#include <array>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "common.hpp"
 
@@ -118,7 +128,7 @@ Params gpu_params(const GpuShape& s, DType in, StorageDType storage, const std::
 }
 
 void device_store_case(Context& ctx, const std::string& workload, const GpuShape& s, DType in,
-                       StorageDType storage) {
+                       StorageDType storage, int reps = 0) {
   const int64_t in_esize = static_cast<int64_t>(element_size(in));
   const int64_t pool_esize = (storage == StorageDType::kNative && in != DType::kFloat32) ? 2 : 4;
   const auto in_bytes = static_cast<size_t>(s.tokens * s.hidden * in_esize);
@@ -161,11 +171,11 @@ void device_store_case(Context& ctx, const std::string& workload, const GpuShape
   const std::string name = std::string(in == DType::kFloat32 ? "device f32" : "device bf16") +
                            (storage == StorageDType::kNative ? " native" : " float32-storage");
   (void)ctx.report.measure(workload, name, gpu_params(s, in, storage, "pool"), cand,
-                           std::span<const Timed>(&ref, 1));
+                           std::span<const Timed>(&ref, 1), reps);
 }
 
 void device_retrieve_case(Context& ctx, const std::string& workload, const std::string& impl,
-                          const GpuShape& s, StorageDType storage) {
+                          const GpuShape& s, StorageDType storage, int reps = 0) {
   const DType in = storage == StorageDType::kNative ? DType::kBFloat16 : DType::kFloat32;
   const int64_t pool_esize = storage == StorageDType::kNative ? 2 : 4;
   const auto out_bytes = static_cast<size_t>(s.tokens * s.hidden * 4);
@@ -208,7 +218,159 @@ void device_retrieve_case(Context& ctx, const std::string& workload, const std::
   const std::string name = "into device " + (impl.empty() ? std::string("default") : impl) +
                            (storage == StorageDType::kNative ? " native" : " f32");
   (void)ctx.report.measure(workload, name, gpu_params(s, in, storage, "device"), cand,
+                           std::span<const Timed>(&ref, 1), reps);
+}
+
+/// Device rows of random values (bfloat16 or float32), uploaded before any timing.
+DeviceBuffer random_device_rows(DType dtype, int64_t rows, int64_t cols, uint64_t seed) {
+  const auto bytes = static_cast<size_t>(rows * cols) * element_size(dtype);
+  DeviceBuffer buffer = device_alloc(bytes);
+  if (dtype == DType::kFloat32) {
+    const auto host = random_f32(rows * cols, seed);
+    check(cudaMemcpy(buffer.get(), host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  } else {
+    const auto host = random_bf16(rows * cols, seed);
+    check(cudaMemcpy(buffer.get(), host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  return buffer;
+}
+
+// One-chunk device store, timed to the call's return only: what an engine's forward pass pays
+// when it does not wait for the copy. Reference: a synchronised cudaMemcpyAsync D2H of the same
+// pool bytes into pinned memory. The untimed prepare flushes, so no copy of an earlier rep is
+// still pending when the call starts.
+void store_call_case(Context& ctx, const GpuShape& s, int reps) {
+  const auto pool_bytes = static_cast<size_t>(s.tokens * s.hidden * 2);
+  auto stream = std::make_shared<Stream>();
+  auto input =
+      std::make_shared<DeviceBuffer>(random_device_rows(DType::kBFloat16, s.tokens, s.hidden, 59));
+  auto hss = std::make_shared<BareStore>(
+      s.chunk, pool_bytes_for(s.tokens / s.chunk, s.chunk, s.hidden, 2), StorageDType::kNative);
+  auto tokens = std::make_shared<std::vector<int32_t>>(make_tokens(s.tokens, 61));
+  const TensorView view{input->get(), DType::kBFloat16, s.tokens, s.hidden, 0, Device::kCuda, 0};
+  Timed cand{"store call returns",
+             [hss, tokens, stream] {
+               hss->store.flush();
+               stream->sync();
+               hss->drop(*tokens);
+             },
+             [hss, tokens, view, stream, input] {
+               (void)hss->store.store_hidden_states(*tokens, view, {.stream = stream->get()});
+             },
+             static_cast<double>(pool_bytes), static_cast<double>(s.tokens)};
+  auto pinned = std::make_shared<PinnedBuffer>(pinned_alloc(pool_bytes));
+  Timed ref{"cudaMemcpyAsync D2H", nullptr,
+            [pinned, input, stream, pool_bytes] {
+              check(cudaMemcpyAsync(pinned->get(), input->get(), pool_bytes, cudaMemcpyDeviceToHost,
+                                    stream->get()),
+                    "cudaMemcpyAsync");
+              stream->sync();
+            },
+            static_cast<double>(pool_bytes), 0};
+  (void)ctx.report.measure("gpu_small", "device bf16 native, call only",
+                           gpu_params(s, DType::kBFloat16, StorageDType::kNative, "pool"), cand,
+                           std::span<const Timed>(&ref, 1), reps);
+  hss->store.flush();
+  stream->sync();
+}
+
+void CUDART_CB sleep_on_stream(void* milliseconds) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<const int*>(milliseconds)));
+}
+
+// A store issued while the caller's stream is still busy with earlier work (a host function that
+// holds the stream for kBusyMs, standing in for a forward pass). The store should enqueue behind
+// that work and return; the figure is its call time against the same call on an idle stream
+// (ratio ~1: the call does not wait for the stream; ratio << 1: it does).
+void busy_stream_store_case(Context& ctx, const GpuShape& s) {
+  static constexpr int kBusyMs = 20;
+  const auto pool_bytes = static_cast<size_t>(s.tokens * s.hidden * 2);
+  auto stream = std::make_shared<Stream>();
+  auto input =
+      std::make_shared<DeviceBuffer>(random_device_rows(DType::kBFloat16, s.tokens, s.hidden, 67));
+  auto hss = std::make_shared<BareStore>(
+      s.chunk, pool_bytes_for(s.tokens / s.chunk, s.chunk, s.hidden, 2), StorageDType::kNative);
+  auto tokens = std::make_shared<std::vector<int32_t>>(make_tokens(s.tokens, 71));
+  const TensorView view{input->get(), DType::kBFloat16, s.tokens, s.hidden, 0, Device::kCuda, 0};
+  auto reset = [hss, tokens, stream] {
+    hss->store.flush();
+    stream->sync();
+    hss->drop(*tokens);
+  };
+  auto store_call = [hss, tokens, view, stream, input] {
+    (void)hss->store.store_hidden_states(*tokens, view, {.stream = stream->get()});
+  };
+  Timed cand{"store call, stream busy",
+             [reset, stream] {
+               reset();
+               check(cudaLaunchHostFunc(stream->get(), sleep_on_stream, const_cast<int*>(&kBusyMs)),
+                     "cudaLaunchHostFunc");
+             },
+             store_call, static_cast<double>(pool_bytes), static_cast<double>(s.tokens)};
+  Timed ref{"store call, stream idle", reset, store_call, static_cast<double>(pool_bytes), 0};
+  ctx.report.note("gpu_overlap", "the busy stream is held " + std::to_string(kBusyMs) +
+                                     " ms by a host function enqueued just before each store");
+  (void)ctx.report.measure("gpu_overlap", "store while caller's stream busy",
+                           gpu_params(s, DType::kBFloat16, StorageDType::kNative, "pool"), cand,
                            std::span<const Timed>(&ref, 1));
+  hss->store.flush();
+  stream->sync();
+}
+
+// A restore into device memory while another stream runs a bulk host-to-device copy of
+// `bulk_bytes` from pinned memory (an engine loading weights or KV blocks). References: a
+// cudaMemcpyAsync H2D of the same bytes under the same competing copy, and the same restore with
+// the link idle.
+void contended_restore_case(Context& ctx, const std::string& impl, const GpuShape& s,
+                            size_t bulk_bytes) {
+  const auto out_bytes = static_cast<size_t>(s.tokens * s.hidden * 4);
+  std::shared_ptr<BareStore> hss;
+  {
+    ScopedRestoreImpl env(impl);
+    hss = std::make_shared<BareStore>(
+        s.chunk, pool_bytes_for(s.tokens / s.chunk, s.chunk, s.hidden, 4), StorageDType::kFloat32);
+  }
+  auto tokens = std::make_shared<std::vector<int32_t>>(make_tokens(s.tokens, 73));
+  {
+    const auto rows = random_f32(s.tokens * s.hidden, 79);
+    (void)hss->store.store_hidden_states(
+        *tokens, host_view(rows.data(), DType::kFloat32, s.tokens, s.hidden));
+  }
+  auto stream = std::make_shared<Stream>();
+  auto other = std::make_shared<Stream>();
+  auto out = std::make_shared<DeviceBuffer>(device_alloc(out_bytes));
+  auto bulk_src = std::make_shared<PinnedBuffer>(pinned_alloc(bulk_bytes));
+  auto bulk_dst = std::make_shared<DeviceBuffer>(device_alloc(bulk_bytes));
+  auto start_bulk_copy = [other, bulk_src, bulk_dst, bulk_bytes] {
+    other->sync();
+    check(cudaMemcpyAsync(bulk_dst->get(), bulk_src->get(), bulk_bytes, cudaMemcpyHostToDevice,
+                          other->get()),
+          "cudaMemcpyAsync (bulk)");
+  };
+  const MutableTensorView out_view{out->get(), DType::kFloat32, s.tokens, s.hidden,
+                                   0,          Device::kCuda,   0};
+  auto restore = [hss, tokens, out_view, stream, out] {
+    (void)hss->store.retrieve_hidden_states_into(*tokens, out_view, {.stream = stream->get()});
+    stream->sync();
+  };
+  auto pinned = std::make_shared<PinnedBuffer>(pinned_alloc(out_bytes));
+  Timed cand{"restore, H2D copy running", start_bulk_copy, restore, static_cast<double>(out_bytes),
+             static_cast<double>(s.tokens)};
+  const std::array<Timed, 2> refs{
+      Timed{"cudaMemcpyAsync H2D, H2D copy running", start_bulk_copy,
+            [pinned, out, stream, out_bytes] {
+              check(cudaMemcpyAsync(out->get(), pinned->get(), out_bytes, cudaMemcpyHostToDevice,
+                                    stream->get()),
+                    "cudaMemcpyAsync");
+              stream->sync();
+            },
+            static_cast<double>(out_bytes), 0},
+      Timed{"restore, link idle", [other] { other->sync(); }, restore,
+            static_cast<double>(out_bytes), 0}};
+  (void)ctx.report.measure("gpu_overlap", "restore " + impl + " while another stream copies H2D",
+                           gpu_params(s, DType::kFloat32, StorageDType::kFloat32, "device"), cand,
+                           refs);
+  other->sync();
 }
 
 }  // namespace
@@ -278,6 +440,42 @@ void run_device_retrieve_variant(Context& ctx) {
 #if HSS_BENCH_WITH_CUDA
   const GpuShape s = ctx.quick ? GpuShape{256, 1024, 2048} : GpuShape{};
   device_retrieve_case(ctx, "retrieve", "", s, StorageDType::kFloat32);
+#endif
+}
+
+void run_gpu_small(Context& ctx) {
+  if (const std::string why = device_unavailable(); !why.empty()) {
+    ctx.report.skip("gpu_small", "all cases", why);
+    return;
+  }
+#if HSS_BENCH_WITH_CUDA
+  // Per-call figures: many reps, as in the host `small` workload.
+  const int reps = ctx.quick ? 3 : 301;
+  const GpuShape one_chunk{256, 1024, 256};
+  device_store_case(ctx, "gpu_small", one_chunk, DType::kBFloat16, StorageDType::kNative, reps);
+  store_call_case(ctx, one_chunk, reps);
+  for (const char* impl : {"kernel", "cub", "memcpy"}) {
+    device_retrieve_case(ctx, "gpu_small", impl, one_chunk, StorageDType::kFloat32, reps);
+  }
+  ctx.report.print_workload("gpu_small");
+#endif
+}
+
+void run_gpu_overlap(Context& ctx) {
+  if (const std::string why = device_unavailable(); !why.empty()) {
+    ctx.report.skip("gpu_overlap", "all cases", why);
+    return;
+  }
+#if HSS_BENCH_WITH_CUDA
+  // 4096 x 4096: one staging round (32 MiB of bfloat16), and a 64 MiB float32 restore that the
+  // 1 GiB competing copy outlasts.
+  const GpuShape s = ctx.quick ? GpuShape{256, 1024, 1024} : GpuShape{256, 4096, 4096};
+  const size_t bulk_bytes = ctx.quick ? size_t{64} << 20 : size_t{1} << 30;
+  busy_stream_store_case(ctx, s);
+  for (const char* impl : {"kernel", "cub", "memcpy"}) {
+    contended_restore_case(ctx, impl, s, bulk_bytes);
+  }
+  ctx.report.print_workload("gpu_overlap");
 #endif
 }
 

@@ -147,9 +147,20 @@ std::vector<kernels::GatherSegment> HiddenStateStore::Impl::plan_restore(const W
     kernels::for_each_block_piece(
         first_row * cols, (chunk.size() - first_row) * cols, esize, granule,
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
-          segments.push_back(
-              {pool_.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset,
-               chunk.start * cols + first - row_begin * cols, count, entry.storage});
+          const std::byte* src =
+              pool_.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+          const int64_t dst_elem = chunk.start * cols + first - row_begin * cols;
+          // Adjacent granules (and adjacent entries) read as one run.
+          if (!segments.empty()) {
+            kernels::GatherSegment& last = segments.back();
+            if (last.src_type == entry.storage &&
+                static_cast<const std::byte*>(last.src) + last.count * esize == src &&
+                last.dst_elem + last.count == dst_elem) {
+              last.count += count;
+              return;
+            }
+          }
+          segments.push_back({src, dst_elem, count, entry.storage});
         });
   }
   return segments;

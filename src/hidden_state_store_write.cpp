@@ -116,17 +116,16 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
     if (chunk.start < opt.token_offset) continue;  // chunks stay atomic with KV boundaries
     const EntryRef* held = record ? record->find(slot) : nullptr;
     if (held && (*held)->cols == hidden.cols && (*held)->storage == storage) continue;
+    const detail::Entry* replaces = held ? held->get() : nullptr;  // before slots may move
     const uint64_t bytes = detail::checked_bytes(chunk.size(), hidden.cols, plan.esize);
     auto entry = std::make_shared<detail::Entry>(pool_, chunk.size(), hidden.cols, storage, slot);
     const size_t need = pool_.blocks_for(bytes);
     entry->blocks.reserve(need);
     max_segments += need;
-    if (record) {
-      record->slots.reserve(record->slots.size() + 1);
-    }
+    if (record) record->slots.reserve(record->slots.size() + 1);
     // A replacement may remove the record's last slot (and so the record): prepare a fresh one.
-    if (!record || held) index_.prepare_insert(prepared, chunk.key, 1);
-    writes.push_back({i, std::move(entry), held ? held->get() : nullptr});
+    if (!record || replaces) index_.prepare_insert(prepared, chunk.key, 1);
+    writes.push_back({i, std::move(entry), replaces});
   }
   index_.reserve_keys(writes.size());
   plan.segments.reserve(max_segments);
@@ -188,9 +187,18 @@ void HiddenStateStore::Impl::copy_rows(StorePlan& plan, const TensorView& hidden
     kernels::for_each_block_piece(
         0, chunk.size() * hidden.cols, plan.esize, granule,
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
-          segments.push_back(
-              {pool_.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset,
-               src_row0, first, count, entry.storage});
+          std::byte* dst =
+              pool_.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+          // Granules granted in ascending order are adjacent: one copy for the run.
+          if (!segments.empty()) {
+            kernels::WriteSegment& last = segments.back();
+            if (static_cast<std::byte*>(last.dst) + last.count * plan.esize == dst &&
+                last.src_row0 == src_row0 && last.src_elem + last.count == first) {
+              last.count += count;
+              return;
+            }
+          }
+          segments.push_back({dst, src_row0, first, count, entry.storage});
         });
   }
   const kernels::SourceView source{hidden.data,

@@ -1,6 +1,7 @@
 #pragma once
 // Umbrella header: everything an engine needs from hsstore.
 
+#include "hss/activation.hpp"
 #include "hss/build_info.hpp"
 #include "hss/cache_key.hpp"
 #include "hss/config.hpp"

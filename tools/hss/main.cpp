@@ -198,6 +198,13 @@ int info(Args& args) {
   }
   std::printf("pinned memory: %s\n", runtime.pinned_memory ? "available" : "not available");
   std::printf("data path: %s\n", runtime.device_available && build.cuda ? "cuda" : "host");
+  // The slot key is (chunk key, kind, layer); hidden_state_kinds / hidden_state_layers filter it.
+  std::printf("activation kinds:");
+  for (int k = 0; k < hss::kNumActivationKinds; ++k) {
+    std::printf("%s %s", k == 0 ? "" : ",",
+                std::string(hss::to_string(static_cast<hss::ActivationKind>(k))).c_str());
+  }
+  std::printf(" (slot = chunk key, kind, layer)\n");
   return hss::cli::kExitOk;
 }
 

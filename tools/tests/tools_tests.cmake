@@ -26,7 +26,7 @@ set(_demo $<TARGET_FILE:hss-demo>)
 hss_expect(cli_help 0 "usage: hss <command>" ${_hss} --help)
 hss_expect(cli_no_command 2 "missing command" ${_hss})
 hss_expect(cli_unknown_command 2 "unknown command 'frobnicate'" ${_hss} frobnicate)
-hss_expect(cli_info 0 "hsstore [0-9]+\\.[0-9]+\\.[0-9]+.*build: CUDA (on|off).*NVTX (on|off).*devices: .*pinned memory: (available|not available)"
+hss_expect(cli_info 0 "hsstore [0-9]+\\.[0-9]+\\.[0-9]+.*build: CUDA (on|off).*NVTX (on|off).*devices: .*pinned memory: (available|not available).*activation kinds: hidden, query, key, value, mlp_intermediate"
            ${_hss} info)
 hss_expect(cli_info_extra_argument 2 "info takes no arguments" ${_hss} info --verbose)
 hss_expect(cli_config_no_subcommand 2 "config needs a subcommand" ${_hss} config)
