@@ -137,9 +137,11 @@ class CudaDevicePath final : public DevicePath {
   void store_round(DeviceState& dev, const kernels::SourceView& src,
                    std::span<const kernels::WriteSegment> segments, size_t& next, int64_t& consumed,
                    cudaStream_t stream, cudaStream_t copy_stream);
-  /// Enqueues segments [first, returned) with one launch of the chosen implementation.
-  size_t restore_launch(RestoreSlot& slot, std::span<const kernels::GatherSegment> segments,
-                        size_t first, const kernels::OutputView& out, cudaStream_t stream);
+  /// Enqueues one launch of the chosen implementation from element `consumed` of
+  /// segments[first] on, as much as the slot's table holds. Advances both.
+  void restore_launch(RestoreSlot& slot, std::span<const kernels::GatherSegment> segments,
+                      size_t& first, int64_t& consumed, const kernels::OutputView& out,
+                      cudaStream_t stream);
   void restore_copy_engine(std::span<const kernels::GatherSegment> segments,
                            const kernels::OutputView& out, cudaStream_t stream);
   /// The pool is not device-mapped (pinned allocation failed): convert on the host, copy H2D.

@@ -110,10 +110,11 @@ void CudaDevicePath::restore(std::span<const GatherSegment> segments,
     return;
   }
   size_t first = 0;
+  int64_t consumed = 0;  // elements of segments[first] already launched
   while (first < segments.size()) {
     auto lease = dev.restores.acquire();
     lease->touch(stream);
-    first = restore_launch(**lease, segments, first, out, stream);
+    restore_launch(**lease, segments, first, consumed, out, stream);
     lease->record(stream);
     if (keep_alive) {
       (*lease)->keep_alive = keep_alive;
@@ -122,22 +123,24 @@ void CudaDevicePath::restore(std::span<const GatherSegment> segments,
   }
 }
 
-size_t CudaDevicePath::restore_launch(RestoreSlot& slot, std::span<const GatherSegment> segments,
-                                      size_t first, const kernels::OutputView& out,
-                                      cudaStream_t stream) {
+void CudaDevicePath::restore_launch(RestoreSlot& slot, std::span<const GatherSegment> segments,
+                                    size_t& first, int64_t& consumed,
+                                    const kernels::OutputView& out, cudaStream_t stream) {
   const bool contiguous = out.row_stride == out.cols;
   if (restore_impl_ == RestoreImpl::kCub && contiguous && same_types(segments, out.type)) {
     HSS_RANGE("restore/cub");
     // Three arrays in the slot's pinned table: sources, destinations, byte sizes.
     const size_t n = std::min(segments.size() - first, kRestoreTilesPerSlot);
     auto* table = static_cast<uint64_t*>(slot.table.host());
-    const auto esize = kernels::elem_bytes(out.type);
+    const auto esize = static_cast<int64_t>(kernels::elem_bytes(out.type));
     for (size_t i = 0; i < n; ++i) {
       const GatherSegment& seg = segments[first + i];
-      table[i] = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(seg.src));
+      const int64_t skip = i == 0 ? consumed : 0;
+      table[i] = static_cast<uint64_t>(
+          reinterpret_cast<uintptr_t>(static_cast<const unsigned char*>(seg.src) + skip * esize));
       table[kRestoreTilesPerSlot + i] = static_cast<uint64_t>(
-          reinterpret_cast<uintptr_t>(kernels::output_address(out, seg.dst_elem)));
-      table[2 * kRestoreTilesPerSlot + i] = static_cast<uint64_t>(seg.count) * esize;
+          reinterpret_cast<uintptr_t>(kernels::output_address(out, seg.dst_elem + skip)));
+      table[2 * kRestoreTilesPerSlot + i] = static_cast<uint64_t>((seg.count - skip) * esize);
     }
     const auto* device_table = static_cast<const uint64_t*>(slot.table.device());
     kernels::launch_cub_batched_memcpy(
@@ -145,36 +148,34 @@ size_t CudaDevicePath::restore_launch(RestoreSlot& slot, std::span<const GatherS
         reinterpret_cast<const void* const*>(device_table),
         reinterpret_cast<void* const*>(device_table + kRestoreTilesPerSlot),
         device_table + 2 * kRestoreTilesPerSlot, static_cast<int64_t>(n), stream);
-    return first + n;
+    first += n;
+    consumed = 0;
+    return;
   }
   HSS_RANGE("restore/kernel");
+  // Tiles straight into the slot's pinned table (the kernel reads it through its device
+  // address); a launch ends when the table is full, mid-segment if need be.
   auto* tiles = static_cast<GatherSegment*>(slot.table.host());
   size_t num_tiles = 0;
-  size_t i = first;
-  for (; i < segments.size(); ++i) {
-    const GatherSegment& seg = segments[i];
+  while (first < segments.size() && num_tiles < kRestoreTilesPerSlot) {
+    const GatherSegment& seg = segments[first];
     const auto esize = static_cast<int64_t>(kernels::elem_bytes(seg.src_type));
-    // A segment's tiles go into one launch whole; a segment alone larger than a table is split.
-    size_t needed = 0;
-    kernels::for_each_tile(seg.dst_elem, seg.count, out.cols, contiguous,
-                           kernels::tile_elems(seg.src_type), [&](int64_t, int64_t) { ++needed; });
-    if (num_tiles > 0 && num_tiles + needed > kRestoreTilesPerSlot) break;
-    bool full = false;
-    kernels::for_each_tile(seg.dst_elem, seg.count, out.cols, contiguous,
-                           kernels::tile_elems(seg.src_type), [&](int64_t o, int64_t n) {
-                             if (num_tiles == kRestoreTilesPerSlot) {
-                               full = true;
-                               return;
-                             }
-                             tiles[num_tiles++] = {
-                                 static_cast<const unsigned char*>(seg.src) + o * esize,
-                                 seg.dst_elem + o, n, seg.src_type};
-                           });
-    if (full) throw Error("device restore: one pool segment needs more tiles than a launch holds");
+    const int64_t max_elems = kernels::tile_elems(seg.src_type);
+    while (consumed < seg.count && num_tiles < kRestoreTilesPerSlot) {
+      const int64_t flat = seg.dst_elem + consumed;
+      int64_t n = std::min(seg.count - consumed, max_elems);
+      if (!contiguous) n = std::min(n, out.cols - flat % out.cols);
+      tiles[num_tiles++] = {static_cast<const unsigned char*>(seg.src) + consumed * esize, flat, n,
+                            seg.src_type};
+      consumed += n;
+    }
+    if (consumed == seg.count) {
+      ++first;
+      consumed = 0;
+    }
   }
   kernels::launch_restore_gather(static_cast<const GatherSegment*>(slot.table.device()),
                                  static_cast<int64_t>(num_tiles), out, stream);
-  return i;
 }
 
 void CudaDevicePath::restore_copy_engine(std::span<const GatherSegment> segments,
