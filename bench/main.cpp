@@ -39,6 +39,8 @@ constexpr Workload kWorkloads[] = {
     {"gpu_overlap", run_gpu_overlap,
      "store while the caller's stream is busy; restore during another stream's H2D copy"},
     {"remote", run_remote, "Redis tier: read-through restore vs raw GETs, store with tier on/off"},
+    {"batch", run_batch, "768 host items (256 requests x 3 layers) as one batch vs single calls"},
+    {"gpu_batch", run_gpu_batch, "the same with device items (needs a device)"},
 };
 
 // The targets, read off the full run's figures (host path).

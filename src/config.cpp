@@ -43,6 +43,10 @@ constexpr std::string_view kHiddenStateRemoteTtlS = "hidden_state_remote_ttl_s";
 constexpr std::string_view kHiddenStateRemoteTimeoutMs = "hidden_state_remote_timeout_ms";
 constexpr std::string_view kHiddenStateRemoteQueueBytes = "hidden_state_remote_queue_bytes";
 constexpr std::string_view kHiddenStateKinds = "hidden_state_kinds";
+constexpr std::string_view kHiddenStateRestoreImpl = "hidden_state_restore_impl";
+constexpr std::string_view kHiddenStateStagingBytes = "hidden_state_staging_bytes";
+constexpr std::string_view kHiddenStateOutputCacheBytes = "hidden_state_output_cache_bytes";
+constexpr std::string_view kHiddenStateStreamThresholdBytes = "hidden_state_stream_threshold_bytes";
 
 // Where a value came from and how it was written, so validation errors can quote the input
 // rather than a reformatted number. `where` reads "line 3" or "environment variable X". Keys
@@ -182,6 +186,14 @@ StorageDType parse_dtype(std::string_view key, const YAML::Node& node, std::stri
   fail(key, "expected 'float32' or 'native'", describe(node), where);
 }
 
+RestoreImpl parse_restore_impl(std::string_view key, const YAML::Node& node,
+                               std::string_view where) {
+  if (node.IsScalar()) {
+    if (const auto impl = restore_impl_from_string(node.Scalar())) return *impl;
+  }
+  fail(key, "expected 'kernel', 'copy_engine' or 'cub'", describe(node), where);
+}
+
 std::optional<std::vector<int64_t>> parse_layers(std::string_view key, const YAML::Node& node,
                                                  std::string_view where, bool where_is_line) {
   if (node.IsNull()) return std::nullopt;
@@ -260,6 +272,14 @@ bool apply_key(Config& cfg, std::string_view key, const YAML::Node& value, std::
     cfg.hidden_state_remote_queue_bytes = parse_int(key, value, where);
   } else if (key == kHiddenStateKinds) {
     cfg.hidden_state_kinds = parse_kinds(key, value, where);
+  } else if (key == kHiddenStateRestoreImpl) {
+    cfg.hidden_state_restore_impl = parse_restore_impl(key, value, where);
+  } else if (key == kHiddenStateStagingBytes) {
+    cfg.hidden_state_staging_bytes = parse_int(key, value, where);
+  } else if (key == kHiddenStateOutputCacheBytes) {
+    cfg.hidden_state_output_cache_bytes = parse_int(key, value, where);
+  } else if (key == kHiddenStateStreamThresholdBytes) {
+    cfg.hidden_state_stream_threshold_bytes = parse_int(key, value, where);
   } else {
     return false;
   }
@@ -278,7 +298,11 @@ constexpr std::array kKnownKeys = {kChunkSize,
                                    kHiddenStateRemoteTtlS,
                                    kHiddenStateRemoteTimeoutMs,
                                    kHiddenStateRemoteQueueBytes,
-                                   kHiddenStateKinds};
+                                   kHiddenStateKinds,
+                                   kHiddenStateRestoreImpl,
+                                   kHiddenStateStagingBytes,
+                                   kHiddenStateOutputCacheBytes,
+                                   kHiddenStateStreamThresholdBytes};
 
 std::string origin_of(const Origins& origins, std::string_view key) {
   const auto it = origins.find(key);
@@ -379,6 +403,22 @@ void validate_with(const Config& cfg, const Origins& origins) {
              std::to_string(static_cast<int>(cfg.hidden_state_storage_dtype)));
   }
   validate_remote(cfg, origins);
+  if (to_string(cfg.hidden_state_restore_impl) == "unknown") {
+    fail_key(origins, kHiddenStateRestoreImpl, "unknown restore implementation",
+             std::to_string(static_cast<int>(cfg.hidden_state_restore_impl)));
+  }
+  if (cfg.hidden_state_staging_bytes <= 0) {
+    fail_key(origins, kHiddenStateStagingBytes, "must be > 0 (bytes of staging per device)",
+             std::to_string(cfg.hidden_state_staging_bytes));
+  }
+  if (cfg.hidden_state_output_cache_bytes < 0) {
+    fail_key(origins, kHiddenStateOutputCacheBytes, "must be >= 0 (bytes)",
+             std::to_string(cfg.hidden_state_output_cache_bytes));
+  }
+  if (cfg.hidden_state_stream_threshold_bytes < 0) {
+    fail_key(origins, kHiddenStateStreamThresholdBytes, "must be >= 0 (bytes)",
+             std::to_string(cfg.hidden_state_stream_threshold_bytes));
+  }
 }
 
 // Parses YAML text into cfg, recording where each key came from. Does not validate.
@@ -458,6 +498,25 @@ std::string_view to_string(StorageDType dtype) {
       return "native";
   }
   return "unknown";
+}
+
+std::string_view to_string(RestoreImpl impl) {
+  switch (impl) {
+    case RestoreImpl::kKernel:
+      return "kernel";
+    case RestoreImpl::kCopyEngine:
+      return "copy_engine";
+    case RestoreImpl::kCub:
+      return "cub";
+  }
+  return "unknown";
+}
+
+std::optional<RestoreImpl> restore_impl_from_string(std::string_view name) {
+  for (RestoreImpl impl : {RestoreImpl::kKernel, RestoreImpl::kCopyEngine, RestoreImpl::kCub}) {
+    if (name == to_string(impl)) return impl;
+  }
+  return std::nullopt;
 }
 
 Config Config::from_yaml(std::string_view yaml_text) {
@@ -580,6 +639,12 @@ std::string Config::to_yaml() const {
   out += "hidden_state_remote_timeout_ms: " + std::to_string(hidden_state_remote_timeout_ms) + "\n";
   out +=
       "hidden_state_remote_queue_bytes: " + std::to_string(hidden_state_remote_queue_bytes) + "\n";
+  out += "hidden_state_restore_impl: " + std::string(to_string(hidden_state_restore_impl)) + "\n";
+  out += "hidden_state_staging_bytes: " + std::to_string(hidden_state_staging_bytes) + "\n";
+  out +=
+      "hidden_state_output_cache_bytes: " + std::to_string(hidden_state_output_cache_bytes) + "\n";
+  out += "hidden_state_stream_threshold_bytes: " +
+         std::to_string(hidden_state_stream_threshold_bytes) + "\n";
   return out;
 }
 

@@ -309,7 +309,8 @@ void bind_store(nb::module_& m) {
           },
           nb::arg("token_ids").none(), nb::arg("out").none(), nb::kw_only(),
           nb::arg("layer_idx") = 0, nb::arg("row_begin") = 0, nb::arg("kind") = "hidden",
-          "Writes the cached prefix into out (float32, CPU or CUDA); returns the rows written.")
+          "Writes the cached prefix into out (float32, float16 or bfloat16, CPU or CUDA); returns the "
+          "rows written.")
       .def(
           "retrieve_layers",
           [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle layer_idxs, int64_t row_begin,

@@ -57,7 +57,7 @@ def test_bad_retrieve_arguments():
     f.mark_kv_present(f.keys_for(TOKENS))
     f.store.store_hidden_states(TOKENS, rows(2 * CHUNK))
     with pytest.raises(ValueError, match="out"):
-        f.store.retrieve_hidden_states_into(TOKENS, np.zeros((16, DIM), np.float16))
+        f.store.retrieve_hidden_states_into(TOKENS, np.zeros((16, DIM), np.int32))
     with pytest.raises(ValueError, match="out.rows"):
         f.store.retrieve_hidden_states_into(TOKENS, np.zeros((4, DIM), np.float32))
     with pytest.raises(ValueError, match="layer_idxs"):

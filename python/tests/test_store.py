@@ -166,6 +166,10 @@ def test_row_begin_and_retrieve_into(fix):
     out2 = np.zeros((3 * CHUNK, DIM), np.float32)
     assert fix.store.retrieve_hidden_states_into(tokens, out2, row_begin=CHUNK) == 2 * CHUNK
     np.testing.assert_array_equal(out2[: 2 * CHUNK], data[CHUNK:])
+    # The output view's dtype decides what is written: float16 rounds to nearest-even.
+    out16 = np.zeros((3 * CHUNK, DIM), np.float16)
+    assert fix.store.retrieve_hidden_states_into(tokens, out16) == 3 * CHUNK
+    np.testing.assert_array_equal(out16, data.astype(np.float16))
 
 
 def test_token_id_forms(fix):
