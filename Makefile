@@ -8,16 +8,23 @@ FUZZ_DIR := build-fuzz
 # make fuzz: seconds per libFuzzer target; make tsan: seconds of the TSan stress run.
 FUZZ_SECONDS ?= 60
 TSAN_SECONDS ?= 60
+# The Python package is built and tested in a venv of the build tree (scripts/pyenv), never the
+# system Python.
+PYENV := $(BUILD_DIR)/pyenv
+PYTHON_FLAGS = -DHSS_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(abspath $(PYENV))/bin/python
 
-.PHONY: all bootstrap configure build test demo asan tsan fuzz bench format clean
+.PHONY: all bootstrap configure build test test-lmcache demo demo-remote asan tsan fuzz bench format clean
 
 all: build
 
 bootstrap:
 	@scripts/bootstrap
 
-$(BUILD_DIR)/build.ninja:
-	cmake --preset default
+$(PYENV)/.ready: scripts/pyenv | bootstrap
+	scripts/pyenv $(PYENV)
+
+$(BUILD_DIR)/build.ninja: $(PYENV)/.ready
+	cmake --preset default $(PYTHON_FLAGS)
 
 configure: bootstrap $(BUILD_DIR)/build.ninja
 
@@ -26,6 +33,10 @@ build: configure
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+
+# The drop-in inside the real LMCache 0.5.6 (a cached venv outside the clone, ~6 GB with torch).
+test-lmcache: bootstrap
+	scripts/lmcache_venv
 
 demo: build
 	$(BUILD_DIR)/tools/hss-demo
@@ -59,3 +70,7 @@ format:
 
 clean:
 	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR) build-host build-gpu
+
+# hss-demo --remote against a redis-server started (and stopped) for the run.
+demo-remote: build
+	@scripts/demo-remote $(BUILD_DIR)/tools/hss-demo

@@ -38,6 +38,9 @@ constexpr Workload kWorkloads[] = {
     {"gpu_small", run_gpu_small, "one 256 x 1024 chunk: device store, restore vs cudaMemcpyAsync"},
     {"gpu_overlap", run_gpu_overlap,
      "store while the caller's stream is busy; restore during another stream's H2D copy"},
+    {"remote", run_remote, "Redis tier: read-through restore vs raw GETs, store with tier on/off"},
+    {"batch", run_batch, "768 host items (256 requests x 3 layers) as one batch vs single calls"},
+    {"gpu_batch", run_gpu_batch, "the same with device items (needs a device)"},
 };
 
 // The issue's targets, read off the full run's figures (host path).
@@ -69,6 +72,10 @@ std::vector<Target> issue_targets() {
        "mixed/replay native-storage half pool", at(256, 1024, 0), "naive", 5.0},
       {"mixed with float32 storage, pool = working set: >= 5x naive",
        "mixed/replay float32-storage", at(256, 1024, 0), "naive", 5.0},
+      {"remote read-through of 16K f32 h4096: >= 0.7 of raw pipelined GETs",
+       "remote/read-through f32", at(256, 4096, 16384), "raw GETs", 0.7},
+      {"write-behind adds <= 5% to store time (value = on/off throughput)",
+       "remote/store f32 remote on", at(256, 4096, 16384), "remote off", 0.95},
   };
 }
 

@@ -25,3 +25,14 @@ find_path(HSS_NVTX_INCLUDE_DIR nvtx3/nvToolsExt.h HINTS ${_hss_nvtx_hint} /usr/l
 if(HSS_NVTX_INCLUDE_DIR)
   set(HSS_HAVE_NVTX ON)
 endif()
+
+# hiredis is optional: with it the shared Redis/Valkey tier (hidden_state_remote_url) is built;
+# without it the tier is compiled out and configuring a remote URL is a ConfigError.
+option(HSS_ENABLE_REMOTE "Build the Redis/Valkey remote tier when hiredis is found" ON)
+set(HSS_HAVE_REMOTE OFF)
+if(HSS_ENABLE_REMOTE)
+  pkg_check_modules(HIREDIS IMPORTED_TARGET hiredis)
+  if(HIREDIS_FOUND)
+    set(HSS_HAVE_REMOTE ON)
+  endif()
+endif()

@@ -1,6 +1,6 @@
-// Restore kernels: the custom batched gather (one block per tile, widening 16-bit storage through
-// restore_tile in hss/kernels/tiling.hpp) and the cub::DeviceMemcpy::Batched baseline it is
-// measured against (docs/kernels.md).
+// Restore kernels: the custom batched gather (one block per tile, instantiated per output type:
+// float32, float16, bfloat16; conversions through restore_tile in hss/kernels/tiling.hpp) and the
+// cub::DeviceMemcpy::Batched baseline it is measured against (docs/kernels.md).
 
 #include <cub/device/device_memcpy.cuh>
 
@@ -12,10 +12,19 @@
 namespace hss::kernels {
 namespace {
 
+template <ElemType D>
 __global__ void __launch_bounds__(kBlockThreads)
     restore_gather_kernel(const GatherSegment* __restrict__ tiles, OutputView out) {
   const GatherSegment tile = tiles[blockIdx.x];
-  restore_tile_any(tile, out, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+  restore_tile_to<D>(tile, out, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+}
+
+template <ElemType D>
+void launch_restore(const GatherSegment* tiles, int64_t num_tiles, const OutputView& out,
+                    cudaStream_t stream) {
+  restore_gather_kernel<D>
+      <<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles, out);
+  HSS_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -24,8 +33,16 @@ void launch_restore_gather(const GatherSegment* tiles, int64_t num_tiles, const 
                            cudaStream_t stream) {
   if (num_tiles <= 0) return;
   if (num_tiles > 0x7FFFFFFF) throw Error("restore_gather: too many tiles for one grid");
-  restore_gather_kernel<<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles, out);
-  HSS_CUDA_CHECK_LAUNCH();
+  switch (out.type) {
+    case ElemType::kFloat32:
+      return launch_restore<ElemType::kFloat32>(tiles, num_tiles, out, stream);
+    case ElemType::kFloat16:
+      return launch_restore<ElemType::kFloat16>(tiles, num_tiles, out, stream);
+    case ElemType::kBFloat16:
+      return launch_restore<ElemType::kBFloat16>(tiles, num_tiles, out, stream);
+  }
+  throw Error("restore_gather: unknown output element type " +
+              std::to_string(static_cast<int>(out.type)));
 }
 
 size_t cub_batched_memcpy_temp_bytes(int64_t num_buffers) {

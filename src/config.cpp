@@ -18,6 +18,7 @@
 #include "hss/detail/checked.hpp"
 #include "hss/detail/file_reader.hpp"
 #include "hss/error.hpp"
+#include "redis_url.hpp"
 
 namespace hss {
 namespace {
@@ -37,7 +38,15 @@ constexpr std::string_view kMaxHiddenStateCpuSize = "max_hidden_state_cpu_size";
 constexpr std::string_view kHiddenStateLayers = "hidden_state_layers";
 constexpr std::string_view kHiddenStateStorageDType = "hidden_state_storage_dtype";
 constexpr std::string_view kHiddenStateBlockBytes = "hidden_state_block_bytes";
+constexpr std::string_view kHiddenStateRemoteUrl = "hidden_state_remote_url";
+constexpr std::string_view kHiddenStateRemoteTtlS = "hidden_state_remote_ttl_s";
+constexpr std::string_view kHiddenStateRemoteTimeoutMs = "hidden_state_remote_timeout_ms";
+constexpr std::string_view kHiddenStateRemoteQueueBytes = "hidden_state_remote_queue_bytes";
 constexpr std::string_view kHiddenStateKinds = "hidden_state_kinds";
+constexpr std::string_view kHiddenStateRestoreImpl = "hidden_state_restore_impl";
+constexpr std::string_view kHiddenStateStagingBytes = "hidden_state_staging_bytes";
+constexpr std::string_view kHiddenStateOutputCacheBytes = "hidden_state_output_cache_bytes";
+constexpr std::string_view kHiddenStateStreamThresholdBytes = "hidden_state_stream_threshold_bytes";
 
 // Where a value came from and how it was written, so validation errors can quote the input
 // rather than a reformatted number. `where` reads "line 3" or "environment variable X". Keys
@@ -177,6 +186,14 @@ StorageDType parse_dtype(std::string_view key, const YAML::Node& node, std::stri
   fail(key, "expected 'float32' or 'native'", describe(node), where);
 }
 
+RestoreImpl parse_restore_impl(std::string_view key, const YAML::Node& node,
+                               std::string_view where) {
+  if (node.IsScalar()) {
+    if (const auto impl = restore_impl_from_string(node.Scalar())) return *impl;
+  }
+  fail(key, "expected 'kernel', 'copy_engine' or 'cub'", describe(node), where);
+}
+
 std::optional<std::vector<int64_t>> parse_layers(std::string_view key, const YAML::Node& node,
                                                  std::string_view where, bool where_is_line) {
   if (node.IsNull()) return std::nullopt;
@@ -195,6 +212,20 @@ std::optional<std::vector<int64_t>> parse_layers(std::string_view key, const YAM
     layers.push_back(*value);
   }
   return layers;
+}
+
+// A URL or a list of URLs (null or an empty list: no remote tier). Checked in validate().
+std::vector<std::string> parse_urls(std::string_view key, const YAML::Node& node,
+                                    std::string_view where) {
+  if (node.IsNull()) return {};
+  if (node.IsScalar()) return {node.Scalar()};
+  if (!node.IsSequence()) fail(key, "expected a URL or a list of URLs", describe(node), where);
+  std::vector<std::string> urls;
+  for (const YAML::Node& item : node) {
+    if (!item.IsScalar()) fail(key, "expected a URL or a list of URLs", describe(node), where);
+    urls.push_back(item.Scalar());
+  }
+  return urls;
 }
 
 std::optional<std::vector<ActivationKind>> parse_kinds(std::string_view key, const YAML::Node& node,
@@ -231,8 +262,24 @@ bool apply_key(Config& cfg, std::string_view key, const YAML::Node& value, std::
     cfg.hidden_state_storage_dtype = parse_dtype(key, value, where);
   } else if (key == kHiddenStateBlockBytes) {
     cfg.hidden_state_block_bytes = parse_int(key, value, where);
+  } else if (key == kHiddenStateRemoteUrl) {
+    cfg.hidden_state_remote_url = parse_urls(key, value, where);
+  } else if (key == kHiddenStateRemoteTtlS) {
+    cfg.hidden_state_remote_ttl_s = parse_int(key, value, where);
+  } else if (key == kHiddenStateRemoteTimeoutMs) {
+    cfg.hidden_state_remote_timeout_ms = parse_int(key, value, where);
+  } else if (key == kHiddenStateRemoteQueueBytes) {
+    cfg.hidden_state_remote_queue_bytes = parse_int(key, value, where);
   } else if (key == kHiddenStateKinds) {
     cfg.hidden_state_kinds = parse_kinds(key, value, where);
+  } else if (key == kHiddenStateRestoreImpl) {
+    cfg.hidden_state_restore_impl = parse_restore_impl(key, value, where);
+  } else if (key == kHiddenStateStagingBytes) {
+    cfg.hidden_state_staging_bytes = parse_int(key, value, where);
+  } else if (key == kHiddenStateOutputCacheBytes) {
+    cfg.hidden_state_output_cache_bytes = parse_int(key, value, where);
+  } else if (key == kHiddenStateStreamThresholdBytes) {
+    cfg.hidden_state_stream_threshold_bytes = parse_int(key, value, where);
   } else {
     return false;
   }
@@ -247,7 +294,15 @@ constexpr std::array kKnownKeys = {kChunkSize,
                                    kHiddenStateLayers,
                                    kHiddenStateStorageDType,
                                    kHiddenStateBlockBytes,
-                                   kHiddenStateKinds};
+                                   kHiddenStateRemoteUrl,
+                                   kHiddenStateRemoteTtlS,
+                                   kHiddenStateRemoteTimeoutMs,
+                                   kHiddenStateRemoteQueueBytes,
+                                   kHiddenStateKinds,
+                                   kHiddenStateRestoreImpl,
+                                   kHiddenStateStagingBytes,
+                                   kHiddenStateOutputCacheBytes,
+                                   kHiddenStateStreamThresholdBytes};
 
 std::string origin_of(const Origins& origins, std::string_view key) {
   const auto it = origins.find(key);
@@ -279,6 +334,34 @@ void check_gib(const Origins& origins, std::string_view key, double gib) {
   if (gib < 0.0) fail_key(origins, key, "must be >= 0 (GiB)", plain_double(gib));
   if (gib * kBytesPerGiB >= kUint64Limit) {
     fail_key(origins, key, "must be less than 2^34 GiB", plain_double(gib));
+  }
+}
+
+void validate_remote(const Config& cfg, const Origins& origins) {
+  try {
+    (void)detail::parse_redis_urls(cfg.hidden_state_remote_url);
+  } catch (const ConfigError& e) {
+    // The parser masks passwords; the origin is where the list came from.
+    std::string msg = "config key '" + std::string(kHiddenStateRemoteUrl) + "': " + e.what();
+    if (const std::string where = origin_of(origins, kHiddenStateRemoteUrl); !where.empty()) {
+      msg += " (" + where + ")";
+    }
+    throw ConfigError(msg);
+  }
+  if (cfg.hidden_state_remote_ttl_s < 0) {
+    fail_key(origins, kHiddenStateRemoteTtlS, "must be >= 0 seconds (0 = no expiry)",
+             std::to_string(cfg.hidden_state_remote_ttl_s));
+  }
+  // Bounded so the timeout fits a timeval and a stuck server cannot hold a caller for long.
+  constexpr int64_t kMaxTimeoutMs = 600000;
+  if (cfg.hidden_state_remote_timeout_ms <= 0 ||
+      cfg.hidden_state_remote_timeout_ms > kMaxTimeoutMs) {
+    fail_key(origins, kHiddenStateRemoteTimeoutMs, "must be in [1, 600000] milliseconds",
+             std::to_string(cfg.hidden_state_remote_timeout_ms));
+  }
+  if (cfg.hidden_state_remote_queue_bytes < 0) {
+    fail_key(origins, kHiddenStateRemoteQueueBytes, "must be >= 0 bytes (0 = no write-behind)",
+             std::to_string(cfg.hidden_state_remote_queue_bytes));
   }
 }
 
@@ -323,6 +406,23 @@ void validate_with(const Config& cfg, const Origins& origins) {
     // Only reachable for a Config built in code: parsing accepts the two names alone.
     fail_key(origins, kHiddenStateStorageDType, "unknown storage dtype",
              std::to_string(static_cast<int>(cfg.hidden_state_storage_dtype)));
+  }
+  validate_remote(cfg, origins);
+  if (to_string(cfg.hidden_state_restore_impl) == "unknown") {
+    fail_key(origins, kHiddenStateRestoreImpl, "unknown restore implementation",
+             std::to_string(static_cast<int>(cfg.hidden_state_restore_impl)));
+  }
+  if (cfg.hidden_state_staging_bytes <= 0) {
+    fail_key(origins, kHiddenStateStagingBytes, "must be > 0 (bytes of staging per device)",
+             std::to_string(cfg.hidden_state_staging_bytes));
+  }
+  if (cfg.hidden_state_output_cache_bytes < 0) {
+    fail_key(origins, kHiddenStateOutputCacheBytes, "must be >= 0 (bytes)",
+             std::to_string(cfg.hidden_state_output_cache_bytes));
+  }
+  if (cfg.hidden_state_stream_threshold_bytes < 0) {
+    fail_key(origins, kHiddenStateStreamThresholdBytes, "must be >= 0 (bytes)",
+             std::to_string(cfg.hidden_state_stream_threshold_bytes));
   }
 }
 
@@ -400,6 +500,25 @@ std::string_view to_string(StorageDType dtype) {
       return "native";
   }
   return "unknown";
+}
+
+std::string_view to_string(RestoreImpl impl) {
+  switch (impl) {
+    case RestoreImpl::kKernel:
+      return "kernel";
+    case RestoreImpl::kCopyEngine:
+      return "copy_engine";
+    case RestoreImpl::kCub:
+      return "cub";
+  }
+  return "unknown";
+}
+
+std::optional<RestoreImpl> restore_impl_from_string(std::string_view name) {
+  for (RestoreImpl impl : {RestoreImpl::kKernel, RestoreImpl::kCopyEngine, RestoreImpl::kCub}) {
+    if (name == to_string(impl)) return impl;
+  }
+  return std::nullopt;
 }
 
 Config Config::from_yaml(std::string_view yaml_text) {
@@ -500,6 +619,34 @@ std::string Config::to_yaml() const {
     out += "]";
   }
   out += "\n";
+  out += "hidden_state_remote_url: ";
+  if (hidden_state_remote_url.empty()) {
+    out += "null";
+  } else {
+    out += "[";
+    for (size_t i = 0; i < hidden_state_remote_url.size(); ++i) {
+      if (i != 0) out += ", ";
+      // Double-quoted YAML: a password may hold characters YAML would otherwise read.
+      out += '"';
+      for (const char c : hidden_state_remote_url[i]) {
+        if (c == '"' || c == '\\') out += '\\';
+        out += c;
+      }
+      out += '"';
+    }
+    out += "]";
+  }
+  out += "\n";
+  out += "hidden_state_remote_ttl_s: " + std::to_string(hidden_state_remote_ttl_s) + "\n";
+  out += "hidden_state_remote_timeout_ms: " + std::to_string(hidden_state_remote_timeout_ms) + "\n";
+  out +=
+      "hidden_state_remote_queue_bytes: " + std::to_string(hidden_state_remote_queue_bytes) + "\n";
+  out += "hidden_state_restore_impl: " + std::string(to_string(hidden_state_restore_impl)) + "\n";
+  out += "hidden_state_staging_bytes: " + std::to_string(hidden_state_staging_bytes) + "\n";
+  out +=
+      "hidden_state_output_cache_bytes: " + std::to_string(hidden_state_output_cache_bytes) + "\n";
+  out += "hidden_state_stream_threshold_bytes: " +
+         std::to_string(hidden_state_stream_threshold_bytes) + "\n";
   return out;
 }
 

@@ -1,56 +1,121 @@
 #pragma once
 // How bytes move between callers' tensors and the pool. The store plans the work as segments
-// (kernels/hss/kernels/layout.hpp); the host path (host_data_path.cpp) and the CUDA path
-// (cuda/device_path.cpp + kernels/*.cu) carry them out with the same per-element functions.
+// (kernels/hss/kernels/layout.hpp); the host path (host_data_path.cpp), the CUDA path
+// (cuda/device_path.cpp + kernels/*.cu) and the simulated asynchronous path used by the CI tests
+// (sim_data_path.cpp) carry them out with the same per-element functions.
+//
+// Ordering contract of a DevicePath (every implementation, the simulated one included):
+// * Work a call enqueues for a caller stream runs after the caller's earlier work on that stream
+//   and before its later work reads anything the call wrote (the restore output) or overwrites
+//   anything the call reads (the store source). Work for stream B never waits for stream A's
+//   queued work.
+// * store() and restore() return once enqueued. The host waits only in CopyFence::wait(), in
+//   flush(), and in store() when the staging a cast needs would exceed the staging budget
+//   (counted in staging_waits()).
+// * A restore's keep_alive (the pinned pool entries it reads) is held until the restore has read
+//   the pool; release_finished() drops the finished ones without waiting.
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
+#include "hss/config.hpp"
 #include "hss/kernels/layout.hpp"
+#include "hss/tensor.hpp"
 
 namespace hss::detail {
 
-/// Host path: converts and copies synchronously on the calling thread.
-void host_store(const kernels::SourceView& src, std::span<const kernels::WriteSegment> segments);
-void host_restore(std::span<const kernels::GatherSegment> segments, const kernels::OutputView& out);
+/// Default of Config::hidden_state_stream_threshold_bytes.
+inline constexpr uint64_t kDefaultStreamThresholdBytes = uint64_t{8} << 20;
+
+/// Host path: converts and copies synchronously on the calling thread. Calls moving at least
+/// `stream_threshold_bytes` use non-temporal stores (HSS_STREAM_THRESHOLD_KB overrides it).
+void host_store(const kernels::SourceView& src, std::span<const kernels::WriteSegment> segments,
+                uint64_t stream_threshold_bytes = kDefaultStreamThresholdBytes);
+/// Writes out.type (float32, float16 or bfloat16): bit copies when the storage type matches,
+/// exact widening, nearest-even narrowing.
+void host_restore(std::span<const kernels::GatherSegment> segments, const kernels::OutputView& out,
+                  uint64_t stream_threshold_bytes = kDefaultStreamThresholdBytes);
 
 /// Completion of the device-to-host copies of one store call, shared by the entries it wrote.
+/// Thread-safe.
 class CopyFence {
  public:
   virtual ~CopyFence() = default;
-  /// Blocks until the copies have landed. False when the device work failed; error() says why.
+  /// Blocks the host until the copies have landed (a cached flag once they have: no device call).
+  /// False when the device work failed; error() says why.
   [[nodiscard]] virtual bool wait() noexcept = 0;
+  /// Never blocks. True once the copies have landed or failed (cached once seen).
   [[nodiscard]] virtual bool ready() noexcept = 0;
+  /// The cached flag alone: no device call, safe under any lock. DevicePath::poll() refreshes it.
+  [[nodiscard]] virtual bool landed() const noexcept = 0;
   [[nodiscard]] virtual std::string error() const = 0;
 };
+using FenceRef = std::shared_ptr<CopyFence>;
 
-/// The CUDA data path of one store (per-device copy streams, staging buffers).
-/// Thread-safe: store/restore may be called from many threads at once.
+/// The device data path of one store. Thread-safe: every method may be called from many threads.
 class DevicePath {
  public:
   virtual ~DevicePath() = default;
 
-  /// nullptr when the build has no CUDA or the process found no device.
-  [[nodiscard]] static std::unique_ptr<DevicePath> create();
+  /// The path for `config`: the factory installed by ScopedDevicePathFactory (tests) if any, else
+  /// the CUDA path, or nullptr when the build has no CUDA or the process found no device.
+  [[nodiscard]] static std::unique_ptr<DevicePath> create(const Config& config);
 
-  /// One gather/cast kernel on `stream` reads every segment's rows from the device tensor `src`
-  /// into a staging buffer; async copies on the device's copy stream move them into the pool.
-  /// Returns at once. Throws hss::Error (with the CUDA error string) when enqueueing fails.
-  [[nodiscard]] virtual std::shared_ptr<CopyFence> store(
-      const kernels::SourceView& src, int device_index,
-      std::span<const kernels::WriteSegment> segments, void* stream) = 0;
+  /// Throws InvalidArgument naming `what` unless `data` is device memory of device `device_index`
+  /// (on_device) or is not device memory (!on_device). Changes nothing.
+  virtual void check_pointer(const void* data, bool on_device, int device_index,
+                             std::string_view what) = 0;
 
-  /// One batched gather kernel on `stream` reads the segments from the (device-mapped) pool and
-  /// writes the float32 prefix into `out` (device or host memory). Returns once enqueued;
-  /// `keep_alive` (the pinned entries being read) is held until the kernel has read the pool, so
-  /// no eviction can hand those blocks to another store meanwhile. Null: blocks until done.
+  /// Reads every segment's rows from the device tensor `src` (ordered on `stream`) into the pool
+  /// blocks the segments name. Returns once enqueued, with the fence the entries carry; the caller
+  /// may reuse `src` in its later work on `stream`. Waits on the host only when the staging of a
+  /// cast would exceed the staging budget. Throws hss::Error when enqueueing fails.
+  [[nodiscard]] virtual FenceRef store(const kernels::SourceView& src, int device_index,
+                                       std::span<const kernels::WriteSegment> segments,
+                                       Stream stream) = 0;
+
+  /// Makes `stream` wait (on the device, never the host) for every fence in `after`, then gathers
+  /// the segments from the pool into `out` (device memory of `device_index`, out.type). Returns
+  /// once enqueued; `keep_alive` is held until the restore has read the pool.
   virtual void restore(std::span<const kernels::GatherSegment> segments,
-                       const kernels::OutputView& out, int device_index, void* stream,
-                       std::shared_ptr<const void> keep_alive) = 0;
+                       const kernels::OutputView& out, int device_index, Stream stream,
+                       std::span<const FenceRef> after, std::shared_ptr<const void> keep_alive) = 0;
 
-  /// Waits for every copy issued so far.
+  /// Drops the keep-alives of the restores that have finished; never waits. Returns how many.
+  virtual size_t release_finished() = 0;
+  /// Refreshes the landed flag of every outstanding fence and releases finished restores; never
+  /// waits. The store calls it outside its lock before eviction decisions, so that decisions
+  /// under the lock read cached flags only.
+  virtual void poll() = 0;
+  /// Restores enqueued and not yet released by release_finished() or flush().
+  [[nodiscard]] virtual size_t restores_in_flight() const = 0;
+
+  /// Waits for every copy and restore issued so far and releases every keep-alive.
   virtual void flush() = 0;
+
+  /// Stores that waited on the host because the staging budget was exhausted.
+  [[nodiscard]] virtual uint64_t staging_waits() const = 0;
+};
+
+/// The platform's path (cuda/device_path.cpp or nocuda/device_path.cpp).
+[[nodiscard]] std::unique_ptr<DevicePath> create_platform_device_path(const Config& config);
+
+/// Test hook: while alive, DevicePath::create() (and so every store constructed meanwhile) uses
+/// `factory`. Not thread-safe with respect to concurrent store construction; nests.
+using DevicePathFactory = std::function<std::unique_ptr<DevicePath>(const Config&)>;
+class ScopedDevicePathFactory {
+ public:
+  explicit ScopedDevicePathFactory(DevicePathFactory factory);
+  ~ScopedDevicePathFactory();
+  ScopedDevicePathFactory(const ScopedDevicePathFactory&) = delete;
+  ScopedDevicePathFactory& operator=(const ScopedDevicePathFactory&) = delete;
+
+ private:
+  DevicePathFactory previous_;
 };
 
 }  // namespace hss::detail

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "hidden_state_store_impl.hpp"
+#include "hss/detail/host_buffer.hpp"
 #include "hss/error.hpp"
 #include "store_validation.hpp"
 
@@ -35,12 +36,33 @@ HiddenStateStore::Impl::Impl(const Config& config, const TokenDatabase& token_da
       token_database_(token_database),
       pool_(checked_pool_bytes(config), static_cast<uint64_t>(config.hidden_state_block_bytes),
             /*try_pinned=*/true, /*prefault=*/true),
-      device_path_(detail::DevicePath::create()) {}
+      device_path_(detail::DevicePath::create(config)),
+      // Queued writes may keep half the pool from eviction; beyond that they copy.
+      remote_(config, pool_.capacity_bytes() / 2) {
+  // Process-wide: the recycler of restore outputs (HSS_OUTPUT_CACHE_MB still overrides it).
+  detail::host_buffer_pool_set_limit(static_cast<size_t>(config.hidden_state_output_cache_bytes));
+}
 
 HiddenStateStore::Impl::~Impl() {
   try {
     close();
   } catch (...) {  // a destructor must not throw; close() only fails on a broken device
+  }
+}
+
+void HiddenStateStore::Impl::reclaim_device_resources() noexcept {
+  if (!device_path_) return;
+  try {
+    device_path_->poll();
+  } catch (...) {  // a broken device: nothing to reclaim now; the next checked call reports it
+  }
+  (void)deferred_.reclaim();
+}
+
+void HiddenStateStore::Impl::check_pointer(const void* data, Device device, int device_index,
+                                           const char* what) const {
+  if (device_path_ && data != nullptr) {
+    device_path_->check_pointer(data, device == Device::kCuda, device_index, what);
   }
 }
 
@@ -106,7 +128,11 @@ bool HiddenStateStore::Impl::evict_one_lru() {
 }
 
 void HiddenStateStore::Impl::flush() {
-  if (device_path_) device_path_->flush();
+  if (device_path_) {
+    device_path_->flush();
+    reclaim_device_resources();
+  }
+  remote_.flush();
 }
 
 void HiddenStateStore::Impl::close() {
@@ -210,9 +236,11 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
   s.hs_evictions = counters_.hs_evictions.load();
   s.coupled_evictions = counters_.coupled_evictions.load();
   s.allocation_failures = counters_.allocation_failures.load();
+  s.staging_waits = device_path_ ? device_path_->staging_waits() : 0;
   for (size_t k = 0; k < s.per_kind.size(); ++k) {
     s.per_kind[k].chunks_written = counters_.kind_chunks_written[k].load();
   }
+  s.remote = remote_.stats();
   return s;
 }
 
@@ -320,6 +348,34 @@ int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks,
 int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks,
                                    std::span<const Slot> slots) const {
   return impl_->coverage(chunks, slots);
+}
+int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks, std::span<const int64_t> layers,
+                                   CoverageScope scope) const {
+  return coverage(chunks, std::span<const Slot>(hidden_slots(layers)), scope);
+}
+int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks, std::span<const Slot> slots,
+                                   CoverageScope scope) const {
+  return scope == CoverageScope::kLocal ? impl_->coverage(chunks, slots)
+                                        : impl_->coverage_with_remote(chunks, slots);
+}
+
+int64_t HiddenStateStore::retrieve_layers_into(std::span<const int32_t> t,
+                                               std::span<const Slot> slots,
+                                               std::span<const MutableTensorView> outs,
+                                               const RetrieveLayersOptions& o) {
+  return impl_->retrieve_layers_into(t, slots, outs, o);
+}
+int64_t HiddenStateStore::retrieve_layers_into(std::span<const int64_t> t,
+                                               std::span<const Slot> slots,
+                                               std::span<const MutableTensorView> outs,
+                                               const RetrieveLayersOptions& o) {
+  return impl_->retrieve_layers_into(t, slots, outs, o);
+}
+std::vector<StoreResult> HiddenStateStore::store_batch(std::span<const StoreItem> items) {
+  return impl_->store_batch(items);
+}
+std::vector<int64_t> HiddenStateStore::retrieve_batch_into(std::span<const RetrieveItem> items) {
+  return impl_->retrieve_batch_into(items);
 }
 
 size_t HiddenStateStore::num_cached_chunks() const { return impl_->num_cached_chunks(); }

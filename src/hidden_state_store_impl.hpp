@@ -3,6 +3,7 @@
 //   hidden_state_store.cpp        construction, queries, maintenance, the public surface
 //   hidden_state_store_write.cpp  the store path (plan under the lock, copy outside it, publish)
 //   hidden_state_store_read.cpp   the prefix walk shared by retrieve, retrieve_into, coverage
+//   hidden_state_store_remote.cpp read-through and remote coverage (the remote tier)
 //
 // Lock order: the index mutex, then the pool's free-stack mutex. Never the reverse, never a KV
 // backend's lock or a copy under the index mutex.
@@ -11,12 +12,15 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "block_pool.hpp"
 #include "data_path.hpp"
+#include "deferred_release.hpp"
 #include "hss/hidden_state_store.hpp"
 #include "store_index.hpp"
+#include "store_remote.hpp"
 
 namespace hss {
 
@@ -48,6 +52,14 @@ class HiddenStateStore::Impl {
   int64_t retrieve_chunk_list_into(std::span<const Chunk> chunks, int64_t n_tokens,
                                    const MutableTensorView& out, const RetrieveOptions& opt);
   int64_t coverage(std::span<const Chunk> chunks, std::span<const Slot> slots) const;
+  template <typename Token>
+  int64_t retrieve_layers_into(std::span<const Token> token_ids, std::span<const Slot> slots,
+                               std::span<const MutableTensorView> outs,
+                               const RetrieveLayersOptions& opt);
+
+  // ---- batch calls (hidden_state_store_batch.cpp)
+  std::vector<StoreResult> store_batch(std::span<const StoreItem> items);
+  std::vector<int64_t> retrieve_batch_into(std::span<const RetrieveItem> items);
 
   // ---- queries and maintenance (hidden_state_store.cpp)
   size_t num_cached_chunks() const;
@@ -60,6 +72,14 @@ class HiddenStateStore::Impl {
   void flush();
   void close();
   HiddenStateStats stats() const;
+
+  // ---- remote tier (hidden_state_remote.cpp); no-ops without hidden_state_remote_url
+  /// Read-through: from the first chunk whose slots are not all local, up to the first chunk
+  /// without KV, fetches the missing (chunk, slot) values in one pipelined round trip per server
+  /// and inserts each into the pool as it arrives. The walk that follows decides the prefix.
+  /// Returns the entries inserted.
+  size_t read_through(std::span<const Chunk> chunks, std::span<const Slot> slots);
+  int64_t coverage_with_remote(std::span<const Chunk> chunks, std::span<const Slot> slots) const;
 
   /// Chunks passed by a caller: contiguous from 0, non-empty. InvalidArgument otherwise.
   static void check_chunks(std::span<const Chunk> chunks);
@@ -75,6 +95,7 @@ class HiddenStateStore::Impl {
     std::optional<size_t> orphan;       // KV gone here: drop the key, prefix ends here
     std::optional<size_t> failed_copy;  // a device copy into this chunk failed: drop it
     int64_t prefix_tokens = 0;
+    std::vector<detail::FenceRef> fences;  // distinct unlanded fences of the prefix (no host wait)
 
     [[nodiscard]] const detail::Entry& entry(int64_t chunk, size_t slot) const {
       return *pinned[static_cast<size_t>(chunk) * slots + slot];
@@ -83,10 +104,34 @@ class HiddenStateStore::Impl {
   };
   /// Walks the chunks: slot presence under the lock, KV presence outside it, fence waits. Pins
   /// what it returns; changes nothing. Throws hss::Error when the store is closed.
-  Walk plan_walk(std::span<const Chunk> chunks, std::span<const Slot> slots) const;
+  /// `wait_for_copies` false (device output): no host wait; the restore orders itself after the
+  /// entries' fences on the device instead (Walk::fences).
+  Walk plan_walk(std::span<const Chunk> chunks, std::span<const Slot> slots,
+                 bool wait_for_copies = true) const;
+  /// plan_walk in two parts: the index part (caller holds mutex_), then KV and fences (no lock).
+  void walk_index_locked(Walk& w, std::span<const Chunk> chunks, std::span<const Slot> slots) const;
+  void walk_finish(Walk& w, bool wait_for_copies) const;
+  /// apply_walk with mutex_ held by the caller, and its counting part (no lock).
+  void apply_walk_locked(const Walk& w) noexcept;
+  void count_walk(const Walk& w, int64_t n_tokens) noexcept;
+  /// restore_walk_into's checks alone (InvalidArgument, nothing changed).
+  /// `item`: the batch index to name in a message (none for a single call).
+  void check_walk_outputs(const Walk& w, std::span<const MutableTensorView> outs, int64_t row_begin,
+                          std::optional<size_t> item = std::nullopt) const;
   /// Applies a walk: drops the orphan (coupled eviction) and failed chunks, touches the prefix in
   /// reverse order, counts the retrieve. Never throws.
   void apply_walk(const Walk& w, int64_t n_tokens) noexcept;
+  /// Views and slots of a restore into caller buffers: counts match, views valid, pointers where
+  /// their device says (InvalidArgument naming the view otherwise).
+  void check_outputs(std::span<const Slot> slots, std::span<const MutableTensorView> outs) const;
+  /// Walk + restore into `outs` (one per slot) + apply; the rows written (0 on a miss).
+  int64_t retrieve_slots_into(std::span<const Chunk> chunks, int64_t n_tokens,
+                              std::span<const Slot> slots, std::span<const MutableTensorView> outs,
+                              int64_t row_begin, Stream stream);
+  /// Checks `outs` against the walk, then restores (host now; device enqueued on `stream` after
+  /// the walk's fences, holding the pins until done). Drops the walk's own pins.
+  int64_t restore_walk_into(Walk& w, std::span<const MutableTensorView> outs, int64_t row_begin,
+                            Stream stream);
   /// Rows [row_begin, prefix end) of slot `slot` of a walk as gather segments.
   std::vector<kernels::GatherSegment> plan_restore(const Walk& w, size_t slot,
                                                    int64_t row_begin) const;
@@ -102,17 +147,37 @@ class HiddenStateStore::Impl {
   void copy_rows(StorePlan& plan, const TensorView& hidden, const StoreOptions& opt);
   void publish(StorePlan& plan) noexcept;
   void withdraw(StorePlan& plan) noexcept;
+  // The same with mutex_ held by the caller (the batch takes it once for every item).
+  void reserve_and_apply_locked(const TensorView& hidden, const StoreOptions& opt,
+                                kernels::ElemType storage, StorePlan& plan);
+  void publish_locked(StorePlan& plan) noexcept;
+  void withdraw_locked(StorePlan& plan) noexcept;
+  /// The storage type of a store of `hidden` under this config.
+  [[nodiscard]] kernels::ElemType storage_for(const TensorView& hidden) const;
   /// Evicts one LRU key for pool pressure, skipping keys guarded by store call `guard`. False
   /// when nothing can be evicted. Caller holds mutex_.
   bool evict_for_space(uint64_t guard) noexcept;
 
   void check_open_locked() const;
+  /// Outside the index lock, before eviction decisions: refresh fence flags, release finished
+  /// restores' pins and granules whose copies landed (none of it waits).
+  void reclaim_device_resources() noexcept;
+  /// Pointer checks of the device path (device memory of device_index, or not device memory).
+  void check_pointer(const void* data, Device device, int device_index, const char* what) const;
+
+  enum class InsertResult { kInserted, kPresent, kNoRoom };
+  /// One fetched value as a READY entry, evicting LRU keys not guarded by `guard` for space.
+  InsertResult insert_fetched(const Chunk& chunk, Slot slot, const detail::RemoteValue& value,
+                              uint64_t guard);
 
   const Config config_;
   const TokenDatabase& token_database_;
   // Declared before the device path: members die in reverse order, so the pool outlives every
-  // entry the device path may still hold.
+  // entry the device path may still hold, and the deferred releases (granules of dropped entries
+  // whose copies were in flight) are returned after the device path drained and before the pool
+  // goes.
   detail::BlockPool pool_;
+  detail::DeferredRelease deferred_{pool_};
   std::unique_ptr<detail::DevicePath> device_path_;
   std::atomic<const StorageManager*> storage_manager_{nullptr};
 
@@ -127,6 +192,25 @@ class HiddenStateStore::Impl {
     std::array<std::atomic<uint64_t>, kNumActivationKinds> kind_chunks_written{};
   };
   mutable Counters counters_;
+  // Last: destroyed first, so the entries its write-behind queue still holds go back to a live
+  // pool; constructed last, so a ConfigError here (no hiredis) leaves nothing behind.
+  mutable detail::StoreRemote remote_;
+};
+
+// The store phases' plan, shared by the single and batch store paths.
+struct HiddenStateStore::Impl::Write {
+  size_t chunk = 0;
+  detail::EntryRef entry;
+  const detail::Entry* replaces = nullptr;  // an entry of the slot with another shape
+};
+
+struct HiddenStateStore::Impl::StorePlan {
+  std::span<const Chunk> chunks;
+  std::vector<Write> writes;  // planned; after phase 1: the granted ones, in chunk order
+  std::vector<kernels::WriteSegment> segments;
+  detail::FenceRef fence;
+  int64_t cached = 0;
+  int64_t esize = 0;
 };
 
 }  // namespace hss

@@ -19,31 +19,45 @@ namespace hss {
 using detail::EntryRef;
 
 HiddenStateStore::Impl::Walk HiddenStateStore::Impl::plan_walk(std::span<const Chunk> chunks,
-                                                               std::span<const Slot> slots) const {
+                                                               std::span<const Slot> slots,
+                                                               bool wait_for_copies) const {
   HSS_RANGE("retrieve/walk");
   Walk w;
-  w.chunks = chunks;
-  w.slots = slots.size();
-  size_t present = 0;  // chunks whose every slot is held, READY and of a consistent shape
   {
     std::lock_guard lock(mutex_);
     check_open_locked();
-    w.pinned.reserve(std::min<size_t>(chunks.size(), 4096) * slots.size());
-    for (; present < chunks.size(); ++present) {
-      const Chunk& chunk = chunks[present];
-      const detail::KeyRecord* record = index_.find(chunk.key);
-      if (record == nullptr) break;
-      size_t s = 0;
-      for (; s < slots.size(); ++s) {
-        const EntryRef* entry = record->find(slots[s]);
-        if (entry == nullptr || !(*entry)->ready || (*entry)->rows != chunk.size()) break;
-        // A hidden dim that changes part-way (a caller bug) ends the prefix there.
-        if (present > 0 && (*entry)->cols != w.pinned[s]->cols) break;
-      }
-      if (s != slots.size()) break;
-      for (const Slot& slot : slots) w.pinned.push_back(*record->find(slot));
-    }
+    walk_index_locked(w, chunks, slots);
   }
+  walk_finish(w, wait_for_copies);
+  return w;
+}
+
+void HiddenStateStore::Impl::walk_index_locked(Walk& w, std::span<const Chunk> chunks,
+                                               std::span<const Slot> slots) const {
+  w.chunks = chunks;
+  w.slots = slots.size();
+  size_t present = 0;  // chunks whose every slot is held, READY and of a consistent shape
+  w.pinned.reserve(std::min<size_t>(chunks.size(), 4096) * slots.size());
+  for (; present < chunks.size(); ++present) {
+    const Chunk& chunk = chunks[present];
+    const detail::KeyRecord* record = index_.find(chunk.key);
+    if (record == nullptr) break;
+    size_t s = 0;
+    for (; s < slots.size(); ++s) {
+      const EntryRef* entry = record->find(slots[s]);
+      if (entry == nullptr || !(*entry)->ready || (*entry)->rows != chunk.size()) break;
+      // A hidden dim that changes part-way (a caller bug) ends the prefix there.
+      if (present > 0 && (*entry)->cols != w.pinned[s]->cols) break;
+    }
+    if (s != slots.size()) break;
+    for (const Slot& slot : slots) w.pinned.push_back(*record->find(slot));
+  }
+  w.hits = static_cast<int64_t>(present);
+}
+
+void HiddenStateStore::Impl::walk_finish(Walk& w, bool wait_for_copies) const {
+  const std::span<const Chunk> chunks = w.chunks;
+  const size_t present = static_cast<size_t>(w.hits);
   // KV outside the lock (contains() takes the KV backend's own lock), for every chunk of the
   // prefix and the chunk that ended it: LMCache asks KV first, so a chunk with KV gone is an
   // orphan even when the slot is missing there.
@@ -58,8 +72,19 @@ HiddenStateStore::Impl::Walk HiddenStateStore::Impl::plan_walk(std::span<const C
       }
     }
   }
-  // Device-path entries: the rows are there once their copy landed.
-  for (size_t i = 0; i < hits; ++i) {
+  // Device-path entries: the rows are there once their copy landed. A device-output restore
+  // never waits here: it orders itself after the distinct fences on the caller's stream.
+  if (!wait_for_copies) {
+    for (size_t i = 0; i < hits * w.slots; ++i) {
+      const detail::FenceRef& fence = w.pinned[i]->fence;
+      if (fence && !fence->landed() && (w.fences.empty() || w.fences.back() != fence)) {
+        w.fences.push_back(fence);
+      }
+    }
+    std::sort(w.fences.begin(), w.fences.end());
+    w.fences.erase(std::unique(w.fences.begin(), w.fences.end()), w.fences.end());
+  }
+  for (size_t i = 0; wait_for_copies && i < hits; ++i) {
     for (size_t s = 0; s < w.slots; ++s) {
       const detail::Entry& entry = *w.pinned[i * w.slots + s];
       if (entry.fence && !entry.fence->wait()) {
@@ -74,27 +99,34 @@ HiddenStateStore::Impl::Walk HiddenStateStore::Impl::plan_walk(std::span<const C
   w.pinned.resize(hits * w.slots);
   w.hits = static_cast<int64_t>(hits);
   w.prefix_tokens = hits > 0 ? chunks[hits - 1].end : 0;
-  return w;
 }
 
 void HiddenStateStore::Impl::apply_walk(const Walk& w, int64_t n_tokens) noexcept {
   {
     std::lock_guard lock(mutex_);
-    if (w.orphan) {
-      // KV evicted => hidden states evicted (every slot of the key).
-      if (index_.find(w.chunks[*w.orphan].key) != nullptr) {
-        (void)index_.erase(w.chunks[*w.orphan].key);
-        counters_.coupled_evictions.fetch_add(1, std::memory_order_relaxed);
-      }
-    }
-    if (w.failed_copy) (void)index_.erase(w.chunks[*w.failed_copy].key);
-    // Reverse order: chunk 0 ends most recent, so pressure evicts the suffix first.
-    for (int64_t i = w.hits - 1; i >= 0; --i) {
-      if (detail::KeyRecord* record = index_.find(w.chunks[static_cast<size_t>(i)].key)) {
-        index_.touch(*record);
-      }
+    apply_walk_locked(w);
+  }
+  count_walk(w, n_tokens);
+}
+
+void HiddenStateStore::Impl::apply_walk_locked(const Walk& w) noexcept {
+  if (w.orphan) {
+    // KV evicted => hidden states evicted (every slot of the key).
+    if (index_.find(w.chunks[*w.orphan].key) != nullptr) {
+      (void)index_.erase(w.chunks[*w.orphan].key);
+      counters_.coupled_evictions.fetch_add(1, std::memory_order_relaxed);
     }
   }
+  if (w.failed_copy) (void)index_.erase(w.chunks[*w.failed_copy].key);
+  // Reverse order: chunk 0 ends most recent, so pressure evicts the suffix first.
+  for (int64_t i = w.hits - 1; i >= 0; --i) {
+    if (detail::KeyRecord* record = index_.find(w.chunks[static_cast<size_t>(i)].key)) {
+      index_.touch(*record);
+    }
+  }
+}
+
+void HiddenStateStore::Impl::count_walk(const Walk& w, int64_t n_tokens) noexcept {
   counters_.retrieves.fetch_add(1, std::memory_order_relaxed);
   counters_.hit_tokens.fetch_add(static_cast<uint64_t>(w.prefix_tokens), std::memory_order_relaxed);
   counters_.miss_tokens.fetch_add(static_cast<uint64_t>(n_tokens - w.prefix_tokens),
@@ -154,6 +186,7 @@ std::vector<HostTensor> HiddenStateStore::Impl::retrieve_chunk_list(std::span<co
   if (row_begin < 0)
     throw InvalidArgument("row_begin = " + std::to_string(row_begin) + " is negative");
   detail::check_slots(slots);
+  (void)read_through(chunks, slots);  // remote tier: fills the pool where the walk would stop
   const Walk w = plan_walk(chunks, slots);
   std::vector<HostTensor> out;
   if (row_begin < w.prefix_tokens) {
@@ -162,7 +195,8 @@ std::vector<HostTensor> HiddenStateStore::Impl::retrieve_chunk_list(std::span<co
     for (size_t s = 0; s < slots.size(); ++s) {
       const int64_t cols = w.cols(s);
       HostTensor tensor(w.prefix_tokens - row_begin, cols);
-      detail::host_restore(plan_restore(w, s, row_begin), {tensor.data(), cols, cols});
+      detail::host_restore(plan_restore(w, s, row_begin), {tensor.data(), cols, cols},
+                           static_cast<uint64_t>(config_.hidden_state_stream_threshold_bytes));
       out.push_back(std::move(tensor));
     }
   }
@@ -184,42 +218,116 @@ int64_t HiddenStateStore::Impl::retrieve_chunk_list_into(std::span<const Chunk> 
                                                          int64_t n_tokens,
                                                          const MutableTensorView& out,
                                                          const RetrieveOptions& opt) {
-  HSS_RANGE("retrieve");
   detail::check_retrieve_options(opt);
-  if (out.dtype != DType::kFloat32) {
-    throw InvalidArgument("out.dtype = " + std::string(to_string(out.dtype)) +
-                          ": retrieve_hidden_states_into writes float32");
-  }
-  detail::check_view(out.as_const(), "out", device_path_ != nullptr);
   const Slot slot{opt.kind, opt.layer_idx};
-  Walk w = plan_walk(chunks, std::span<const Slot>(&slot, 1));
-  if (opt.row_begin >= w.prefix_tokens) {
-    apply_walk(w, n_tokens);
-    return 0;
+  return retrieve_slots_into(chunks, n_tokens, std::span<const Slot>(&slot, 1),
+                             std::span<const MutableTensorView>(&out, 1), opt.row_begin,
+                             opt.stream);
+}
+
+void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
+                                           std::span<const MutableTensorView> outs) const {
+  detail::check_slots(slots);
+  if (outs.size() != slots.size()) {
+    throw InvalidArgument("outs has " + std::to_string(outs.size()) + " views for " +
+                          std::to_string(slots.size()) + " slots");
   }
-  const int64_t rows = w.prefix_tokens - opt.row_begin;
-  const int64_t cols = w.cols(0);
-  // Checked before anything changes: a bad output view drops nothing and counts nothing.
-  if (out.cols != cols) {
-    throw InvalidArgument("out.cols = " + std::to_string(out.cols) +
-                          " but the cached hidden dim is " + std::to_string(cols));
+  for (size_t s = 0; s < outs.size(); ++s) {
+    const std::string name = outs.size() == 1 ? "out" : "outs[" + std::to_string(s) + "]";
+    detail::check_view(outs[s].as_const(), name.c_str(), device_path_ != nullptr);
+    check_pointer(outs[s].data, outs[s].device, outs[s].device_index, name.c_str());
   }
-  if (out.rows < rows) {
-    throw InvalidArgument("out.rows = " + std::to_string(out.rows) + " is too small for the " +
-                          std::to_string(rows) + " rows of the cached prefix");
-  }
-  HSS_RANGE("retrieve/assemble");
-  const kernels::OutputView view{static_cast<float*>(out.data), cols, out.stride()};
-  const auto segments = plan_restore(w, 0, opt.row_begin);
-  if (out.device == Device::kCuda) {
-    auto pins = std::make_shared<std::vector<EntryRef>>(w.pinned);
-    device_path_->restore(segments, view, out.device_index, opt.stream, std::move(pins));
-  } else {
-    detail::host_restore(segments, view);
-  }
+}
+
+int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunks, int64_t n_tokens,
+                                                    std::span<const Slot> slots,
+                                                    std::span<const MutableTensorView> outs,
+                                                    int64_t row_begin, Stream stream) {
+  HSS_RANGE("retrieve");
+  check_outputs(slots, outs);
+  (void)read_through(chunks, slots);  // remote tier: fills the pool where the walk would stop
+  // Host outputs need the rows now; device outputs only order themselves after the copies.
+  const bool all_device = std::all_of(outs.begin(), outs.end(), [](const MutableTensorView& o) {
+    return o.device == Device::kCuda;
+  });
+  Walk w = plan_walk(chunks, slots, /*wait_for_copies=*/!all_device);
+  const int64_t rows = restore_walk_into(w, outs, row_begin, stream);
   apply_walk(w, n_tokens);
   return rows;
 }
+
+void HiddenStateStore::Impl::check_walk_outputs(const Walk& w,
+                                                std::span<const MutableTensorView> outs,
+                                                int64_t row_begin,
+                                                std::optional<size_t> item) const {
+  if (row_begin >= w.prefix_tokens) return;
+  const int64_t rows = w.prefix_tokens - row_begin;
+  // Checked before anything changes: a bad output view drops nothing and counts nothing.
+  for (size_t s = 0; s < outs.size(); ++s) {
+    if (outs[s].cols == w.cols(s) && outs[s].rows >= rows) continue;
+    const std::string name = (item ? "items[" + std::to_string(*item) + "]: " : std::string()) +
+                             (outs.size() == 1 ? "out" : "outs[" + std::to_string(s) + "]");
+    if (outs[s].cols != w.cols(s)) {
+      throw InvalidArgument(name + ".cols = " + std::to_string(outs[s].cols) +
+                            " but the cached hidden dim is " + std::to_string(w.cols(s)));
+    }
+    if (outs[s].rows < rows) {
+      throw InvalidArgument(name + ".rows = " + std::to_string(outs[s].rows) +
+                            " is too small for the " + std::to_string(rows) +
+                            " rows of the cached prefix");
+    }
+  }
+}
+
+int64_t HiddenStateStore::Impl::restore_walk_into(Walk& w, std::span<const MutableTensorView> outs,
+                                                  int64_t row_begin, Stream stream) {
+  if (row_begin >= w.prefix_tokens) return 0;
+  const int64_t rows = w.prefix_tokens - row_begin;
+  check_walk_outputs(w, outs, row_begin);
+  HSS_RANGE("retrieve/assemble");
+  std::shared_ptr<std::vector<EntryRef>> pins;  // shared by this walk's device restores
+  for (size_t s = 0; s < outs.size(); ++s) {
+    const MutableTensorView& out = outs[s];
+    // Any output dtype: same-type copies are bit-identical, narrowing rounds to nearest-even.
+    const kernels::OutputView view{out.data, w.cols(s), out.stride(),
+                                   static_cast<kernels::ElemType>(static_cast<int>(out.dtype))};
+    const auto segments = plan_restore(w, s, row_begin);
+    if (out.device == Device::kCuda) {
+      // The pins live in the device path until the restore has read the pool, then drop.
+      if (!pins) pins = std::make_shared<std::vector<EntryRef>>(w.pinned);
+      device_path_->restore(segments, view, out.device_index, stream, w.fences, pins);
+    } else {
+      detail::host_restore(segments, view,
+                           static_cast<uint64_t>(config_.hidden_state_stream_threshold_bytes));
+    }
+  }
+  w.pinned.clear();  // the walk's own pins drop now; device restores hold theirs
+  return rows;
+}
+
+template <typename Token>
+int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const Token> token_ids,
+                                                     std::span<const Slot> slots,
+                                                     std::span<const MutableTensorView> outs,
+                                                     const RetrieveLayersOptions& opt) {
+  HSS_RANGE("retrieve");
+  if (opt.row_begin < 0) {
+    throw InvalidArgument("row_begin = " + std::to_string(opt.row_begin) + " is negative");
+  }
+  check_outputs(slots, outs);
+  const std::vector<Chunk> chunks = token_database_.process_tokens(token_ids);
+  return retrieve_slots_into(chunks, static_cast<int64_t>(token_ids.size()), slots, outs,
+                             opt.row_begin, opt.stream);
+}
+
+template int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const int32_t>,
+                                                              std::span<const Slot>,
+                                                              std::span<const MutableTensorView>,
+                                                              const RetrieveLayersOptions&);
+template int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const int64_t>,
+                                                              std::span<const Slot>,
+                                                              std::span<const MutableTensorView>,
+                                                              const RetrieveLayersOptions&);
 
 int64_t HiddenStateStore::Impl::coverage(std::span<const Chunk> chunks,
                                          std::span<const Slot> slots) const {

@@ -20,21 +20,6 @@ namespace hss {
 using detail::EntryRef;
 using kernels::ElemType;
 
-struct HiddenStateStore::Impl::Write {
-  size_t chunk = 0;
-  EntryRef entry;
-  const detail::Entry* replaces = nullptr;  // an entry of the slot with another shape
-};
-
-struct HiddenStateStore::Impl::StorePlan {
-  std::span<const Chunk> chunks;
-  std::vector<Write> writes;  // planned; after phase 1: the granted ones, in chunk order
-  std::vector<kernels::WriteSegment> segments;
-  std::shared_ptr<detail::CopyFence> fence;
-  int64_t cached = 0;
-  int64_t esize = 0;
-};
-
 template <typename Token>
 StoreResult HiddenStateStore::Impl::store_tokens(std::span<const Token> token_ids,
                                                  const TensorView& hidden,
@@ -42,6 +27,7 @@ StoreResult HiddenStateStore::Impl::store_tokens(std::span<const Token> token_id
   HSS_RANGE("store");
   detail::check_store_arguments(static_cast<int64_t>(token_ids.size()), hidden, opt,
                                 device_path_ != nullptr);
+  check_pointer(hidden.data, hidden.device, hidden.device_index, "hidden_states");
   std::vector<Chunk> chunks;
   {
     HSS_RANGE("store/keys");
@@ -57,6 +43,7 @@ StoreResult HiddenStateStore::Impl::store_chunks(std::span<const Chunk> chunks,
   check_chunks(chunks);
   detail::check_store_arguments(chunks.empty() ? 0 : chunks.back().end, hidden, opt,
                                 device_path_ != nullptr);
+  check_pointer(hidden.data, hidden.device, hidden.device_index, "hidden_states");
   return store_validated(chunks, hidden, opt);
 }
 
@@ -70,10 +57,7 @@ StoreResult HiddenStateStore::Impl::store_validated(std::span<const Chunk> chunk
     counters_.stores.fetch_add(1, std::memory_order_relaxed);
     return {};
   }
-  const ElemType storage = (config_.hidden_state_storage_dtype == StorageDType::kNative &&
-                            hidden.dtype != DType::kFloat32)
-                               ? static_cast<ElemType>(static_cast<int>(hidden.dtype))
-                               : ElemType::kFloat32;
+  const ElemType storage = storage_for(hidden);
   StorePlan plan;
   plan.chunks = chunks;
   plan.esize = static_cast<int64_t>(kernels::elem_bytes(storage));
@@ -87,6 +71,9 @@ StoreResult HiddenStateStore::Impl::store_validated(std::span<const Chunk> chunk
     throw;
   }
   publish(plan);
+  // Write-behind: the remote tier borrows each written entry (its fence included) and never
+  // makes this call wait for the network.
+  for (const Write& w : plan.writes) remote_.write_behind(plan.chunks[w.chunk].key, w.entry, pool_);
   const auto written = static_cast<int64_t>(plan.writes.size());
   counters_.chunks_written.fetch_add(plan.writes.size(), std::memory_order_relaxed);
   counters_.kind_chunks_written[static_cast<size_t>(slot.kind)].fetch_add(
@@ -94,17 +81,32 @@ StoreResult HiddenStateStore::Impl::store_validated(std::span<const Chunk> chunk
   return {written, plan.cached};
 }
 
+ElemType HiddenStateStore::Impl::storage_for(const TensorView& hidden) const {
+  return (config_.hidden_state_storage_dtype == StorageDType::kNative &&
+          hidden.dtype != DType::kFloat32)
+             ? static_cast<ElemType>(static_cast<int>(hidden.dtype))
+             : ElemType::kFloat32;
+}
+
 void HiddenStateStore::Impl::reserve_and_apply(const TensorView& hidden, const StoreOptions& opt,
                                                ElemType storage, StorePlan& plan) {
   HSS_RANGE("store/alloc");
+  // Finished device restores let go of their pins and landed copies of dropped entries give
+  // their granules back before this call decides what to evict.
+  reclaim_device_resources();
+  std::lock_guard lock(mutex_);
+  check_open_locked();
+  reserve_and_apply_locked(hidden, opt, storage, plan);
+}
+
+void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
+                                                      const StoreOptions& opt, ElemType storage,
+                                                      StorePlan& plan) {
   const std::span<const Chunk> chunks = plan.chunks;
   const Slot slot{opt.kind, opt.layer_idx};
   std::vector<Write>& writes = plan.writes;
   detail::StoreIndex::Prepared prepared;
   size_t max_segments = 0;
-
-  std::lock_guard lock(mutex_);
-  check_open_locked();
   const uint64_t guard = ++next_guard_;
 
   // Plan: which chunks need writing. Allocation is fine here: nothing has changed yet.
@@ -209,14 +211,20 @@ void HiddenStateStore::Impl::copy_rows(StorePlan& plan, const TensorView& hidden
     plan.fence = device_path_->store(source, hidden.device_index, segments, opt.stream);
   } else {
     HSS_RANGE("store/gather_cast");
-    detail::host_store(source, segments);
+    detail::host_store(source, segments,
+                       static_cast<uint64_t>(config_.hidden_state_stream_threshold_bytes));
   }
 }
 
 void HiddenStateStore::Impl::publish(StorePlan& plan) noexcept {
   std::lock_guard lock(mutex_);
+  publish_locked(plan);
+}
+
+void HiddenStateStore::Impl::publish_locked(StorePlan& plan) noexcept {
   for (Write& w : plan.writes) {
     w.entry->fence = plan.fence;
+    if (plan.fence) w.entry->deferred = &deferred_;
     // An entry dropped meanwhile (drop_key, close, a coupled eviction) stays detached.
     detail::KeyRecord* record = index_.find(plan.chunks[w.chunk].key);
     if (record == nullptr) continue;
@@ -228,6 +236,10 @@ void HiddenStateStore::Impl::publish(StorePlan& plan) noexcept {
 
 void HiddenStateStore::Impl::withdraw(StorePlan& plan) noexcept {
   std::lock_guard lock(mutex_);
+  withdraw_locked(plan);
+}
+
+void HiddenStateStore::Impl::withdraw_locked(StorePlan& plan) noexcept {
   for (const Write& w : plan.writes) index_.erase_slot(plan.chunks[w.chunk].key, w.entry.get());
 }
 

@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 
 #include "hss/detail/host_buffer.hpp"
@@ -25,11 +26,12 @@ namespace {
 constexpr size_t kLargeThreshold = size_t{1} << 20;
 constexpr size_t kHugePage = size_t{2} << 20;
 
-size_t limit_from_env() {
+/// HSS_OUTPUT_CACHE_MB: a debugging override of Config::hidden_state_output_cache_bytes.
+std::optional<size_t> limit_from_env() {
   if (const char* value = std::getenv("HSS_OUTPUT_CACHE_MB")) {
     return static_cast<size_t>(std::strtoull(value, nullptr, 10)) << 20;
   }
-  return size_t{2048} << 20;
+  return std::nullopt;
 }
 
 class Recycler {
@@ -83,6 +85,12 @@ class Recycler {
     return {cached_bytes_, limit_, reuses_, fresh_};
   }
 
+  void set_limit(size_t bytes) {
+    if (env_limit_) return;
+    std::lock_guard lock(mutex_);
+    limit_ = bytes;
+  }
+
   void trim() {
     std::multimap<size_t, void*> drained;
     {
@@ -97,7 +105,8 @@ class Recycler {
   std::mutex mutex_;
   std::multimap<size_t, void*> free_;
   size_t cached_bytes_ = 0;
-  const size_t limit_ = limit_from_env();
+  const std::optional<size_t> env_limit_ = limit_from_env();
+  size_t limit_ = env_limit_.value_or(size_t{2048} << 20);
   size_t reuses_ = 0;
   size_t fresh_ = 0;
 };
@@ -123,5 +132,6 @@ void HostBuffer::reset() noexcept {
 
 HostBufferPoolStats host_buffer_pool_stats() { return recycler().stats(); }
 void host_buffer_pool_trim() { recycler().trim(); }
+void host_buffer_pool_set_limit(size_t bytes) { recycler().set_limit(bytes); }
 
 }  // namespace hss::detail

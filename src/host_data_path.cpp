@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "data_path.hpp"
 
@@ -17,19 +18,21 @@ namespace {
 
 using kernels::ElemType;
 
-// Calls that write at least this many bytes use non-temporal (streaming) stores. Measured on the
+// Calls that write at least the threshold use non-temporal (streaming) stores. Measured on the
 // 2-core CI VM (docs/perf.md): glibc's memcpy only streams above 3/4 of the L3 (240 MiB there),
 // so pool-block-sized pieces (1-4 MiB each) went through the cache: every destination line was
 // read for ownership first, 1.5x the DRAM traffic of the copy itself. Streaming stores skip that
-// read; below a few MiB the destination is likely cache-resident and ordinary stores win.
-size_t stream_threshold() {
-  static const size_t threshold = [] {
+// read; below a few MiB the destination is likely cache-resident and ordinary stores win. The
+// threshold is Config::hidden_state_stream_threshold_bytes; HSS_STREAM_THRESHOLD_KB overrides it
+// (a debugging aid: the CI runs the store suites once with it forced to 0).
+size_t stream_threshold(uint64_t configured) {
+  static const std::optional<size_t> env_override = []() -> std::optional<size_t> {
     if (const char* v = std::getenv("HSS_STREAM_THRESHOLD_KB")) {
       return static_cast<size_t>(std::strtoull(v, nullptr, 10)) << 10;
     }
-    return size_t{8} << 20;
+    return std::nullopt;
   }();
-  return threshold;
+  return env_override.value_or(static_cast<size_t>(configured));
 }
 
 #if HSS_HOST_STREAMING
@@ -148,13 +151,14 @@ void for_each_row_run(int64_t flat, int64_t count, int64_t cols, bool contiguous
 
 }  // namespace
 
-void host_store(const kernels::SourceView& src, std::span<const kernels::WriteSegment> segments) {
+void host_store(const kernels::SourceView& src, std::span<const kernels::WriteSegment> segments,
+                uint64_t stream_threshold_bytes) {
   const bool contiguous = src.row_stride == src.cols;
   size_t total = 0;
   for (const kernels::WriteSegment& seg : segments) {
     total += static_cast<size_t>(seg.count) * kernels::elem_bytes(seg.dst_type);
   }
-  const bool stream = total >= stream_threshold();
+  const bool stream = total >= stream_threshold(stream_threshold_bytes);
   for (const kernels::WriteSegment& seg : segments) {
     auto* dst = static_cast<unsigned char*>(seg.dst);
     const auto dst_bytes = static_cast<int64_t>(kernels::elem_bytes(seg.dst_type));
@@ -171,18 +175,30 @@ void host_store(const kernels::SourceView& src, std::span<const kernels::WriteSe
   end_stream(stream);
 }
 
-void host_restore(std::span<const kernels::GatherSegment> segments,
-                  const kernels::OutputView& out) {
+void host_restore(std::span<const kernels::GatherSegment> segments, const kernels::OutputView& out,
+                  uint64_t stream_threshold_bytes) {
   const bool contiguous = out.row_stride == out.cols;
+  const auto out_bytes = static_cast<int64_t>(kernels::elem_bytes(out.type));
   size_t total = 0;
-  for (const kernels::GatherSegment& seg : segments) total += static_cast<size_t>(seg.count) * 4;
-  const bool stream = total >= stream_threshold();
+  for (const kernels::GatherSegment& seg : segments) {
+    total += static_cast<size_t>(seg.count * out_bytes);
+  }
+  const bool stream = total >= stream_threshold(stream_threshold_bytes);
   for (const kernels::GatherSegment& seg : segments) {
     const auto* src = static_cast<const unsigned char*>(seg.src);
     const auto esize = static_cast<int64_t>(kernels::elem_bytes(seg.src_type));
     for_each_row_run(seg.dst_elem, seg.count, out.cols, contiguous, [&](int64_t flat, int64_t n) {
-      widen(src + (flat - seg.dst_elem) * esize, seg.src_type, kernels::output_address(out, flat),
-            n, stream);
+      const int64_t first = flat - seg.dst_elem;
+      void* to = kernels::output_address(out, flat);
+      if (seg.src_type == out.type) {  // bit-identical copy
+        copy_elems(src + first * esize, to, n, out.type, stream);
+      } else if (out.type == ElemType::kFloat32) {
+        widen(src + first * esize, seg.src_type, static_cast<float*>(to), n, stream);
+      } else {  // narrowing to 16 bits: the kernels' per-element function, nearest-even
+        const kernels::GatherSegment piece{src + first * esize, 0, n, seg.src_type};
+        const kernels::OutputView row{to, n, n, out.type};
+        for (int64_t i = 0; i < n; ++i) kernels::restore_element(piece, i, row);
+      }
     });
   }
   end_stream(stream);

@@ -16,6 +16,7 @@
 
 #include "block_pool.hpp"
 #include "data_path.hpp"
+#include "deferred_release.hpp"
 #include "hss/activation.hpp"
 #include "hss/cache_key.hpp"
 
@@ -27,8 +28,14 @@ namespace hss::detail {
 struct Entry {
   Entry(BlockPool& pool_, int64_t rows_, int64_t cols_, kernels::ElemType storage_, Slot slot_)
       : pool(pool_), rows(rows_), cols(cols_), storage(storage_), slot(slot_) {}
+  /// Never waits for a copy still landing in the blocks: they go to `deferred` and return to the
+  /// pool once the fence is seen landed (only the cached flag is read here: this may run under
+  /// the index lock). Without `deferred` (or out of memory) it waits, as a last resort.
   ~Entry() {
-    if (fence) (void)fence->wait();  // never hand back blocks a DMA may still write
+    if (fence && !fence->landed()) {
+      if (deferred != nullptr && deferred->defer(blocks, fence)) return;
+      (void)fence->wait();  // never hand back blocks a DMA may still write
+    }
     pool.release(blocks);
   }
   Entry(const Entry&) = delete;
@@ -37,16 +44,18 @@ struct Entry {
   [[nodiscard]] uint64_t payload_bytes() const {
     return static_cast<uint64_t>(rows * cols) * kernels::elem_bytes(storage);
   }
-  /// True while a device-to-host copy into the blocks may still be in flight.
-  [[nodiscard]] bool copy_in_flight() const { return fence && !fence->ready(); }
+  /// True while a device-to-host copy into the blocks may still be in flight, as last seen (the
+  /// cached flag: no device query under the index lock; DevicePath::poll() refreshes it).
+  [[nodiscard]] bool copy_in_flight() const { return fence && !fence->landed(); }
 
   BlockPool& pool;
   BlockList blocks;  ///< empty until the pool granted them (so a dropped plan releases nothing)
   const int64_t rows, cols;
   const kernels::ElemType storage;
   const Slot slot;
-  std::shared_ptr<CopyFence> fence;  ///< set by device-path stores
-  bool ready = false;                ///< published to retrieve (guarded by the index mutex)
+  std::shared_ptr<CopyFence> fence;     ///< set by device-path stores
+  DeferredRelease* deferred = nullptr;  ///< where blocks wait for an in-flight copy (device path)
+  bool ready = false;                   ///< published to retrieve (guarded by the index mutex)
 };
 using EntryRef = std::shared_ptr<Entry>;
 

@@ -84,6 +84,10 @@ constexpr const char* kAllKeyVars[] = {
     "LMCACHE_HIDDEN_STATE_LAYERS",
     "LMCACHE_HIDDEN_STATE_STORAGE_DTYPE",
     "LMCACHE_HIDDEN_STATE_BLOCK_BYTES",
+    "LMCACHE_HIDDEN_STATE_REMOTE_URL",
+    "LMCACHE_HIDDEN_STATE_REMOTE_TTL_S",
+    "LMCACHE_HIDDEN_STATE_REMOTE_TIMEOUT_MS",
+    "LMCACHE_HIDDEN_STATE_REMOTE_QUEUE_BYTES",
 };
 
 // Clears every variable from_env reads, whatever the calling shell exported, for one test.

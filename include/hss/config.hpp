@@ -20,6 +20,11 @@ enum class StorageDType {
   kNative,   ///< keep float16/bfloat16 as 16 bits; widen on restore (bit-identical output)
 };
 
+/// How a restore into device memory reads the pool (CUDA builds): hsstore's gather kernel, the
+/// copy engines (cudaMemcpy*Async: leaves the SMs free), or cub::DeviceMemcpy::Batched. The
+/// default is `kernel` until a GPU measurement picks one (docs/perf.md).
+enum class RestoreImpl { kKernel, kCopyEngine, kCub };
+
 struct Config {
   int64_t chunk_size = 256;
   bool save_unfull_chunk = false;
@@ -37,6 +42,26 @@ struct Config {
   /// Optional allowlist of activation kinds accepted on store; unset = every kind.
   /// hidden_state_layers filters the layers of every kind.
   std::optional<std::vector<ActivationKind>> hidden_state_kinds;
+
+  /// Shared remote tier (Redis/Valkey): redis://[user:password@]host:port[/db] URLs; several are
+  /// sharded by rendezvous hashing of the chunk key. Empty (default) = no remote tier. Needs a
+  /// build with hiredis: otherwise constructing a store with a URL is a ConfigError.
+  std::vector<std::string> hidden_state_remote_url;
+  int64_t hidden_state_remote_ttl_s = 0;          ///< expiry of remote values; 0 = none
+  int64_t hidden_state_remote_timeout_ms = 1000;  ///< connect and per-socket-operation timeout
+  int64_t hidden_state_remote_queue_bytes = 256LL << 20;  ///< write-behind budget; 0 = no writes
+  // Device data path and host copies (hsstore extensions; LMCache has no such keys).
+  /// Restore implementation for device outputs. HSS_RESTORE_IMPL overrides it (debugging aid).
+  RestoreImpl hidden_state_restore_impl = RestoreImpl::kKernel;
+  /// Bytes of device staging in flight per device before a store waits on the host (only casts
+  /// stage; counted in stats().staging_waits). > 0.
+  int64_t hidden_state_staging_bytes = int64_t{1} << 30;
+  /// Bytes of released restore outputs the process keeps for reuse (HostTensor recycler). >= 0.
+  /// HSS_OUTPUT_CACHE_MB overrides it (debugging aid).
+  int64_t hidden_state_output_cache_bytes = int64_t{2048} << 20;
+  /// Host copies of at least this many bytes use non-temporal stores. >= 0.
+  /// HSS_STREAM_THRESHOLD_KB overrides it (debugging aid).
+  int64_t hidden_state_stream_threshold_bytes = int64_t{8} << 20;
 
   /// Keys present in the input that hsstore does not use (a warning was logged for each).
   std::vector<std::string> unknown_keys;
@@ -67,5 +92,8 @@ struct Config {
 };
 
 [[nodiscard]] std::string_view to_string(StorageDType dtype);
+[[nodiscard]] std::string_view to_string(RestoreImpl impl);
+/// "kernel", "copy_engine" or "cub"; nullopt for anything else.
+[[nodiscard]] std::optional<RestoreImpl> restore_impl_from_string(std::string_view name);
 
 }  // namespace hss

@@ -18,8 +18,12 @@
 //   and, once empty, takes floor(pool / chunk_bytes) chunks of any shape whose bytes are a
 //   multiple of the granule (docs/design.md, "Pool").
 // * A host-path store copies into PENDING blocks outside the index lock and publishes them as
-//   READY afterwards. A device-path store publishes at once with a CUDA event; a retrieve that
-//   returns the entry waits for that event (and only that one).
+//   READY afterwards. A device-path store publishes once its copies are enqueued, with a CUDA
+//   event (the fence); a host-output retrieve that returns the entry waits for that event (and
+//   only that one), a device-output retrieve makes its stream wait for it on the device.
+// * Dropping or evicting an entry whose copy is still in flight never waits: its blocks return
+//   to the pool once the copy has landed. Entries read by an unfinished device restore stay
+//   pinned (never eviction victims) until it has finished.
 // * LRU is per key (every slot of a key together), as in LMCache. Pool pressure evicts the least
 //   recently used key's activations only; KV is never touched (HS evicted =/> KV evicted). A
 //   store never evicts keys of its own token list (the prefix it is extending).
@@ -31,10 +35,21 @@
 // changed (stats included). Any exception (std::bad_alloc, a CUDA error) leaves the index and the
 // pool exactly as before the call: the strong guarantee.
 //
+// * Remote tier (hidden_state_remote_url, see docs/design.md): every chunk written to the pool is
+//   also queued for a Redis/Valkey server (write-behind, after its device copy landed; a store
+//   never waits for the network). A retrieve whose walk stops at a chunk with KV present but
+//   hidden states not local fetches that chunk and the rest of the prefix (while KV is present)
+//   in one pipelined round trip per server, inserts them into the pool (its LRU applies) and
+//   walks on; such a retrieve blocks on the network, each socket operation at most
+//   hidden_state_remote_timeout_ms.
+//
 // Thread safety: every public method may be called from many threads at once. The index lock is
 // held for index updates only, never across a copy, a kernel launch or a KV contains() call.
-// What may block the host: host-memory calls copy on the calling thread; nothing waits on
-// another thread's copy except a retrieve of an entry whose device-to-host copy is in flight.
+// What may block the host (docs/design.md, "What may block the host, and when"): host-memory
+// calls copy on the calling thread; a host-output retrieve of an entry whose device-to-host copy
+// is in flight waits for that copy; a casting device store waits when the device's staging
+// budget (hidden_state_staging_bytes) is in flight; flush() and close() wait. Nothing else:
+// device-output retrieves, device stores below the budget, drop_key and evictions never wait.
 
 #include <array>
 #include <cstdint>
@@ -47,6 +62,7 @@
 #include "hss/activation.hpp"
 #include "hss/cache_key.hpp"
 #include "hss/config.hpp"
+#include "hss/remote_stats.hpp"
 #include "hss/storage_manager.hpp"
 #include "hss/tensor.hpp"
 #include "hss/token_database.hpp"
@@ -65,6 +81,12 @@ struct RetrieveOptions {
   int64_t row_begin = 0;  ///< copy only rows [row_begin, prefix end) of the prefix
   ActivationKind kind = ActivationKind::kHidden;
   Stream stream = nullptr;  ///< orders device output writes (retrieve_*_into)
+};
+
+/// Options of retrieve_layers_into (the layer/kind come from its slots).
+struct RetrieveLayersOptions {
+  int64_t row_begin = 0;    ///< copy only rows [row_begin, prefix end) of the prefix
+  Stream stream = nullptr;  ///< orders device output writes
 };
 
 /// What a store did. `written` is LMCache's return value (chunks newly written by this call: 0
@@ -104,6 +126,23 @@ struct HiddenStateStats {
   uint64_t allocation_failures = 0;  ///< stores that stopped early for want of pool space
   uint64_t staging_waits = 0;        ///< device stores that waited on the host for staging space
   std::array<KindStats, kNumActivationKinds> per_kind{};  ///< indexed by ActivationKind
+  RemoteStats remote;  ///< the shared remote tier (all zero when hidden_state_remote_url is unset)
+};
+
+/// What coverage() counts: the local pool only, or the local pool and the remote tier.
+enum class CoverageScope { kLocal, kLocalAndRemote };
+/// One store of a batch: the arguments of store_hidden_states.
+struct StoreItem {
+  std::span<const int64_t> token_ids;
+  TensorView hidden_states;
+  StoreOptions options;
+};
+
+/// One retrieve of a batch: the arguments of retrieve_hidden_states_into.
+struct RetrieveItem {
+  std::span<const int64_t> token_ids;
+  MutableTensorView out;
+  RetrieveOptions options;
 };
 
 class HiddenStateStore {
@@ -148,9 +187,12 @@ class HiddenStateStore {
                                                           const RetrieveOptions& options = {});
 
   /// Same walk, written into `out` (host or device, at least the rows needed, cols = the cached
-  /// hidden dim). Returns the rows written (0 on a miss). `out` is checked against the prefix
-  /// before anything changes: a too-small view is InvalidArgument with nothing dropped or counted.
-  /// Device output: enqueued on options.stream.
+  /// hidden dim, dtype float32, bfloat16 or float16 whatever the storage: same-type rows are bit
+  /// copies, narrowing rounds to nearest-even). Device output never waits on the host: the
+  /// restore is ordered after the entries' pending copies on options.stream, and the entries stay
+  /// pinned until it has read them. Returns the rows written (0 on a miss). `out` is checked
+  /// against the prefix before anything changes: a too-small view is InvalidArgument with nothing
+  /// dropped or counted. Device output: enqueued on options.stream.
   int64_t retrieve_hidden_states_into(std::span<const int32_t> token_ids,
                                       const MutableTensorView& out,
                                       const RetrieveOptions& options = {});
@@ -176,11 +218,38 @@ class HiddenStateStore {
                                                         std::span<const Slot> slots,
                                                         int64_t row_begin = 0);
 
+  /// retrieve_layers into caller buffers, host or device, any output dtype: outs[i] receives
+  /// slots[i]. Returns the rows written to each (0 on a miss: nothing written). Device outputs are
+  /// enqueued on options.stream with no host wait (as retrieve_hidden_states_into).
+  int64_t retrieve_layers_into(std::span<const int32_t> token_ids, std::span<const Slot> slots,
+                               std::span<const MutableTensorView> outs,
+                               const RetrieveLayersOptions& options = {});
+  int64_t retrieve_layers_into(std::span<const int64_t> token_ids, std::span<const Slot> slots,
+                               std::span<const MutableTensorView> outs,
+                               const RetrieveLayersOptions& options = {});
+
+  /// Many stores in one call (an engine step: requests x layers). Results are those the single
+  /// calls would give, in item order; items sharing a token list (same span) share one key pass;
+  /// the index lock is taken once for the whole batch's reservations and once to publish. Every
+  /// item is checked first: a bad one is InvalidArgument naming its index ("items[3]: ..."), and
+  /// nothing of the batch is done.
+  std::vector<StoreResult> store_batch(std::span<const StoreItem> items);
+  /// Many retrieve_hidden_states_into calls in one: rows written per item, identical to the
+  /// single calls in item order. Validation as store_batch.
+  std::vector<int64_t> retrieve_batch_into(std::span<const RetrieveItem> items);
+
   /// Tokens of the prefix retrieve_layers would return for these chunks and slots (the same walk,
   /// the same checks): coverage == rows of retrieve_layers(..., row_begin = 0). Changes nothing.
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks,
                                  std::span<const int64_t> layer_idxs) const;
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks, std::span<const Slot> slots) const;
+  /// The same, counting a (chunk, slot) held by the remote tier as present when `scope` says so
+  /// (one pipelined EXISTS round trip per server for what is not local; values unchecked, so a
+  /// corrupt one still counts). Blocks on the network for kLocalAndRemote, at most the timeout.
+  [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks, std::span<const int64_t> layer_idxs,
+                                 CoverageScope scope) const;
+  [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks, std::span<const Slot> slots,
+                                 CoverageScope scope) const;
 
   /// Distinct chunk keys held (LMCache's num_cached_chunks).
   [[nodiscard]] size_t num_cached_chunks() const;
@@ -197,7 +266,8 @@ class HiddenStateStore {
   /// Debug check of the index and pool invariants (accounting, LRU links, block ownership, no
   /// granule both free and held). Throws hss::Error naming the first broken invariant. O(size).
   void check_invariants() const;
-  /// Waits for every pending device-to-host copy.
+  /// Waits for every pending device-to-host copy, and for the remote write-behind queue to be
+  /// sent (or dropped) when a remote tier is configured.
   void flush();
   /// Flushes and releases every entry; final even against concurrent calls: once it returns the
   /// store holds nothing. Afterwards store/retrieve/coverage/drop_key/evict_one_lru throw

@@ -25,27 +25,28 @@ DeviceGuard::~DeviceGuard() {
   }
 }
 
-Stream Stream::create_non_blocking() {
-  Stream s;
+OwnedStream OwnedStream::create_non_blocking() {
+  OwnedStream s;
   HSS_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream_, cudaStreamNonBlocking));
   return s;
 }
 
-Stream& Stream::operator=(Stream&& other) noexcept {
+OwnedStream& OwnedStream::operator=(OwnedStream&& other) noexcept {
   if (this != &other) {
-    Stream old(std::move(*this));
+    OwnedStream old(std::move(*this));
     stream_ = std::exchange(other.stream_, nullptr);
   }
   return *this;
 }
 
-Stream::~Stream() {
+OwnedStream::~OwnedStream() {
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
 
-Event Event::create() {
+Event Event::create(bool blocking_sync) {
   Event e;
-  HSS_CUDA_CHECK(cudaEventCreateWithFlags(&e.event_, cudaEventDisableTiming));
+  const unsigned flags = cudaEventDisableTiming | (blocking_sync ? cudaEventBlockingSync : 0u);
+  HSS_CUDA_CHECK(cudaEventCreateWithFlags(&e.event_, flags));
   return e;
 }
 
@@ -83,7 +84,7 @@ DeviceBuffer::~DeviceBuffer() {
 
 PinnedBuffer PinnedBuffer::allocate(size_t bytes) {
   PinnedBuffer b;
-  HSS_CUDA_CHECK(cudaHostAlloc(&b.ptr_, bytes, cudaHostAllocPortable));
+  HSS_CUDA_CHECK(cudaHostAlloc(&b.ptr_, bytes, cudaHostAllocPortable | cudaHostAllocMapped));
   b.bytes_ = bytes;
   return b;
 }
@@ -101,23 +102,11 @@ PinnedBuffer::~PinnedBuffer() {
   if (ptr_ != nullptr) (void)cudaFreeHost(ptr_);
 }
 
-void MirroredTable::reserve(size_t bytes) {
-  if (bytes <= host_.bytes() && bytes <= device_.bytes()) return;
-  constexpr size_t kMinBytes = 64 * 1024;
-  const size_t capacity = std::max({bytes, 2 * host_.bytes(), kMinBytes});
-  // Free before allocating so a table never holds twice its memory.
-  host_ = PinnedBuffer();
-  device_ = DeviceBuffer();
-  host_ = PinnedBuffer::allocate(capacity);
-  device_ = DeviceBuffer::allocate(capacity);
-}
-
-void* MirroredTable::upload(const void* data, size_t bytes, cudaStream_t stream) {
-  reserve(bytes);
-  std::memcpy(host_.get(), data, bytes);
-  HSS_CUDA_CHECK(
-      cudaMemcpyAsync(device_.get(), host_.get(), bytes, cudaMemcpyHostToDevice, stream));
-  return device_.get();
+PinnedTable PinnedTable::allocate(size_t bytes) {
+  PinnedTable t;
+  t.host_ = PinnedBuffer::allocate(bytes);
+  HSS_CUDA_CHECK(cudaHostGetDevicePointer(&t.device_, t.host_.get(), 0));
+  return t;
 }
 
 }  // namespace hss::detail::cuda

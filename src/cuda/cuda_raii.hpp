@@ -31,24 +31,25 @@ class DeviceGuard {
 
 /// A stream that does not synchronise with the legacy default stream: the library's copies never
 /// stall an engine's default-stream work, and ordering is explicit through events.
-class Stream {
+class OwnedStream {
  public:
-  Stream() = default;
-  [[nodiscard]] static Stream create_non_blocking();
-  Stream(Stream&& other) noexcept : stream_(std::exchange(other.stream_, nullptr)) {}
-  Stream& operator=(Stream&& other) noexcept;
-  ~Stream();
+  OwnedStream() = default;
+  [[nodiscard]] static OwnedStream create_non_blocking();
+  OwnedStream(OwnedStream&& other) noexcept : stream_(std::exchange(other.stream_, nullptr)) {}
+  OwnedStream& operator=(OwnedStream&& other) noexcept;
+  ~OwnedStream();
   [[nodiscard]] cudaStream_t get() const { return stream_; }
 
  private:
   cudaStream_t stream_ = nullptr;
 };
 
-/// A timing-free event (cheaper to record and query).
+/// A timing-free event (cheaper to record and query). `blocking_sync` events are for the host to
+/// wait on: cudaEventSynchronize then sleeps instead of spinning a core.
 class Event {
  public:
   Event() = default;
-  [[nodiscard]] static Event create();
+  [[nodiscard]] static Event create(bool blocking_sync = false);
   Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
   Event& operator=(Event&& other) noexcept;
   ~Event();
@@ -76,7 +77,7 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-/// Page-locked, portable host memory (async H2D sources).
+/// Page-locked, portable, device-mapped host memory.
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
@@ -93,19 +94,21 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
-/// A table (kernel tile descriptors, cub pointer arrays) built on the host and uploaded with one
-/// async H2D copy. The caller guarantees the previous upload's consumers have finished (the slot
-/// pool's event), so the pinned side may be rewritten. Grows geometrically, rarely.
-class MirroredTable {
+/// A fixed-capacity descriptor table (kernel tiles, cub pointer arrays) in page-locked,
+/// device-mapped host memory: the host writes it, the kernel reads it through its device address,
+/// with no upload and no allocation after creation. The owner (a slot) guarantees the previous
+/// reader has finished (the slot's event) before the table is rewritten.
+class PinnedTable {
  public:
-  /// Copies `bytes` from `data` into the pinned side and enqueues the upload on `stream`.
-  /// Returns the device copy.
-  [[nodiscard]] void* upload(const void* data, size_t bytes, cudaStream_t stream);
+  PinnedTable() = default;
+  [[nodiscard]] static PinnedTable allocate(size_t bytes);
+  [[nodiscard]] void* host() const { return host_.get(); }
+  [[nodiscard]] void* device() const { return device_; }
+  [[nodiscard]] size_t bytes() const { return host_.bytes(); }
 
  private:
-  void reserve(size_t bytes);
   PinnedBuffer host_;
-  DeviceBuffer device_;
+  void* device_ = nullptr;
 };
 
 }  // namespace hss::detail::cuda

@@ -1,5 +1,6 @@
 #include "cuda/device_path.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -8,7 +9,6 @@
 #include "cuda_runtime.hpp"
 #include "hss/error.hpp"
 #include "hss/kernels/launch.hpp"
-#include "hss/kernels/tiling.hpp"
 #include "log.hpp"
 #include "nvtx.hpp"
 
@@ -18,9 +18,9 @@
 
 namespace hss::detail {
 
-std::unique_ptr<DevicePath> DevicePath::create() {
+std::unique_ptr<DevicePath> create_platform_device_path(const Config& config) {
   if (!cuda_device_available()) return nullptr;
-  return std::make_unique<cuda::CudaDevicePath>(cuda::restore_impl_from_env());
+  return std::make_unique<cuda::CudaDevicePath>(config);
 }
 
 namespace cuda {
@@ -39,51 +39,72 @@ struct CopyRun {
   int64_t bytes;
 };
 
+size_t slot_bytes_for(const Config& config) {
+  const auto budget = static_cast<size_t>(std::max<int64_t>(config.hidden_state_staging_bytes, 1));
+  const size_t bytes = std::clamp(budget, kMinStagingSlotBytes, kMaxStagingSlotBytes);
+  return bytes / 16 * 16;
+}
+
 }  // namespace
 
-RestoreImpl restore_impl_from_env() {
+RestoreImpl restore_impl_for(const Config& config) {
   const char* value = std::getenv("HSS_RESTORE_IMPL");
-  if (value == nullptr || *value == '\0') return RestoreImpl::kKernel;
+  if (value == nullptr || *value == '\0') return config.hidden_state_restore_impl;
   const std::string_view v(value);
-  if (v == "kernel") return RestoreImpl::kKernel;
-  if (v == "cub") return RestoreImpl::kCub;
-  if (v == "memcpy") return RestoreImpl::kMemcpy;
-  log(LogLevel::kWarn,
-      "HSS_RESTORE_IMPL=" + std::string(v) + " is not one of kernel, cub, memcpy; using kernel");
-  return RestoreImpl::kKernel;
+  if (v == "memcpy") return RestoreImpl::kCopyEngine;
+  if (const auto impl = restore_impl_from_string(v)) return *impl;
+  log(LogLevel::kWarn, "HSS_RESTORE_IMPL=" + std::string(v) +
+                           " is not one of kernel, copy_engine, cub; using the config's " +
+                           std::string(to_string(config.hidden_state_restore_impl)));
+  return config.hidden_state_restore_impl;
 }
 
-const char* to_string(RestoreImpl impl) {
-  switch (impl) {
-    case RestoreImpl::kCub:
-      return "cub";
-    case RestoreImpl::kMemcpy:
-      return "memcpy";
-    default:
-      return "kernel";
-  }
-}
-
-DeviceState::DeviceState(int index_)
+DeviceState::DeviceState(int index_, size_t slot_bytes, size_t slots)
     : index(index_),
-      copy_stream(Stream::create_non_blocking()),
-      staging(kMaxStagingSlots,
-              [] {
-                return StagingSlot{DeviceBuffer::allocate(kStagingSlotBytes), MirroredTable{},
+      staging_slot_bytes(slot_bytes),
+      staging(slots,
+              [slot_bytes] {
+                return StagingSlot{DeviceBuffer::allocate(slot_bytes),
+                                   PinnedTable::allocate(kStoreTilesPerSlot * sizeof(WriteSegment)),
                                    Event::create()};
               }),
-      restores(kMaxRestoreSlots, [] { return RestoreSlot{}; }) {
+      restores(kMaxRestoreSlots, [] {
+        const size_t table = std::max(kRestoreTilesPerSlot * sizeof(kernels::GatherSegment),
+                                      3 * kRestoreTilesPerSlot * sizeof(uint64_t));
+        return RestoreSlot{PinnedTable::allocate(table),
+                           DeviceBuffer::allocate(std::max<size_t>(
+                               kernels::cub_batched_memcpy_temp_bytes(kRestoreTilesPerSlot), 16)),
+                           nullptr};
+      }) {}
+
+cudaStream_t DeviceState::copy_stream_for(cudaStream_t caller) {
+  std::lock_guard lock(mutex_);
+  auto it = copy_streams_.find(caller);
+  if (it == copy_streams_.end()) {
+    it = copy_streams_.emplace(caller, OwnedStream::create_non_blocking()).first;
 #if HSS_HAVE_NVTX
-  const std::string name = "hss/copy/" + std::to_string(index);
-  nvtxNameCudaStreamA(copy_stream.get(), name.c_str());
+    const std::string name =
+        "hss/copy/" + std::to_string(index) + "/" + std::to_string(copy_streams_.size());
+    nvtxNameCudaStreamA(it->second.get(), name.c_str());
 #endif
+  }
+  return it->second.get();
+}
+
+void DeviceState::synchronize_copy_streams() noexcept {
+  std::lock_guard lock(mutex_);
+  for (auto& [caller, stream] : copy_streams_) (void)cudaStreamSynchronize(stream.get());
 }
 
 // ---------------------------------------------------------------------------------------------
 
 bool EventFence::wait() noexcept {
+  if (landed()) return true;
   const cudaError_t status = cudaEventSynchronize(event_.get());
-  if (status == cudaSuccess) return true;
+  if (status == cudaSuccess) {
+    landed_.store(true, std::memory_order_release);
+    return true;
+  }
   (void)cudaGetLastError();
   std::lock_guard lock(mutex_);
   error_ = std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
@@ -91,8 +112,11 @@ bool EventFence::wait() noexcept {
 }
 
 bool EventFence::ready() noexcept {
+  if (landed()) return true;
   // An error also counts as ready: nothing will land any more, and wait() reports it.
-  return event_done(event_.get());
+  if (!event_done(event_.get())) return false;
+  landed_.store(true, std::memory_order_release);
+  return true;
 }
 
 std::string EventFence::error() const {
@@ -102,22 +126,36 @@ std::string EventFence::error() const {
 
 // ---------------------------------------------------------------------------------------------
 
-CudaDevicePath::CudaDevicePath(RestoreImpl restore_impl) : restore_impl_(restore_impl) {
+CudaDevicePath::CudaDevicePath(const Config& config)
+    : restore_impl_(restore_impl_for(config)),
+      staging_slot_bytes_(slot_bytes_for(config)),
+      staging_slots_(std::max<size_t>(
+          1, static_cast<size_t>(config.hidden_state_staging_bytes) / slot_bytes_for(config))) {
   int count = 0;
   HSS_CUDA_CHECK(cudaGetDeviceCount(&count));
   devices_.resize(static_cast<size_t>(count));
   if (log_enabled(LogLevel::kDebug)) {
     log(LogLevel::kDebug, std::string("CUDA data path: restore implementation ") +
-                              to_string(restore_impl_) + ", " + std::to_string(count) +
-                              " device(s)");
+                              std::string(to_string(restore_impl_)) + ", " +
+                              std::to_string(staging_slots_) + " x " +
+                              std::to_string(staging_slot_bytes_) + " B staging per device, " +
+                              std::to_string(count) + " device(s)");
   }
 }
 
 CudaDevicePath::~CudaDevicePath() {
-  // Pending copies read staging buffers and write pool blocks: let them land before either goes.
+  // Pending copies read staging and write pool blocks; restores read the pool. Let them finish
+  // before either goes, then drop what restores kept alive (the owner destroys the pool after us).
   for (auto& dev : devices_) {
-    if (dev) (void)cudaStreamSynchronize(dev->copy_stream.get());
+    if (!dev) continue;
+    dev->synchronize_copy_streams();
+    dev->staging.synchronize();
+    dev->restores.synchronize();
   }
+  for (auto& weak : outstanding_) {
+    if (auto fence = weak.lock()) (void)fence->wait();
+  }
+  (void)release_finished();
 }
 
 DeviceState& CudaDevicePath::device(int index) {
@@ -128,95 +166,198 @@ DeviceState& CudaDevicePath::device(int index) {
   }
   auto& dev = devices_[static_cast<size_t>(index)];
   if (!dev) {
-    DeviceGuard guard(index);  // the copy stream belongs to this device
-    dev = std::make_unique<DeviceState>(index);
+    DeviceGuard guard(index);  // its streams and buffers belong to this device
+    dev = std::make_unique<DeviceState>(index, staging_slot_bytes_, staging_slots_);
   }
   return *dev;
 }
 
-std::shared_ptr<CopyFence> CudaDevicePath::store(const kernels::SourceView& src, int device_index,
-                                                 std::span<const WriteSegment> segments,
-                                                 void* stream_handle) {
+std::vector<DeviceState*> CudaDevicePath::devices_in_use() {
+  std::vector<DeviceState*> devices;
+  std::lock_guard lock(mutex_);
+  for (auto& dev : devices_) {
+    if (dev) devices.push_back(dev.get());
+  }
+  return devices;
+}
+
+void CudaDevicePath::check_pointer(const void* data, bool on_device, int device_index,
+                                   std::string_view what) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess) {
+    (void)cudaGetLastError();
+    attributes.type = cudaMemoryTypeUnregistered;
+  }
+  const bool device_memory =
+      attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  if (on_device && (!device_memory || attributes.device != device_index)) {
+    throw InvalidArgument(
+        std::string(what) + ".data is not memory of CUDA device " + std::to_string(device_index) +
+        (device_memory ? " (it is on device " + std::to_string(attributes.device) + ")"
+                       : std::string(" (it is host memory)")));
+  }
+  if (!on_device && attributes.type == cudaMemoryTypeDevice) {
+    throw InvalidArgument(std::string(what) + ".data is memory of CUDA device " +
+                          std::to_string(attributes.device) + " but " + std::string(what) +
+                          ".device = host");
+  }
+}
+
+void CudaDevicePath::track(const std::shared_ptr<EventFence>& fence) {
+  std::lock_guard lock(mutex_);
+  if (outstanding_.size() >= prune_at_) {
+    std::erase_if(outstanding_, [](const std::weak_ptr<EventFence>& weak) {
+      const auto f = weak.lock();
+      return !f || f->landed();
+    });
+    prune_at_ = std::max<size_t>(64, 2 * outstanding_.size());
+  }
+  outstanding_.push_back(fence);
+}
+
+FenceRef CudaDevicePath::store(const kernels::SourceView& src, int device_index,
+                               std::span<const WriteSegment> segments, Stream stream_handle) {
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   DeviceState& dev = device(device_index);  // validates the index
   DeviceGuard guard(device_index);
   auto fence = std::make_shared<EventFence>();
+  const bool cast = std::any_of(segments.begin(), segments.end(),
+                                [&](const WriteSegment& s) { return s.dst_type != src.type; });
   for (const WriteSegment& seg : segments) {
     if (seg.dst_type != segments.front().dst_type) {
       throw Error("device store: one call must use one storage type");
     }
   }
+  if (!cast) {
+    // A failed enqueue may leave earlier copies of this call queued on the caller's stream,
+    // writing blocks the store is about to withdraw and free: let them land first (error path).
+    try {
+      HSS_RANGE("store/d2h");
+      store_direct(src, segments, stream);
+      HSS_CUDA_CHECK(cudaEventRecord(fence->event(), stream));
+    } catch (...) {
+      (void)cudaStreamSynchronize(stream);
+      (void)cudaGetLastError();
+      throw;
+    }
+    track(fence);
+    return fence;
+  }
+  const cudaStream_t copy_stream = dev.copy_stream_for(stream);
   try {
     size_t next = 0;
     int64_t consumed = 0;
-    while (next < segments.size()) store_round(dev, src, segments, next, consumed, stream);
-    HSS_CUDA_CHECK(cudaEventRecord(fence->event(), dev.copy_stream.get()));
+    while (next < segments.size()) {
+      store_round(dev, src, segments, next, consumed, stream, copy_stream);
+    }
+    HSS_CUDA_CHECK(cudaEventRecord(fence->event(), copy_stream));
   } catch (...) {
     // Copies of earlier rounds may still be landing in blocks the store is about to free.
-    (void)cudaStreamSynchronize(dev.copy_stream.get());
+    (void)cudaStreamSynchronize(copy_stream);
     (void)cudaGetLastError();
     throw;
   }
+  track(fence);
   return fence;
+}
+
+void CudaDevicePath::store_direct(const kernels::SourceView& src,
+                                  std::span<const WriteSegment> segments, cudaStream_t stream) {
+  const auto esize = static_cast<int64_t>(kernels::elem_bytes(src.type));
+  const bool contiguous = src.row_stride == src.cols;
+  for (const WriteSegment& seg : segments) {
+    auto* dst = static_cast<unsigned char*>(seg.dst);
+    int64_t flat = seg.src_elem;
+    int64_t left = seg.count;
+    const auto copy_1d = [&](int64_t n) {
+      HSS_CUDA_CHECK(cudaMemcpyAsync(dst, kernels::source_address(src, seg.src_row0, flat),
+                                     static_cast<size_t>(n * esize), cudaMemcpyDeviceToHost,
+                                     stream));
+      dst += n * esize;
+      flat += n;
+      left -= n;
+    };
+    if (contiguous) {
+      copy_1d(left);
+      continue;
+    }
+    if (flat % src.cols != 0) copy_1d(std::min(left, src.cols - flat % src.cols));
+    if (const int64_t rows = left / src.cols; rows > 0) {  // whole rows: one strided copy
+      HSS_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(src.cols * esize),
+                                       kernels::source_address(src, seg.src_row0, flat),
+                                       static_cast<size_t>(src.row_stride * esize),
+                                       static_cast<size_t>(src.cols * esize),
+                                       static_cast<size_t>(rows), cudaMemcpyDeviceToHost, stream));
+      dst += rows * src.cols * esize;
+      flat += rows * src.cols;
+      left -= rows * src.cols;
+    }
+    if (left > 0) copy_1d(left);
+  }
 }
 
 void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& src,
                                  std::span<const WriteSegment> segments, size_t& next,
-                                 int64_t& consumed, cudaStream_t stream) {
+                                 int64_t& consumed, cudaStream_t stream, cudaStream_t copy_stream) {
   const ElemType dst_type = segments.front().dst_type;
   const auto src_esize = static_cast<int64_t>(kernels::elem_bytes(src.type));
   const auto dst_esize = static_cast<int64_t>(kernels::elem_bytes(dst_type));
   const bool contiguous = src.row_stride == src.cols;
-  const auto capacity = static_cast<int64_t>(kStagingSlotBytes);
+  const auto capacity = static_cast<int64_t>(dev.staging_slot_bytes);
 
-  auto lease = dev.staging.acquire();
+  bool waited = false;
+  auto lease = dev.staging.acquire(&waited);
+  if (waited) staging_waits_.fetch_add(1, std::memory_order_relaxed);
   StagingSlot& slot = **lease;
   auto* staging = static_cast<unsigned char*>(slot.staging.get());
+  // The kernel reads the tiles straight from this pinned table (no upload); the slot's previous
+  // kernel has finished (acquire waited for its event), so it may be rewritten.
+  auto* tiles = static_cast<WriteSegment*>(slot.tiles.host());
+  size_t num_tiles = 0;
 
-  std::vector<WriteSegment> tiles;
   std::vector<CopyRun> copies;
   int64_t cursor = 0;
-  while (next < segments.size()) {
+  while (next < segments.size() && num_tiles < kStoreTilesPerSlot) {
     const WriteSegment& seg = segments[next];
     const int64_t first = seg.src_elem + consumed;
     const int64_t left = seg.count - consumed;
     const int64_t offset = kernels::staging_offset(
         cursor, address(kernels::source_address(src, seg.src_row0, first)), src_esize, dst_esize);
-    // A segment that does not fit is split; whole vectors per piece keep the phases intact.
-    int64_t n = std::min(left, (capacity - offset) / dst_esize);
-    if (n < left) n -= n % 16;
-    if (n <= 0) break;
-    kernels::for_each_tile(
-        first, n, src.cols, contiguous, kernels::tile_elems(src.type), [&](int64_t o, int64_t m) {
-          tiles.push_back({staging + offset + o * dst_esize, seg.src_row0, first + o, m, dst_type});
-        });
+    const int64_t room = std::min(left, (capacity - offset) / dst_esize);
+    if (room <= 0) break;
+    int64_t covered = 0;  // tiles of at most one tile's elements, inside one row when strided
+    while (covered < room && num_tiles < kStoreTilesPerSlot) {
+      int64_t m = std::min(room - covered, kernels::tile_elems(src.type));
+      if (!contiguous) m = std::min(m, src.cols - (first + covered) % src.cols);
+      tiles[num_tiles++] = {staging + offset + covered * dst_esize, seg.src_row0, first + covered,
+                            m, dst_type};
+      covered += m;
+    }
     void* dst = static_cast<unsigned char*>(seg.dst) + consumed * dst_esize;
     if (!copies.empty() &&
         static_cast<unsigned char*>(copies.back().dst) + copies.back().bytes == dst &&
         copies.back().staging_offset + copies.back().bytes == offset) {
-      copies.back().bytes += n * dst_esize;
+      copies.back().bytes += covered * dst_esize;
     } else {
-      copies.push_back({dst, offset, n * dst_esize});
+      copies.push_back({dst, offset, covered * dst_esize});
     }
-    cursor = offset + n * dst_esize;
-    consumed += n;
+    cursor = offset + covered * dst_esize;
+    consumed += covered;
     if (consumed == seg.count) {
       ++next;
       consumed = 0;
     }
   }
-  if (tiles.empty()) throw Error("device store: a segment does not fit one staging buffer");
+  if (num_tiles == 0) throw Error("device store: a segment does not fit one staging buffer");
 
   lease->touch(stream);
-  const auto* device_tiles = static_cast<const WriteSegment*>(
-      slot.tiles.upload(tiles.data(), tiles.size() * sizeof(WriteSegment), stream));
   {
     HSS_RANGE("store/gather_cast");
-    kernels::launch_gather_cast(src, dst_type, device_tiles, static_cast<int64_t>(tiles.size()),
-                                stream);
+    kernels::launch_gather_cast(src, dst_type,
+                                static_cast<const WriteSegment*>(slot.tiles.device()),
+                                static_cast<int64_t>(num_tiles), stream);
   }
   HSS_CUDA_CHECK(cudaEventRecord(slot.gathered.get(), stream));
-  const cudaStream_t copy_stream = dev.copy_stream.get();
   lease->touch(copy_stream);
   HSS_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, slot.gathered.get(), 0));
   {
@@ -230,37 +371,56 @@ void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& sr
   lease->record(copy_stream);
 }
 
-void CudaDevicePath::flush() {
-  release_finished_restores();
-  std::vector<DeviceState*> devices;
-  {
-    std::lock_guard lock(mutex_);
-    for (auto& dev : devices_) {
-      if (dev) devices.push_back(dev.get());
-    }
-  }
-  for (DeviceState* dev : devices) {
-    DeviceGuard guard(dev->index);
-    HSS_CUDA_CHECK(cudaStreamSynchronize(dev->copy_stream.get()));
-    dev->restores.synchronize();
-  }
-  release_finished_restores();
-}
-
-void CudaDevicePath::release_finished_restores() {
-  std::vector<std::shared_ptr<const void>> finished;  // destroyed outside the pool's lock
-  std::vector<DeviceState*> devices;
-  {
-    std::lock_guard lock(mutex_);
-    for (auto& dev : devices_) {
-      if (dev) devices.push_back(dev.get());
-    }
-  }
-  for (DeviceState* dev : devices) {
+size_t CudaDevicePath::release_finished() {
+  std::vector<std::shared_ptr<const void>> finished;  // destroyed outside the slot pool's lock
+  for (DeviceState* dev : devices_in_use()) {
     dev->restores.sweep([&](RestoreSlot& slot) {
       if (slot.keep_alive) finished.push_back(std::move(slot.keep_alive));
     });
   }
+  restores_in_flight_.fetch_sub(finished.size(), std::memory_order_relaxed);
+  return finished.size();
+}
+
+void CudaDevicePath::poll() {
+  std::vector<std::shared_ptr<EventFence>> fences;
+  {
+    std::lock_guard lock(mutex_);
+    std::erase_if(outstanding_, [&](const std::weak_ptr<EventFence>& weak) {
+      auto fence = weak.lock();
+      if (!fence || fence->landed()) return true;
+      fences.push_back(std::move(fence));
+      return false;
+    });
+  }
+  for (const auto& fence : fences) (void)fence->ready();  // event queries outside every lock
+  (void)release_finished();
+}
+
+size_t CudaDevicePath::restores_in_flight() const {
+  return restores_in_flight_.load(std::memory_order_relaxed);
+}
+
+void CudaDevicePath::flush() {
+  std::vector<std::shared_ptr<EventFence>> fences;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& weak : outstanding_) {
+      if (auto fence = weak.lock()) fences.push_back(std::move(fence));
+    }
+    outstanding_.clear();
+  }
+  for (const auto& fence : fences) (void)fence->wait();  // errors surface at the entries' reads
+  for (DeviceState* dev : devices_in_use()) {
+    DeviceGuard guard(dev->index);
+    dev->synchronize_copy_streams();
+    dev->restores.synchronize();
+  }
+  (void)release_finished();
+}
+
+uint64_t CudaDevicePath::staging_waits() const {
+  return staging_waits_.load(std::memory_order_relaxed);
 }
 
 }  // namespace cuda

@@ -1,119 +1,163 @@
 #pragma once
 // The CUDA data path (data_path.hpp's DevicePath for CUDA builds).
 //
-// Store, per call and per staging round (a round fills at most one staging buffer):
-//   caller's stream: upload tile table -> gather_cast kernel (rows -> staging, cast) -> `gathered`
-//   copy stream:     wait `gathered` -> one D2H cudaMemcpyAsync per run of adjacent segments ->
-//                    slot `done`; after the last round: the call's fence event.
-// The caller may overwrite its source as soon as the call returns (its later work on its stream
-// runs after the kernel). A staging buffer is reused once its `done` event completed.
+// Store, per call:
+// * No cast (float32 in, or 16-bit in with native storage): cudaMemcpyAsync / cudaMemcpy2DAsync
+//   from the caller's tensor straight into the pool's pinned blocks, on the caller's stream (the
+//   caller's later work may overwrite the source, so the copy is ordered before it). Fence: an
+//   event on the caller's stream.
+// * Cast (16-bit in, float32 storage), per staging round (a round fills one staging slot):
+//     caller's stream: gather_cast kernel (rows -> staging, cast; tiles read from the slot's
+//                      pinned descriptor table) -> event `gathered`
+//     copy stream of (device, caller stream): wait `gathered` -> D2H copies -> slot `done`;
+//                      after the last round the call's fence event.
+//   The caller's stream only waits for the kernel. Copy streams are per caller stream, so work
+//   from stream B never queues behind stream A's copies.
+// * The host waits only when every staging slot of the device is in flight: slots x slot bytes =
+//   Config::hidden_state_staging_bytes (default 1 GiB per device). Each such wait is counted
+//   (staging_waits).
 //
-// Restore: one launch on the caller's stream reads the pool through its device mapping
-// (cudaHostAllocMapped + UVA: a pool address is a device address) and writes the output. Three
-// implementations, chosen once by HSS_RESTORE_IMPL (kernel, cub, memcpy); docs/kernels.md.
+// Restore (device output): the caller's stream first waits (cudaStreamWaitEvent) for the fences
+// of the entries read, then one launch reads the pool through its device mapping
+// (cudaHostAllocMapped + UVA: a pool address is a device address) and writes out.type. Three
+// implementations (Config::hidden_state_restore_impl, HSS_RESTORE_IMPL overrides):
+// kernel, copy_engine (cudaMemcpy*Async: leaves the SMs free; needs matching types), cub.
 //
-// Device memory is bounded: kMaxStagingSlots x kStagingSlotBytes of staging per device plus the
-// upload tables (tile descriptors; a few MiB at most for very large calls).
+// Allocation: staging slots, restore slots, their pinned descriptor tables and the copy stream of
+// a new caller stream are created on first use (warm-up), bounded in number; store and restore
+// never allocate or free on the CUDA runtime afterwards.
 //
 // Thread-safe: every method may be called from many threads at once.
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda/cuda_raii.hpp"
 #include "cuda/slot_pool.hpp"
 #include "data_path.hpp"
+#include "hss/kernels/tiling.hpp"
 
 namespace hss::detail::cuda {
 
-inline constexpr size_t kStagingSlotBytes = size_t{64} << 20;
-inline constexpr size_t kMaxStagingSlots = 4;  // 256 MiB of staging per device at most
+inline constexpr size_t kMaxStagingSlotBytes = size_t{64} << 20;
+inline constexpr size_t kMinStagingSlotBytes = size_t{1} << 20;
 inline constexpr size_t kMaxRestoreSlots = 16;
+/// Descriptors per slot table. A round (store) or launch (restore) ends when its table is full.
+inline constexpr size_t kStoreTilesPerSlot = kMaxStagingSlotBytes / kernels::kTileBytes + 1024;
+inline constexpr size_t kRestoreTilesPerSlot = 16384;
 
-enum class RestoreImpl { kKernel, kCub, kMemcpy };
-
-/// Parses HSS_RESTORE_IMPL; unknown values log a warning and give kKernel.
-[[nodiscard]] RestoreImpl restore_impl_from_env();
-[[nodiscard]] const char* to_string(RestoreImpl impl);
+/// Config's implementation unless HSS_RESTORE_IMPL names another (kernel, copy_engine, cub;
+/// "memcpy" is accepted for copy_engine). An unknown value logs a warning and is ignored.
+[[nodiscard]] RestoreImpl restore_impl_for(const Config& config);
 
 struct StagingSlot {
   DeviceBuffer staging;
-  MirroredTable tiles;
-  Event gathered;  // recorded on the caller's stream after the gather kernel
+  PinnedTable tiles;  // kStoreTilesPerSlot WriteSegments
+  Event gathered;     // recorded on the caller's stream after the gather kernel
 };
 
 struct RestoreSlot {
-  MirroredTable table;
+  PinnedTable table;  // kRestoreTilesPerSlot GatherSegments, or 3 x that many uint64 for cub
   DeviceBuffer cub_temp;
   std::shared_ptr<const void> keep_alive;  // pool entries the enqueued restore still reads
 };
 
 /// Resources of one device, created on its first use.
 struct DeviceState {
-  explicit DeviceState(int index);
-  int index;
-  Stream copy_stream;  // one per device, named "hss/copy/<index>"
+  DeviceState(int index, size_t staging_slot_bytes, size_t staging_slots);
+  /// The copy stream paired with `caller` (created on first use, named "hss/copy/<dev>/<n>").
+  cudaStream_t copy_stream_for(cudaStream_t caller);
+  void synchronize_copy_streams() noexcept;
+
+  const int index;
+  const size_t staging_slot_bytes;
   SlotPool<StagingSlot> staging;
   SlotPool<RestoreSlot> restores;
+
+ private:
+  std::mutex mutex_;  // guards copy_streams_
+  std::unordered_map<cudaStream_t, OwnedStream> copy_streams_;
 };
 
-/// The call's fence: an event recorded on the copy stream after its last D2H copy.
+/// The call's fence: an event recorded after its last copy (blocking-sync: a host wait sleeps).
 class EventFence final : public CopyFence {
  public:
-  EventFence() : event_(Event::create()) {}
+  EventFence() : event_(Event::create(/*blocking_sync=*/true)) {}
   [[nodiscard]] bool wait() noexcept override;
   [[nodiscard]] bool ready() noexcept override;
   [[nodiscard]] std::string error() const override;
+  [[nodiscard]] bool landed() const noexcept override {
+    return landed_.load(std::memory_order_acquire);
+  }
   [[nodiscard]] cudaEvent_t event() const { return event_.get(); }
 
  private:
   Event event_;
+  std::atomic<bool> landed_{false};  // cached: later checks make no CUDA call
   mutable std::mutex mutex_;
   std::string error_;
 };
 
 class CudaDevicePath final : public DevicePath {
  public:
-  explicit CudaDevicePath(RestoreImpl restore_impl);
+  explicit CudaDevicePath(const Config& config);
+  /// Waits for every copy and restore (they write the pool and read staging).
   ~CudaDevicePath() override;
 
-  [[nodiscard]] std::shared_ptr<CopyFence> store(const kernels::SourceView& src, int device_index,
-                                                 std::span<const kernels::WriteSegment> segments,
-                                                 void* stream) override;
-  /// Returns once enqueued; `keep_alive` (the pinned entries) is released after the restore has
-  /// read the pool, checked lazily by later calls and flush(). Null keep_alive: block instead.
+  void check_pointer(const void* data, bool on_device, int device_index,
+                     std::string_view what) override;
+  [[nodiscard]] FenceRef store(const kernels::SourceView& src, int device_index,
+                               std::span<const kernels::WriteSegment> segments,
+                               Stream stream) override;
   void restore(std::span<const kernels::GatherSegment> segments, const kernels::OutputView& out,
-               int device_index, void* stream, std::shared_ptr<const void> keep_alive) override;
+               int device_index, Stream stream, std::span<const FenceRef> after,
+               std::shared_ptr<const void> keep_alive) override;
+  size_t release_finished() override;
+  void poll() override;
+  [[nodiscard]] size_t restores_in_flight() const override;
   void flush() override;
+  [[nodiscard]] uint64_t staging_waits() const override;
 
   [[nodiscard]] RestoreImpl restore_impl() const { return restore_impl_; }
 
  private:
   DeviceState& device(int index);
+  std::vector<DeviceState*> devices_in_use();
+  void store_direct(const kernels::SourceView& src, std::span<const kernels::WriteSegment> segments,
+                    cudaStream_t stream);
   /// One staging round starting at segments[next] (element `consumed` of it). Advances both.
   void store_round(DeviceState& dev, const kernels::SourceView& src,
                    std::span<const kernels::WriteSegment> segments, size_t& next, int64_t& consumed,
-                   cudaStream_t stream);
-  void restore_kernel(RestoreSlot& slot, std::span<const kernels::GatherSegment> segments,
-                      const kernels::OutputView& out, cudaStream_t stream);
-  void restore_cub(RestoreSlot& slot, std::span<const kernels::GatherSegment> segments,
-                   const kernels::OutputView& out, cudaStream_t stream);
-  void restore_memcpy(std::span<const kernels::GatherSegment> segments,
-                      const kernels::OutputView& out, cudaStream_t stream);
-  /// The pool is not device-mapped (pinned allocation failed): widen on the host, copy H2D.
+                   cudaStream_t stream, cudaStream_t copy_stream);
+  /// Enqueues one launch of the chosen implementation from element `consumed` of
+  /// segments[first] on, as much as the slot's table holds. Advances both.
+  void restore_launch(RestoreSlot& slot, std::span<const kernels::GatherSegment> segments,
+                      size_t& first, int64_t& consumed, const kernels::OutputView& out,
+                      cudaStream_t stream);
+  void restore_copy_engine(std::span<const kernels::GatherSegment> segments,
+                           const kernels::OutputView& out, cudaStream_t stream);
+  /// The pool is not device-mapped (pinned allocation failed): convert on the host, copy H2D.
   void restore_from_pageable(std::span<const kernels::GatherSegment> segments,
                              const kernels::OutputView& out, cudaStream_t stream);
-  void release_finished_restores();
+  void track(const std::shared_ptr<EventFence>& fence);
 
   const RestoreImpl restore_impl_;
-  std::mutex mutex_;  // guards devices_ (the vector; each state is thread-safe)
+  const size_t staging_slot_bytes_;
+  const size_t staging_slots_;
+  std::atomic<uint64_t> staging_waits_{0};
+  std::atomic<size_t> restores_in_flight_{0};
+  std::mutex mutex_;  // guards devices_ (the vector; each state is thread-safe) and outstanding_
   std::vector<std::unique_ptr<DeviceState>> devices_;
+  std::vector<std::weak_ptr<EventFence>> outstanding_;  // fences flush() must wait for
+  size_t prune_at_ = 64;
 };
 
 }  // namespace hss::detail::cuda

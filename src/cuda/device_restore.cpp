@@ -1,5 +1,6 @@
-// Restore into device memory: the three implementations selected by HSS_RESTORE_IMPL and the
-// fallback for a pool that is not device-mapped.
+// Restore into device memory: the caller's stream waits on the device for the entries' fences,
+// then the implementation chosen by Config::hidden_state_restore_impl (kernel, copy_engine, cub)
+// reads the device-mapped pool; a fallback for a pool that is not device-mapped.
 
 #include <algorithm>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "cuda/device_path.hpp"
 #include "hss/kernels/launch.hpp"
 #include "hss/kernels/tiling.hpp"
+#include "nvtx.hpp"
 
 namespace hss::detail::cuda {
 
@@ -28,95 +30,157 @@ bool device_mapped(const void* p) {
          attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
 }
 
-bool all_float32(std::span<const GatherSegment> segments) {
+/// Copy engines and cub move bytes: only when no element needs converting.
+bool same_types(std::span<const GatherSegment> segments, ElemType out_type) {
   return std::all_of(segments.begin(), segments.end(),
-                     [](const GatherSegment& s) { return s.src_type == ElemType::kFloat32; });
+                     [&](const GatherSegment& s) { return s.src_type == out_type; });
+}
+
+/// One segment into the output with the copy engines: a head piece, whole rows as one strided
+/// copy, a tail piece (one copy when the output is contiguous).
+void copy_segment(const GatherSegment& seg, const kernels::OutputView& out, cudaStream_t stream) {
+  const auto esize = static_cast<int64_t>(kernels::elem_bytes(out.type));
+  const auto* src = static_cast<const unsigned char*>(seg.src);
+  int64_t flat = seg.dst_elem;
+  int64_t left = seg.count;
+  const auto copy_1d = [&](int64_t n) {
+    HSS_CUDA_CHECK(cudaMemcpyAsync(kernels::output_address(out, flat), src,
+                                   static_cast<size_t>(n * esize), cudaMemcpyHostToDevice, stream));
+    src += n * esize;
+    flat += n;
+    left -= n;
+  };
+  if (out.row_stride == out.cols) {
+    copy_1d(left);
+    return;
+  }
+  if (flat % out.cols != 0) copy_1d(std::min(left, out.cols - flat % out.cols));
+  if (const int64_t rows = left / out.cols; rows > 0) {
+    HSS_CUDA_CHECK(cudaMemcpy2DAsync(
+        kernels::output_address(out, flat), static_cast<size_t>(out.row_stride * esize), src,
+        static_cast<size_t>(out.cols * esize), static_cast<size_t>(out.cols * esize),
+        static_cast<size_t>(rows), cudaMemcpyHostToDevice, stream));
+    src += rows * out.cols * esize;
+    flat += rows * out.cols;
+    left -= rows * out.cols;
+  }
+  if (left > 0) copy_1d(left);
 }
 
 }  // namespace
 
 void CudaDevicePath::restore(std::span<const GatherSegment> segments,
-                             const kernels::OutputView& out, int device_index, void* stream_handle,
+                             const kernels::OutputView& out, int device_index, Stream stream_handle,
+                             std::span<const FenceRef> after,
                              std::shared_ptr<const void> keep_alive) {
-  release_finished_restores();
+  (void)release_finished();
   if (segments.empty()) return;
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   DeviceState& dev = device(device_index);  // validates the index
   DeviceGuard guard(device_index);
 
+  // The entries' copies may still be landing: order the read after them on the device. Fences
+  // seen landed cost nothing; many entries share one fence.
+  const EventFence* last = nullptr;
+  for (const FenceRef& fence : after) {
+    const auto* event_fence = dynamic_cast<const EventFence*>(fence.get());
+    if (event_fence == nullptr || event_fence == last || event_fence->landed()) continue;
+    HSS_CUDA_CHECK(cudaStreamWaitEvent(stream, event_fence->event(), 0));
+    last = event_fence;
+  }
+
   // Every segment lies in the one pool allocation: its ends tell whether it is mapped.
   if (!device_mapped(segments.front().src) || !device_mapped(segments.back().src)) {
+    // Pageable pool: the copy below has consumed its host staging when it returns, and the
+    // fences were waited for on the host (the only host wait on a device path; docs/design.md).
+    for (const FenceRef& fence : after) (void)fence->wait();
     restore_from_pageable(segments, out, stream);
     return;
   }
-  const bool bulk_ok = all_float32(segments) && out.row_stride == out.cols;
-  auto lease = dev.restores.acquire();
-  lease->touch(stream);
-  if (restore_impl_ == RestoreImpl::kCub && bulk_ok) {
-    restore_cub(**lease, segments, out, stream);
-  } else if (restore_impl_ == RestoreImpl::kMemcpy && bulk_ok) {
-    restore_memcpy(segments, out, stream);
-  } else {
-    restore_kernel(**lease, segments, out, stream);
+  if (restore_impl_ == RestoreImpl::kCopyEngine && same_types(segments, out.type)) {
+    HSS_RANGE("restore/copy_engine");
+    restore_copy_engine(segments, out, stream);
+    if (keep_alive) {  // the copies read the pool: keep the entries until they are done
+      auto lease = dev.restores.acquire();
+      lease->touch(stream);
+      lease->record(stream);
+      (*lease)->keep_alive = std::move(keep_alive);
+      restores_in_flight_.fetch_add(1, std::memory_order_relaxed);
+    }
+    return;
   }
-  lease->record(stream);
-  if (keep_alive) {
-    (*lease)->keep_alive = std::move(keep_alive);
-  } else {
-    lease->wait();  // the caller unpins the entries when we return
+  size_t first = 0;
+  int64_t consumed = 0;  // elements of segments[first] already launched
+  while (first < segments.size()) {
+    auto lease = dev.restores.acquire();
+    lease->touch(stream);
+    restore_launch(**lease, segments, first, consumed, out, stream);
+    lease->record(stream);
+    if (keep_alive) {
+      (*lease)->keep_alive = keep_alive;
+      restores_in_flight_.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 }
 
-void CudaDevicePath::restore_kernel(RestoreSlot& slot, std::span<const GatherSegment> segments,
+void CudaDevicePath::restore_launch(RestoreSlot& slot, std::span<const GatherSegment> segments,
+                                    size_t& first, int64_t& consumed,
                                     const kernels::OutputView& out, cudaStream_t stream) {
   const bool contiguous = out.row_stride == out.cols;
-  std::vector<GatherSegment> tiles;
-  for (const GatherSegment& seg : segments) {
+  if (restore_impl_ == RestoreImpl::kCub && contiguous && same_types(segments, out.type)) {
+    HSS_RANGE("restore/cub");
+    // Three arrays in the slot's pinned table: sources, destinations, byte sizes.
+    const size_t n = std::min(segments.size() - first, kRestoreTilesPerSlot);
+    auto* table = static_cast<uint64_t*>(slot.table.host());
+    const auto esize = static_cast<int64_t>(kernels::elem_bytes(out.type));
+    for (size_t i = 0; i < n; ++i) {
+      const GatherSegment& seg = segments[first + i];
+      const int64_t skip = i == 0 ? consumed : 0;
+      table[i] = static_cast<uint64_t>(
+          reinterpret_cast<uintptr_t>(static_cast<const unsigned char*>(seg.src) + skip * esize));
+      table[kRestoreTilesPerSlot + i] = static_cast<uint64_t>(
+          reinterpret_cast<uintptr_t>(kernels::output_address(out, seg.dst_elem + skip)));
+      table[2 * kRestoreTilesPerSlot + i] = static_cast<uint64_t>((seg.count - skip) * esize);
+    }
+    const auto* device_table = static_cast<const uint64_t*>(slot.table.device());
+    kernels::launch_cub_batched_memcpy(
+        slot.cub_temp.get(), slot.cub_temp.bytes(),
+        reinterpret_cast<const void* const*>(device_table),
+        reinterpret_cast<void* const*>(device_table + kRestoreTilesPerSlot),
+        device_table + 2 * kRestoreTilesPerSlot, static_cast<int64_t>(n), stream);
+    first += n;
+    consumed = 0;
+    return;
+  }
+  HSS_RANGE("restore/kernel");
+  // Tiles straight into the slot's pinned table (the kernel reads it through its device
+  // address); a launch ends when the table is full, mid-segment if need be.
+  auto* tiles = static_cast<GatherSegment*>(slot.table.host());
+  size_t num_tiles = 0;
+  while (first < segments.size() && num_tiles < kRestoreTilesPerSlot) {
+    const GatherSegment& seg = segments[first];
     const auto esize = static_cast<int64_t>(kernels::elem_bytes(seg.src_type));
-    kernels::for_each_tile(
-        seg.dst_elem, seg.count, out.cols, contiguous, kernels::tile_elems(seg.src_type),
-        [&](int64_t o, int64_t n) {
-          tiles.push_back({static_cast<const unsigned char*>(seg.src) + o * esize, seg.dst_elem + o,
-                           n, seg.src_type});
-        });
+    const int64_t max_elems = kernels::tile_elems(seg.src_type);
+    while (consumed < seg.count && num_tiles < kRestoreTilesPerSlot) {
+      const int64_t flat = seg.dst_elem + consumed;
+      int64_t n = std::min(seg.count - consumed, max_elems);
+      if (!contiguous) n = std::min(n, out.cols - flat % out.cols);
+      tiles[num_tiles++] = {static_cast<const unsigned char*>(seg.src) + consumed * esize, flat, n,
+                            seg.src_type};
+      consumed += n;
+    }
+    if (consumed == seg.count) {
+      ++first;
+      consumed = 0;
+    }
   }
-  const auto* device_tiles = static_cast<const GatherSegment*>(
-      slot.table.upload(tiles.data(), tiles.size() * sizeof(GatherSegment), stream));
-  kernels::launch_restore_gather(device_tiles, static_cast<int64_t>(tiles.size()), out, stream);
+  kernels::launch_restore_gather(static_cast<const GatherSegment*>(slot.table.device()),
+                                 static_cast<int64_t>(num_tiles), out, stream);
 }
 
-void CudaDevicePath::restore_cub(RestoreSlot& slot, std::span<const GatherSegment> segments,
-                                 const kernels::OutputView& out, cudaStream_t stream) {
-  // One table, three arrays: sources, destinations, byte sizes.
-  const size_t n = segments.size();
-  std::vector<uint64_t> table(3 * n);
-  for (size_t i = 0; i < n; ++i) {
-    table[i] = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(segments[i].src));
-    table[n + i] =
-        static_cast<uint64_t>(reinterpret_cast<uintptr_t>(out.data + segments[i].dst_elem));
-    table[2 * n + i] = static_cast<uint64_t>(segments[i].count) * sizeof(float);
-  }
-  auto* device_table = static_cast<uint64_t*>(
-      slot.table.upload(table.data(), table.size() * sizeof(uint64_t), stream));
-  const size_t temp_bytes = kernels::cub_batched_memcpy_temp_bytes(static_cast<int64_t>(n));
-  if (slot.cub_temp.bytes() < temp_bytes) {
-    const size_t grown = std::max(temp_bytes, 2 * slot.cub_temp.bytes());
-    slot.cub_temp = DeviceBuffer();
-    slot.cub_temp = DeviceBuffer::allocate(grown);
-  }
-  kernels::launch_cub_batched_memcpy(slot.cub_temp.get(), slot.cub_temp.bytes(),
-                                     reinterpret_cast<const void* const*>(device_table),
-                                     reinterpret_cast<void* const*>(device_table + n),
-                                     device_table + 2 * n, static_cast<int64_t>(n), stream);
-}
-
-void CudaDevicePath::restore_memcpy(std::span<const GatherSegment> segments,
-                                    const kernels::OutputView& out, cudaStream_t stream) {
-  for (const GatherSegment& seg : segments) {
-    HSS_CUDA_CHECK(cudaMemcpyAsync(out.data + seg.dst_elem, seg.src,
-                                   static_cast<size_t>(seg.count) * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream));
-  }
+void CudaDevicePath::restore_copy_engine(std::span<const GatherSegment> segments,
+                                         const kernels::OutputView& out, cudaStream_t stream) {
+  for (const GatherSegment& seg : segments) copy_segment(seg, out, stream);
 }
 
 void CudaDevicePath::restore_from_pageable(std::span<const GatherSegment> segments,
@@ -124,13 +188,14 @@ void CudaDevicePath::restore_from_pageable(std::span<const GatherSegment> segmen
   int64_t elems = 0;
   for (const GatherSegment& seg : segments) elems = std::max(elems, seg.dst_elem + seg.count);
   const int64_t rows = (elems + out.cols - 1) / out.cols;
-  std::vector<float> dense(static_cast<size_t>(rows * out.cols));
-  host_restore(segments, {dense.data(), out.cols, out.cols});
+  const auto esize = static_cast<int64_t>(kernels::elem_bytes(out.type));
+  std::vector<unsigned char> dense(static_cast<size_t>(rows * out.cols * esize));
+  host_restore(segments, {dense.data(), out.cols, out.cols, out.type});
   // From pageable memory the copy has consumed `dense` when the call returns.
-  HSS_CUDA_CHECK(cudaMemcpy2DAsync(out.data, static_cast<size_t>(out.row_stride) * sizeof(float),
-                                   dense.data(), static_cast<size_t>(out.cols) * sizeof(float),
-                                   static_cast<size_t>(out.cols) * sizeof(float),
-                                   static_cast<size_t>(rows), cudaMemcpyHostToDevice, stream));
+  HSS_CUDA_CHECK(cudaMemcpy2DAsync(out.data, static_cast<size_t>(out.row_stride * esize),
+                                   dense.data(), static_cast<size_t>(out.cols * esize),
+                                   static_cast<size_t>(out.cols * esize), static_cast<size_t>(rows),
+                                   cudaMemcpyHostToDevice, stream));
 }
 
 }  // namespace hss::detail::cuda

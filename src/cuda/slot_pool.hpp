@@ -27,7 +27,8 @@ namespace hss::detail::cuda {
 template <typename Payload>
 class SlotPool {
   struct Slot {
-    explicit Slot(Payload p) : payload(std::move(p)), done(Event::create()) {}
+    // Blocking-sync: acquire() and synchronize() wait on it from the host.
+    explicit Slot(Payload p) : payload(std::move(p)), done(Event::create(/*blocking_sync=*/true)) {}
     Payload payload;
     Event done;
     bool leased = false;
@@ -78,8 +79,9 @@ class SlotPool {
     bool recorded_ = false;
   };
 
-  /// The caller's device must be current (a new slot allocates on it).
-  [[nodiscard]] std::unique_ptr<Lease> acquire() {
+  /// The caller's device must be current (a new slot allocates on it). `waited` is set when the
+  /// host had to wait for a slot (every slot busy and the cap reached).
+  [[nodiscard]] std::unique_ptr<Lease> acquire(bool* waited = nullptr) {
     std::unique_lock lock(mutex_);
     for (;;) {
       Slot* wait_for = nullptr;
@@ -94,6 +96,7 @@ class SlotPool {
         slots_.push_back(std::make_unique<Slot>(make_()));
         return lease(*slots_.back());
       }
+      if (waited != nullptr) *waited = true;
       if (wait_for != nullptr) {
         wait_for->leased = true;
         lock.unlock();
@@ -103,6 +106,11 @@ class SlotPool {
       }
       released_.wait(lock);
     }
+  }
+
+  [[nodiscard]] size_t size() const {
+    std::lock_guard lock(mutex_);
+    return slots_.size();
   }
 
   /// Calls fn(payload) for every idle slot whose work has completed (to drop what it kept alive).
@@ -142,7 +150,7 @@ class SlotPool {
 
   const size_t max_slots_;
   std::function<Payload()> make_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable released_;
   std::vector<std::unique_ptr<Slot>> slots_;
 };

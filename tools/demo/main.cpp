@@ -12,6 +12,7 @@
 #include "common/cli.hpp"
 #include "demo/device_stage.hpp"
 #include "demo/pipeline.hpp"
+#include "demo/remote.hpp"
 #include "demo/report.hpp"
 #include "hss/hss.hpp"
 #include "workload/workload.hpp"
@@ -35,6 +36,8 @@ bit for bit against the synthetic thinker. Exits 1 on any mismatch, naming reque
   --print-config     print the config the run would use and exit
   --json FILE        write the summary figures as JSON
   --host             use the host path even when a CUDA device is present
+  --remote URL       thinker and talker as two processes sharing hidden states through a
+                     Redis/Valkey server (redis://host:port); `make demo-remote` starts one
   --quiet            no progress lines
   --corrupt-restore  TEST ONLY: flip one bit of one restored row; the run must then fail
   --help             this text
@@ -57,6 +60,7 @@ struct DemoOptions {
   bool force_host = false;
   bool quiet = false;
   bool corrupt_restore = false;
+  std::string remote_url;
 };
 
 DemoOptions parse(int argc, char** argv, bool& help) {
@@ -91,6 +95,8 @@ DemoOptions parse(int argc, char** argv, bool& help) {
       o.force_host = true;
     } else if (args.take_flag("--quiet")) {
       o.quiet = true;
+    } else if (args.take_flag("--remote")) {
+      o.remote_url = args.value("--remote");
     } else if (args.take_flag("--corrupt-restore")) {
       o.corrupt_restore = true;
     } else {
@@ -177,6 +183,24 @@ int run(const DemoOptions& o) {
                    "talker will never hit\n",
                    static_cast<long long>(layer));
     }
+  }
+
+  if (!o.remote_url.empty()) {
+    hss::demo::RemoteDemoOptions ro;
+    ro.url = o.remote_url;
+    ro.config = *config;
+    if (source == "built-in") {
+      // Each process keeps its own KV; here the KV pool holds the whole stream (twice over), so
+      // the talker's restores show the remote tier rather than KV evictions (coupled eviction
+      // works as in the one-process demo when a config says otherwise).
+      const double kv_stream =
+          static_cast<double>(shape.distinct_chunks * wo.chunk_size * hss::demo::kKvWidth * 2);
+      ro.config.max_local_cpu_size = std::max(ro.config.max_local_cpu_size, 2 * kv_stream / kGiB);
+    }
+    ro.workload = wo;
+    ro.requests = requests;
+    ro.quiet = o.quiet;
+    return hss::demo::run_remote_demo(ro);
   }
 
   hss::Metadata metadata;

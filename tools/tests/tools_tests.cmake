@@ -137,3 +137,12 @@ hss_expect(cli_keys_fifo 1 "is a FIFO" sh -c
            "rm -f '${_fifo}.2' && mkfifo '${_fifo}.2' && timeout 20 '${_hss}' keys --tokens '${_fifo}.2'; rc=$?; rm -f '${_fifo}.2'; exit $rc")
 hss_expect(demo_config_fifo 1 "is a FIFO" sh -c
            "rm -f '${_fifo}.3' && mkfifo '${_fifo}.3' && timeout 20 '${_demo}' --config '${_fifo}.3'; rc=$?; rm -f '${_fifo}.3'; exit $rc")
+
+# --- hss-demo --remote: two processes sharing a redis-server that scripts/demo-remote starts --
+find_program(HSS_REDIS_SERVER redis-server)
+find_program(HSS_REDIS_CLI redis-cli)
+if(HSS_HAVE_REMOTE AND HSS_REDIS_SERVER AND HSS_REDIS_CLI)
+  hss_expect(demo_remote 0
+             "thinker .*writes sent.*talker .*restored [0-9]+ of [0-9]+ stored rows.*[1-9][0-9]* hits.* 0 corrupt.* 0 mismatched rows.*OK, every restored row bit-identical"
+             ${PROJECT_SOURCE_DIR}/scripts/demo-remote ${_demo} --requests 8 --max-prompt 2048)
+endif()

@@ -44,11 +44,15 @@ class HostBuffer {
 /// Statistics and limits of the output recycler.
 struct HostBufferPoolStats {
   size_t cached_bytes = 0;  ///< released buffers kept for reuse
-  size_t limit_bytes = 0;   ///< most bytes kept (HSS_OUTPUT_CACHE_MB, default 2048)
+  size_t limit_bytes = 0;   ///< most bytes kept (hidden_state_output_cache_bytes)
   size_t reuses = 0;        ///< acquisitions served from the cache
   size_t fresh_allocations = 0;
 };
 [[nodiscard]] HostBufferPoolStats host_buffer_pool_stats();
+/// Sets the most bytes kept (Config::hidden_state_output_cache_bytes; each store constructed sets
+/// it, process-wide). Ignored when HSS_OUTPUT_CACHE_MB is set (debugging override). Buffers
+/// already cached stay until reused or trimmed.
+void host_buffer_pool_set_limit(size_t bytes);
 /// Frees every cached buffer (tests; memory pressure).
 void host_buffer_pool_trim();
 

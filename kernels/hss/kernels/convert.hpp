@@ -1,6 +1,7 @@
 #pragma once
-// Exact widening of 16-bit floats to float32. Both conversions are exact (every float16 and
-// bfloat16 value is a float32 value), so stored-then-restored rows are bit-identical.
+// Conversions between float32, float16 and bfloat16. Widening is exact (every float16 and
+// bfloat16 value is a float32 value), so stored-then-restored rows are bit-identical; narrowing
+// (float32 -> 16-bit restore outputs) rounds to nearest, ties to even, like PyTorch's .to().
 
 #include <cstdint>
 #include <cstring>
@@ -74,6 +75,48 @@ HSS_HOST_DEVICE uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
+/// Round-to-nearest-even float32 -> IEEE binary16, with overflow to infinity, gradual underflow
+/// to subnormals and NaN kept NaN (quiet, top payload bits kept).
+HSS_HOST_DEVICE uint16_t float_to_f16(float f) {
+  const uint32_t bits = float_to_bits(f);
+  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude >= 0x7F800000u) {  // inf / NaN
+    if (magnitude == 0x7F800000u) return static_cast<uint16_t>(sign | 0x7C00u);
+    return static_cast<uint16_t>(sign | 0x7E00u | ((magnitude >> 13) & 0x3FFu));
+  }
+  // 65520 (halfway between 65504, the largest finite half, and 2^16) and above round to inf.
+  if (magnitude >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);
+  if (magnitude < 0x38800000u) {  // below 2^-14: a subnormal half (or zero)
+    const uint32_t exponent = magnitude >> 23;
+    if (exponent < 102) return sign;  // below 2^-25: rounds to zero
+    const uint32_t mantissa = (magnitude & 0x7FFFFFu) | 0x800000u;
+    const uint32_t shift = 126u - exponent;  // 14..24: value in units of 2^-24
+    uint32_t q = mantissa >> shift;
+    const uint32_t rest = mantissa & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1u);
+    if (rest > half || (rest == half && (q & 1u) != 0)) ++q;  // may carry into the smallest normal
+    return static_cast<uint16_t>(sign | q);
+  }
+  const uint32_t rebased = magnitude - 0x38000000u;  // exponent bias 127 -> 15
+  uint32_t h = rebased >> 13;
+  const uint32_t rest = rebased & 0x1FFFu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u) != 0)) ++h;  // a carry bumps the exponent
+  return static_cast<uint16_t>(sign | h);
+}
+
+/// float32 -> element type `t` (exact for float32, nearest-even for the 16-bit types).
+template <ElemType T>
+HSS_HOST_DEVICE auto narrow_from_float(float f) {
+  if constexpr (T == ElemType::kFloat32) {
+    return f;
+  } else if constexpr (T == ElemType::kFloat16) {
+    return float_to_f16(f);
+  } else {
+    return float_to_bf16(f);
+  }
+}
+
 /// Element `index` of a row whose elements have type `t`, widened to float32.
 HSS_HOST_DEVICE float load_as_float(const void* row, int64_t index, ElemType t) {
   switch (t) {
@@ -83,6 +126,21 @@ HSS_HOST_DEVICE float load_as_float(const void* row, int64_t index, ElemType t) 
       return f16_to_float(static_cast<const uint16_t*>(row)[index]);
     default:
       return bf16_to_float(static_cast<const uint16_t*>(row)[index]);
+  }
+}
+
+/// Writes `value` as element `index` of a row of type `t` (rounded to nearest-even for 16 bits).
+HSS_HOST_DEVICE void store_from_float(void* row, int64_t index, ElemType t, float value) {
+  switch (t) {
+    case ElemType::kFloat32:
+      static_cast<float*>(row)[index] = value;
+      break;
+    case ElemType::kFloat16:
+      static_cast<uint16_t*>(row)[index] = float_to_f16(value);
+      break;
+    default:
+      static_cast<uint16_t*>(row)[index] = float_to_bf16(value);
+      break;
   }
 }
 

@@ -20,7 +20,8 @@ void launch_gather_cast(const SourceView& src, ElemType dst_type, const WriteSeg
                         int64_t num_tiles, cudaStream_t stream);
 
 /// Restore: one block per tile reads pool memory (device-mapped pinned host memory) and writes the
-/// float32 output. `tiles` is a device array of restore tiles (tiling.hpp), any storage types.
+/// output of out.type (float32, float16 or bfloat16). `tiles` is a device array of restore tiles
+/// (tiling.hpp), any storage types; the array may live in device-mapped pinned host memory.
 void launch_restore_gather(const GatherSegment* tiles, int64_t num_tiles, const OutputView& out,
                            cudaStream_t stream);
 

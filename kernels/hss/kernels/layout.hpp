@@ -41,11 +41,12 @@ struct SourceView {
   int64_t row_stride = 0;
 };
 
-/// A float32 2-D output (row_stride in elements).
+/// A 2-D restore output of element type `type` (row_stride in elements).
 struct OutputView {
-  float* data = nullptr;
+  void* data = nullptr;
   int64_t cols = 0;
   int64_t row_stride = 0;
+  ElemType type = ElemType::kFloat32;
 };
 
 /// A run of elements contiguous in the pool (inside one block) and in the flat prefix order.
@@ -78,8 +79,9 @@ HSS_HOST_DEVICE const void* source_address(const SourceView& s, int64_t row0, in
 }
 
 /// Output address of flat prefix element `flat`.
-HSS_HOST_DEVICE float* output_address(const OutputView& o, int64_t flat) {
-  return o.data + (flat / o.cols) * o.row_stride + flat % o.cols;
+HSS_HOST_DEVICE void* output_address(const OutputView& o, int64_t flat) {
+  return static_cast<unsigned char*>(o.data) + ((flat / o.cols) * o.row_stride + flat % o.cols) *
+                                                   static_cast<int64_t>(elem_bytes(o.type));
 }
 
 /// Writes source element `flat` of a store (already widened or kept at 16 bits) into `dst[i]`.
@@ -93,9 +95,20 @@ HSS_HOST_DEVICE void store_element(const SourceView& s, int64_t row0, int64_t fl
   }
 }
 
-/// Restores element i of a segment into the output.
+/// Restores element i of a segment into the output: the stored bits when the output has the
+/// storage type (bit-identical, NaN payloads included), else widened to float32 and, for a 16-bit
+/// output, rounded to nearest-even.
 HSS_HOST_DEVICE void restore_element(const GatherSegment& seg, int64_t i, const OutputView& out) {
-  *output_address(out, seg.dst_elem + i) = load_as_float(seg.src, i, seg.src_type);
+  void* dst = output_address(out, seg.dst_elem + i);
+  if (seg.src_type == out.type) {
+    if (out.type == ElemType::kFloat32) {
+      *static_cast<float*>(dst) = static_cast<const float*>(seg.src)[i];
+    } else {
+      *static_cast<uint16_t*>(dst) = static_cast<const uint16_t*>(seg.src)[i];
+    }
+    return;
+  }
+  store_from_float(dst, 0, out.type, load_as_float(seg.src, i, seg.src_type));
 }
 
 /// Splits flat entry elements [first, first + count) into the pieces that lie in one block each.

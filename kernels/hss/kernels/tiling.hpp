@@ -68,8 +68,13 @@ HSS_HOST_DEVICE VectorPlan plan_vectors(uint64_t src_addr, uint64_t dst_addr, in
   int64_t head =
       static_cast<int64_t>((kVectorBytes - src_addr % kVectorBytes) % kVectorBytes) / src_esize;
   head = head < count ? head : count;
+  // A vector's destination is 16 bytes (same width), 32 (widening) or 8 (narrowing float32 to
+  // 16 bits): it must be aligned to the access that writes it.
+  const int64_t dst_vector_bytes = kVectorBytes / src_esize * dst_esize;
+  const auto dst_align =
+      static_cast<uint64_t>(dst_vector_bytes < kVectorBytes ? dst_vector_bytes : kVectorBytes);
   const uint64_t dst_at_vectors = dst_addr + static_cast<uint64_t>(head * dst_esize);
-  if (dst_at_vectors % kVectorBytes != 0) return plan;
+  if (dst_at_vectors % dst_align != 0) return plan;
   plan.head = head;
   plan.vectors = (count - head) / per_vector;
   plan.tail_begin = head + plan.vectors * per_vector;
@@ -113,21 +118,31 @@ HSS_HOST_DEVICE void store_vec16(void* p, const Vec16& v) {
 #endif
 }
 
+/// 8 bytes (one 64-bit store on the device): a narrowed vector of four 16-bit elements.
+HSS_HOST_DEVICE void store_vec8(void* p, uint32_t lo, uint32_t hi) {
+#if defined(__CUDA_ARCH__)
+  *static_cast<uint2*>(p) = make_uint2(lo, hi);
+#else
+  const uint32_t w[2] = {lo, hi};
+  std::memcpy(p, w, sizeof w);
+#endif
+}
+
 /// Half k (0..7) of a 16-byte vector of 16-bit elements, little-endian like the memory it came
 /// from.
 HSS_HOST_DEVICE uint16_t half_of(const Vec16& v, int k) {
   return static_cast<uint16_t>(v.w[k / 2] >> (16 * (k % 2)));
 }
 
-/// Converts one 16-byte source vector of type S to D and stores it at `dst` (16 bytes when S and D
-/// have the same width, 32 bytes when 16-bit elements widen to float32).
+/// Converts one 16-byte source vector of type S to D and stores it at `dst`: 16 bytes when S and
+/// D have the same width, 32 bytes when 16-bit elements widen to float32, 8 bytes when float32
+/// narrows to 16 bits (nearest-even). Same-width different types (float16 <-> bfloat16) go
+/// through float32, exactly like the scalar path.
 template <ElemType S, ElemType D>
 HSS_HOST_DEVICE void convert_store_vec16(const Vec16& in, void* dst) {
   if constexpr (S == D) {
     store_vec16(dst, in);
-  } else {
-    static_assert(D == ElemType::kFloat32 && S != ElemType::kFloat32,
-                  "only 16-bit -> float32 widening is planned");
+  } else if constexpr (D == ElemType::kFloat32) {
     Vec16 out[2];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
@@ -139,6 +154,28 @@ HSS_HOST_DEVICE void convert_store_vec16(const Vec16& in, void* dst) {
     }
     store_vec16(dst, out[0]);
     store_vec16(static_cast<unsigned char*>(dst) + kVectorBytes, out[1]);
+  } else if constexpr (S == ElemType::kFloat32) {
+    uint32_t h[4];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 0; k < 4; ++k) h[k] = narrow_from_float<D>(bits_to_float(in.w[k]));
+    store_vec8(dst, h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+  } else {
+    Vec16 out;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 0; k < 4; ++k) {
+      uint32_t pair = 0;
+      for (int j = 0; j < 2; ++j) {
+        const uint16_t h = half_of(in, 2 * k + j);
+        const float f = S == ElemType::kFloat16 ? f16_to_float(h) : bf16_to_float(h);
+        pair |= static_cast<uint32_t>(narrow_from_float<D>(f)) << (16 * j);
+      }
+      out.w[k] = pair;
+    }
+    store_vec16(dst, out);
   }
 }
 
@@ -192,26 +229,44 @@ HSS_HOST_DEVICE void store_tile(const SourceView& src, const WriteSegment& tile,
       [&](int64_t i) { store_element(src, tile.src_row0, tile.src_elem + i, tile.dst, i, D); });
 }
 
-/// One restore tile into a float32 output, run by one lane.
-template <ElemType S>
+/// One restore tile from storage type S into an output of type D, run by one lane.
+template <ElemType S, ElemType D>
 HSS_HOST_DEVICE void restore_tile(const GatherSegment& tile, const OutputView& out, int lane,
                                   int lanes) {
-  copy_tile<S, ElemType::kFloat32>(tile.src, output_address(out, tile.dst_elem), tile.count, lane,
-                                   lanes, [&](int64_t i) { restore_element(tile, i, out); });
+  copy_tile<S, D>(tile.src, output_address(out, tile.dst_elem), tile.count, lane, lanes,
+                  [&](int64_t i) { restore_element(tile, i, out); });
 }
 
-/// Dispatches a restore tile on its (block-uniform) storage type.
-HSS_HOST_DEVICE void restore_tile_any(const GatherSegment& tile, const OutputView& out, int lane,
-                                      int lanes) {
+/// Dispatches a restore tile on its (block-uniform) storage type for output type D.
+template <ElemType D>
+HSS_HOST_DEVICE void restore_tile_to(const GatherSegment& tile, const OutputView& out, int lane,
+                                     int lanes) {
   switch (tile.src_type) {
     case ElemType::kFloat32:
-      restore_tile<ElemType::kFloat32>(tile, out, lane, lanes);
+      restore_tile<ElemType::kFloat32, D>(tile, out, lane, lanes);
       break;
     case ElemType::kFloat16:
-      restore_tile<ElemType::kFloat16>(tile, out, lane, lanes);
+      restore_tile<ElemType::kFloat16, D>(tile, out, lane, lanes);
       break;
     default:
-      restore_tile<ElemType::kBFloat16>(tile, out, lane, lanes);
+      restore_tile<ElemType::kBFloat16, D>(tile, out, lane, lanes);
+      break;
+  }
+}
+
+/// Dispatches a restore tile on its storage type and the output type (the CPU tests' entry; the
+/// kernel is instantiated per output type and calls restore_tile_to directly).
+HSS_HOST_DEVICE void restore_tile_any(const GatherSegment& tile, const OutputView& out, int lane,
+                                      int lanes) {
+  switch (out.type) {
+    case ElemType::kFloat32:
+      restore_tile_to<ElemType::kFloat32>(tile, out, lane, lanes);
+      break;
+    case ElemType::kFloat16:
+      restore_tile_to<ElemType::kFloat16>(tile, out, lane, lanes);
+      break;
+    default:
+      restore_tile_to<ElemType::kBFloat16>(tile, out, lane, lanes);
       break;
   }
 }

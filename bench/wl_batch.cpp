@@ -1,0 +1,185 @@
+// Workloads `batch` and `gpu_batch`: the per-item cost of an engine step issued as one batch call
+// (store_batch / retrieve_batch_into) against the same items issued as single calls, with a
+// hidden dim small enough that the copies are negligible: what is left is per-call overhead.
+// One step = 256 requests x 3 layers = 768 items, each request a 2-chunk prefix (32 tokens of
+// chunk size 16, hidden dim 16). gpu_batch does the same with device tensors (needs a device).
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+
+#if HSS_BENCH_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace hss::bench {
+namespace {
+
+constexpr int64_t kChunk = 16;
+constexpr int64_t kHidden = 16;
+constexpr int64_t kTokens = 32;  // per request
+constexpr int kRequests = 256;
+constexpr int kLayers = 3;
+constexpr int kItems = kRequests * kLayers;
+
+struct Step {
+  std::vector<std::vector<int32_t>> prompts32;  // for BareStore::drop
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<StoreItem> stores;
+  std::vector<RetrieveItem> retrieves;
+};
+
+/// 768 items over `rows` (kTokens x kHidden float32, host or device) and `outs` (one per item).
+std::shared_ptr<Step> make_step(const void* rows, Device device, const std::vector<void*>& outs) {
+  auto step = std::make_shared<Step>();
+  for (int r = 0; r < kRequests; ++r) {
+    step->prompts32.push_back(make_tokens(kTokens, 1000 + static_cast<uint64_t>(r)));
+    step->prompts.emplace_back(step->prompts32.back().begin(), step->prompts32.back().end());
+  }
+  for (int layer = 0; layer < kLayers; ++layer) {
+    for (int r = 0; r < kRequests; ++r) {
+      StoreOptions so;
+      so.layer_idx = layer;
+      step->stores.push_back({step->prompts[static_cast<size_t>(r)],
+                              {rows, DType::kFloat32, kTokens, kHidden, 0, device, 0},
+                              so});
+      RetrieveOptions ro;
+      ro.layer_idx = layer;
+      step->retrieves.push_back(
+          {step->prompts[static_cast<size_t>(r)],
+           {outs[step->retrieves.size()], DType::kFloat32, kTokens, kHidden, 0, device, 0},
+           ro});
+    }
+  }
+  return step;
+}
+
+/// A store whose pool holds the whole step with room to spare and whose granule is one chunk
+/// (1 KiB), so no call evicts: the figures are per-call overhead alone.
+struct StepStore {
+  StepStore() : db(kChunk, false), store(config(), db) {}
+  static Config config() {
+    Config c;
+    c.chunk_size = kChunk;
+    c.enable_hidden_state_cache = true;
+    c.max_hidden_state_cpu_size = 8.0 / 1024;  // 8 MiB: 4x the step's 1536 chunks of 1 KiB
+    c.hidden_state_block_bytes = kChunk * kHidden * 4;
+    return c;
+  }
+  void drop(std::span<const int32_t> tokens) {
+    for (const Chunk& chunk : db.process_tokens(tokens)) (void)store.drop_key(chunk.key);
+  }
+  ChunkedTokenDatabase db;
+  HiddenStateStore store;
+};
+
+void batch_case(Context& ctx, const std::string& workload, Device device, const void* rows,
+                const std::vector<void*>& outs, const std::function<void()>& sync) {
+  auto hss = std::make_shared<StepStore>();
+  auto step = make_step(rows, device, outs);
+  const double bytes = static_cast<double>(kItems * kTokens * kHidden * 4);
+  auto drop_all = [hss, step] {
+    for (const auto& p : step->prompts32) hss->drop(p);
+  };
+  auto store_batch = [hss, step, sync] {
+    (void)hss->store.store_batch(step->stores);
+    sync();
+  };
+  auto store_singles = [hss, step, sync] {
+    for (const StoreItem& item : step->stores) {
+      (void)hss->store.store_hidden_states(item.token_ids, item.hidden_states, item.options);
+    }
+    sync();
+  };
+  Params p;
+  p.chunk_size = kChunk;
+  p.hidden_dim = kHidden;
+  p.tokens = kTokens;
+  p.layers = kLayers;
+  p.dtype = "float32";
+  p.storage = "float32";
+  p.output = device == Device::kCuda ? "device" : "host";
+  const Timed singles{"768 single calls", drop_all, store_singles, bytes, 0};
+  // Figures are copied: measure() returns a reference into a vector that the next call grows.
+  const Figure store_fig = ctx.report.measure(workload, "store_batch 768 items", p,
+                                              {"store_batch", drop_all, store_batch, bytes, 0},
+                                              std::span<const Timed>(&singles, 1));
+  auto fill = [hss, step, sync] {
+    (void)hss->store.store_batch(step->stores);
+    sync();
+  };
+  const Timed read_singles{"768 single calls", fill,
+                           [hss, step, sync] {
+                             for (const RetrieveItem& item : step->retrieves) {
+                               (void)hss->store.retrieve_hidden_states_into(item.token_ids,
+                                                                            item.out, item.options);
+                             }
+                             sync();
+                           },
+                           bytes, 0};
+  const Figure read_fig =
+      ctx.report.measure(workload, "retrieve_batch_into 768 items", p,
+                         {"retrieve_batch_into", fill,
+                          [hss, step, sync] {
+                            (void)hss->store.retrieve_batch_into(step->retrieves);
+                            sync();
+                          },
+                          bytes, 0},
+                         std::span<const Timed>(&read_singles, 1));
+  for (const Figure* f : {&store_fig, &read_fig}) {
+    const double batch_us = f->seconds.median / kItems * 1e6;
+    const double single_us = f->refs.front().seconds.median / kItems * 1e6;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "%s: %.2f us per item in one batch, %.2f us per single call, batch %.2fx faster",
+                  f->name.c_str(), batch_us, single_us, f->refs.front().ratio.median);
+    ctx.report.note(workload, line);
+  }
+}
+
+}  // namespace
+
+void run_batch(Context& ctx) {
+  const auto rows = random_f32(kTokens * kHidden, 61);
+  auto out_store =
+      std::make_shared<std::vector<float>>(static_cast<size_t>(kItems * kTokens * kHidden));
+  std::vector<void*> outs;
+  for (int i = 0; i < kItems; ++i) outs.push_back(out_store->data() + i * kTokens * kHidden);
+  batch_case(ctx, "batch", Device::kHost, rows.data(), outs, [] {});
+  ctx.report.print_workload("batch");
+}
+
+void run_gpu_batch(Context& ctx) {
+#if HSS_BENCH_WITH_CUDA
+  if (!build_info().cuda || !runtime_info().device_available) {
+    ctx.report.skip("gpu_batch", "all cases", "no CUDA device (" + runtime_info().reason + ")");
+    return;
+  }
+  const auto host_rows = random_f32(kTokens * kHidden, 61);
+  void* rows = nullptr;
+  void* outs_base = nullptr;
+  const size_t row_bytes = host_rows.size() * sizeof(float);
+  if (cudaMalloc(&rows, row_bytes) != cudaSuccess ||
+      cudaMalloc(&outs_base, row_bytes * kItems) != cudaSuccess) {
+    ctx.report.skip("gpu_batch", "all cases", "cudaMalloc failed");
+    return;
+  }
+  (void)cudaMemcpy(rows, host_rows.data(), row_bytes, cudaMemcpyHostToDevice);
+  std::vector<void*> outs;
+  for (int i = 0; i < kItems; ++i) outs.push_back(static_cast<char*>(outs_base) + i * row_bytes);
+  batch_case(ctx, "gpu_batch", Device::kCuda, rows, outs,
+             [] { (void)cudaStreamSynchronize(nullptr); });
+  ctx.report.print_workload("gpu_batch");
+  (void)cudaFree(rows);
+  (void)cudaFree(outs_base);
+#else
+  ctx.report.skip("gpu_batch", "all cases",
+                  "no CUDA device (hss-bench built with HSS_WITH_CUDA=OFF)");
+#endif
+}
+
+}  // namespace hss::bench

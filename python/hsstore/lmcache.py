@@ -1,0 +1,274 @@
+"""Drop-in replacement for LMCache's ``lmcache.v1.hidden_state_store.HiddenStateStore``.
+
+:class:`HiddenStateStore` has the exact constructor and public methods of LMCache 0.5.6's class,
+but keeps the hidden states in hsstore's native store. Chunks are keyed by LMCache's own token
+database (``process_tokens`` gives ``(start, end, key)``), so hidden-state keys equal LMCache's KV
+keys, and KV presence is answered per chunk by LMCache's own storage manager
+(``contains(key) is not None``, as in LMCache), called back from the native store.
+
+Making a real ``LMCacheEngine`` use it::
+
+    import hsstore.lmcache
+    hsstore.lmcache.install()      # before the engine is built
+    # ... build LMCacheEngine as usual (LMCacheEngineBuilder, vLLM's connector, ...);
+    # engine.hidden_state_store is now an hsstore.lmcache.HiddenStateStore.
+
+``install()`` replaces ``lmcache.v1.cache_engine.HiddenStateStore``, the name ``LMCacheEngine``
+constructs when ``enable_hidden_state_cache`` is true; ``uninstall()`` puts LMCache's class back.
+Engines built before ``install()`` keep the store they have. It acts in the calling process only:
+where the engine lives in worker processes (vLLM), call it there, e.g. from a ``sitecustomize.py``
+on the workers' ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import _hsstore
+
+__all__ = ["HiddenStateStore", "install", "uninstall", "installed"]
+
+_GIB = 1024**3
+
+
+def _native_key(key: Any) -> _hsstore.CacheEngineKey:
+    """hsstore's key for an LMCache CacheEngineKey (tags folded into fmt so they stay distinct)."""
+    tags = getattr(key, "tags", None)
+    fmt = "lmcache" if not tags else "lmcache@" + "@".join(f"{k}%{v}" for k, v in tags)
+    return _hsstore.CacheEngineKey(
+        model_name=key.model_name,
+        world_size=key.world_size,
+        worker_id=key.worker_id,
+        chunk_hash=key.chunk_hash,
+        kv_dtype=key.dtype,
+        fmt=fmt,
+    )
+
+
+class _KVPresence:
+    """What the native store calls for KV presence: LMCache's storage manager, asked with
+    LMCache's own key for the chunk."""
+
+    def __init__(self, owner: "HiddenStateStore", storage_manager: Any) -> None:
+        self._owner = weakref.ref(owner)  # the owner holds the native store, which holds us
+        self._storage_manager = storage_manager
+
+    def contains(self, key, search_range=None, pin=False) -> bool:
+        owner = self._owner()
+        lmcache_key = owner._lmcache_key(key) if owner is not None else None
+        if lmcache_key is None:  # a key this store never saw: no KV can be vouched for
+            return False
+        return self._storage_manager.contains(lmcache_key) is not None
+
+
+class HiddenStateStore:
+    """LMCache's HiddenStateStore API over hsstore's native store.
+
+    Args:
+        config: LMCache engine config (LMCacheEngineConfig or anything with its attributes).
+            Reads enable_hidden_state_cache, max_hidden_state_cpu_size (GB),
+            hidden_state_layers and chunk_size.
+        token_database: the engine's TokenDatabase, so chunk boundaries and keys match KV.
+    """
+
+    def __init__(self, config: Any, token_database: Any) -> None:
+        self._config = config
+        self._token_database = token_database
+        self._storage_manager: Optional[Any] = None
+
+        size_bytes = int(config.max_hidden_state_cpu_size * _GIB)
+        if size_bytes <= 0:
+            raise ValueError(
+                "max_hidden_state_cpu_size must be > 0 when enable_hidden_state_cache=True"
+            )
+        native_config = _hsstore.Config(config)
+        # The native store needs a token database of its own; this one is only a formality,
+        # every call below passes LMCache's chunks.
+        self._native_token_database = _hsstore.ChunkedTokenDatabase(native_config)
+        self._store = _hsstore.HiddenStateStore(native_config, self._native_token_database)
+        self._allocator = self._store  # LMCache's tests compare pools by identity
+
+        allowlist = config.hidden_state_layers
+        self._layer_allowlist: Optional[set] = set(allowlist) if allowlist is not None else None
+
+        # Native key -> LMCache key, for storage-manager calls and _lru: the chunks of the call
+        # in progress (per thread), and the keys stored (pruned against the store's own index).
+        self._call = threading.local()
+        self._stored_keys: Dict[_hsstore.CacheEngineKey, Any] = {}
+
+    # -- wiring --------------------------------------------------------------------------------
+
+    def bind_storage_manager(self, storage_manager: Any) -> None:
+        """Attach the engine's StorageManager (None: KV treated as present for every chunk)."""
+        self._storage_manager = storage_manager
+        if storage_manager is None:
+            self._store.bind_storage_manager(None)
+        else:
+            self._store.bind_storage_manager(_KVPresence(self, storage_manager))
+
+    # -- public API (LMCache 0.5.6) ------------------------------------------------------------
+
+    def store_hidden_states(
+        self, token_ids, hidden_states, *, layer_idx: int = 0, token_offset: int = 0
+    ) -> int:
+        """Store hidden_states ([len(token_ids) - token_offset, hidden_dim]) under KV's chunk
+        keys. Returns the chunks newly written (0 when the layer is filtered out)."""
+        if self._layer_allowlist is not None and layer_idx not in self._layer_allowlist:
+            return 0
+        ndim = getattr(hidden_states, "ndim", None)
+        if ndim != 2:
+            shape = tuple(getattr(hidden_states, "shape", ()))
+            raise ValueError(
+                f"hidden_states must be 2-D [num_tokens, hidden_dim], got shape {shape}"
+            )
+        n_toks = len(token_ids) if isinstance(token_ids, list) else int(token_ids.shape[0])
+        if not (0 <= token_offset <= n_toks):
+            raise ValueError(
+                f"token_offset ({token_offset}) must be in [0, len(token_ids) ({n_toks})]"
+            )
+        expected_rows = n_toks - token_offset
+        if hidden_states.shape[0] != expected_rows:
+            raise ValueError(
+                f"hidden_states first dim ({hidden_states.shape[0]}) must equal "
+                f"len(token_ids) - token_offset ({expected_rows})"
+            )
+        lmcache_chunks = self._chunk(token_ids)
+        if not lmcache_chunks or lmcache_chunks[-1][1] <= token_offset:
+            return 0
+        chunks = self._begin_call(lmcache_chunks)
+        try:
+            # Rows past the last chunk (an unsaved partial chunk) are not part of any key.
+            covered = hidden_states[: lmcache_chunks[-1][1] - token_offset]
+            written = self._store.store_chunks(
+                chunks, covered, layer_idx=layer_idx, token_offset=token_offset
+            )
+        finally:
+            self._end_call()
+        if written:
+            for (_, _, native), (_, _, key) in zip(chunks, lmcache_chunks):
+                self._stored_keys[native] = key
+            self._prune_stored_keys()
+        return written
+
+    def retrieve_hidden_states(self, token_ids, *, layer_idx: int = 0):
+        """The cached prefix for layer_idx as a CPU float32 torch tensor, or None. Stops at the
+        first chunk whose KV is gone (dropping its hidden states) or whose layer is missing."""
+        lmcache_chunks = self._chunk(token_ids)
+        if not lmcache_chunks:
+            return None
+        chunks = self._begin_call(lmcache_chunks)
+        try:
+            return self._store.retrieve_chunks(chunks, layer_idx=layer_idx)
+        finally:
+            self._end_call()
+
+    def num_cached_chunks(self) -> int:
+        """The number of distinct chunk keys cached."""
+        return self._store.num_cached_chunks()
+
+    def has_chunk(self, key, layer_idx: int = 0) -> bool:
+        return self._store.has_chunk(_native_key(key), layer_idx)
+
+    def drop_key(self, key) -> bool:
+        """Drop every layer of key (test/admin use); KV is not touched."""
+        return self._store.drop_key(_native_key(key))
+
+    def close(self) -> None:
+        self._store.close()
+        self._stored_keys.clear()
+
+    # -- LMCache's private helpers that its tests use -------------------------------------------
+
+    @property
+    def _lru(self) -> "OrderedDict[Any, None]":
+        """LMCache's LRU view: keys least recently used first (a snapshot)."""
+        out: "OrderedDict[Any, None]" = OrderedDict()
+        for native in self._store.lru_keys():
+            key = self._stored_keys.get(native)
+            if key is not None:
+                out[key] = None
+        return out
+
+    def _evict_one_lru(self) -> bool:
+        return self._store.evict_one_lru()
+
+    def _free_key(self, key) -> None:
+        self._store.drop_key(_native_key(key))
+
+    def _chunk(self, token_ids) -> List[Tuple[int, int, Any]]:
+        return list(self._token_database.process_tokens(tokens=token_ids))
+
+    def _kv_present(self, key) -> bool:
+        if self._storage_manager is None:
+            return True
+        return self._storage_manager.contains(key) is not None
+
+    # -- beyond LMCache --------------------------------------------------------------------------
+
+    @property
+    def native(self) -> _hsstore.HiddenStateStore:
+        """The hsstore store underneath (stats(), coverage(), retrieve_layers(), ...)."""
+        return self._store
+
+    def stats(self) -> dict:
+        return self._store.stats()
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _begin_call(self, lmcache_chunks):
+        mapping = {}
+        chunks = []
+        for start, end, key in lmcache_chunks:
+            native = _native_key(key)
+            mapping[native] = key
+            chunks.append((start, end, native))
+        self._call.keys = mapping
+        return chunks
+
+    def _end_call(self) -> None:
+        self._call.keys = None
+
+    def _lmcache_key(self, native):
+        mapping = getattr(self._call, "keys", None)
+        if mapping is not None:
+            key = mapping.get(native)
+            if key is not None:
+                return key
+        return self._stored_keys.get(native)
+
+    def _prune_stored_keys(self) -> None:
+        if len(self._stored_keys) <= 2 * self._store.num_cached_chunks() + 1024:
+            return
+        held = set(self._store.lru_keys())
+        self._stored_keys = {k: v for k, v in self._stored_keys.items() if k in held}
+
+
+_original: Optional[type] = None
+
+
+def install() -> None:
+    """Make every LMCacheEngine built from now on use hsstore's HiddenStateStore."""
+    global _original
+    import lmcache.v1.cache_engine as cache_engine
+
+    if cache_engine.HiddenStateStore is not HiddenStateStore:
+        _original = cache_engine.HiddenStateStore
+    cache_engine.HiddenStateStore = HiddenStateStore
+
+
+def uninstall() -> None:
+    """Put LMCache's own HiddenStateStore back."""
+    import lmcache.v1.cache_engine as cache_engine
+
+    if _original is not None:
+        cache_engine.HiddenStateStore = _original
+
+
+def installed() -> bool:
+    """True while LMCacheEngine builds hsstore's HiddenStateStore."""
+    import lmcache.v1.cache_engine as cache_engine
+
+    return cache_engine.HiddenStateStore is HiddenStateStore

@@ -1,0 +1,133 @@
+// hsstore.Config: hss::Config from a dict, YAML text, a YAML file, the environment, or any object
+// with LMCache's config attributes (an LMCacheEngineConfig). Every path ends in the C++ parser,
+// so validation and messages are those of hss::Config::from_yaml.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <array>
+#include <string>
+#include <string_view>
+
+#include "bindings.hpp"
+#include "config_source.hpp"
+#include "hss/activation.hpp"
+#include "hss/config.hpp"
+#include "hss/error.hpp"
+
+namespace hss::python {
+
+namespace {
+
+// The keys hsstore reads from an LMCache-style config object (attributes missing on the object
+// keep their defaults).
+constexpr std::array kAttributeKeys = {
+    "chunk_size",
+    "save_unfull_chunk",
+    "max_local_cpu_size",
+    "enable_hidden_state_cache",
+    "max_hidden_state_cpu_size",
+    "hidden_state_layers",
+    "hidden_state_storage_dtype",
+    "hidden_state_block_bytes",
+    "hidden_state_kinds",
+};
+
+// JSON is YAML: a dict becomes YAML text through json.dumps (values it cannot encode, such as
+// torch dtypes, by their str()).
+std::string to_yaml_text(nb::handle mapping) {
+  nb::object json = nb::module_::import_("json");
+  nb::object builtins = nb::module_::import_("builtins");
+  return nb::cast<std::string>(
+      json.attr("dumps")(mapping, nb::arg("default") = builtins.attr("str")));
+}
+
+bool looks_like_yaml_text(std::string_view text) {
+  return text.find('\n') != std::string_view::npos || text.find(':') != std::string_view::npos ||
+         text.find('{') != std::string_view::npos || text.empty();
+}
+
+}  // namespace
+
+hss::Config config_from(nb::handle source) {
+  if (source.is_none()) return hss::Config::from_env();
+  if (nb::isinstance<hss::Config>(source)) return nb::cast<const hss::Config&>(source);
+  if (nb::isinstance<nb::str>(source)) {
+    std::string text = nb::cast<std::string>(source);
+    if (looks_like_yaml_text(text)) return hss::Config::from_yaml(text);
+    return hss::Config::from_file(text);
+  }
+  nb::object os = nb::module_::import_("os");
+  if (nb::isinstance(source, os.attr("PathLike"))) {
+    return hss::Config::from_file(nb::cast<std::string>(os.attr("fspath")(source)));
+  }
+  if (nb::isinstance<nb::dict>(source)) return hss::Config::from_yaml(to_yaml_text(source));
+  // An object with LMCache's config attributes (LMCacheEngineConfig or anything alike).
+  nb::dict values;
+  bool found_any = false;
+  for (const char* key : kAttributeKeys) {
+    if (!nb::hasattr(source, key)) continue;
+    found_any = true;
+    nb::object value = source.attr(key);
+    if (value.is_none()) continue;
+    values[key] = value;
+  }
+  if (!found_any) {
+    throw hss::ConfigError(
+        "config: expected None, a dict, YAML text, a path, an hsstore.Config or an object with "
+        "LMCache config attributes (chunk_size, ...), got " +
+        nb::cast<std::string>(nb::repr(source)));
+  }
+  return hss::Config::from_yaml(to_yaml_text(values));
+}
+
+void bind_config(nb::module_& m) {
+  nb::class_<hss::Config>(m, "Config",
+                          "LMCache's configuration keys that hsstore understands, validated.")
+      .def(
+          "__init__",
+          [](hss::Config* self, nb::handle source) { new (self) hss::Config(config_from(source)); },
+          nb::arg("source") = nb::none(),
+          "source: None (environment: LMCACHE_CONFIG_FILE, LMCACHE_<KEY>), a dict, YAML text, a "
+          "YAML file path, an hsstore.Config, or an object with LMCache config attributes.")
+      .def_static("from_yaml", &hss::Config::from_yaml, nb::arg("text"))
+      .def_static(
+          "from_file",
+          [](nb::handle path) {
+            nb::object os = nb::module_::import_("os");
+            return hss::Config::from_file(nb::cast<std::string>(os.attr("fspath")(path)));
+          },
+          nb::arg("path"))
+      .def_static("from_env", &hss::Config::from_env)
+      .def_static(
+          "from_dict", [](nb::dict d) { return hss::Config::from_yaml(to_yaml_text(d)); },
+          nb::arg("values"))
+      .def_ro("chunk_size", &hss::Config::chunk_size)
+      .def_ro("save_unfull_chunk", &hss::Config::save_unfull_chunk)
+      .def_ro("max_local_cpu_size", &hss::Config::max_local_cpu_size)
+      .def_ro("enable_hidden_state_cache", &hss::Config::enable_hidden_state_cache)
+      .def_ro("max_hidden_state_cpu_size", &hss::Config::max_hidden_state_cpu_size)
+      .def_ro("hidden_state_layers", &hss::Config::hidden_state_layers)
+      .def_prop_ro("hidden_state_storage_dtype",
+                   [](const hss::Config& c) {
+                     return std::string(hss::to_string(c.hidden_state_storage_dtype));
+                   })
+      .def_ro("hidden_state_block_bytes", &hss::Config::hidden_state_block_bytes)
+      .def_prop_ro("hidden_state_kinds",
+                   [](const hss::Config& c) -> std::optional<std::vector<std::string>> {
+                     if (!c.hidden_state_kinds) return std::nullopt;
+                     std::vector<std::string> names;
+                     for (hss::ActivationKind k : *c.hidden_state_kinds) {
+                       names.emplace_back(hss::to_string(k));
+                     }
+                     return names;
+                   })
+      .def_ro("unknown_keys", &hss::Config::unknown_keys)
+      .def("to_yaml", &hss::Config::to_yaml)
+      .def("layer_allowed", &hss::Config::layer_allowed, nb::arg("layer_idx"))
+      .def("__repr__", [](const hss::Config& c) {
+        return "hsstore.Config(\"\"\"\n" + c.to_yaml() + "\"\"\")";
+      });
+}
+
+}  // namespace hss::python

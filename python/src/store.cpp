@@ -1,0 +1,408 @@
+// hsstore.HiddenStateStore: LMCache's HiddenStateStore API over hss::HiddenStateStore, plus the
+// C++ API's extras (row_begin, retrieve_layers, retrieve_hidden_states_into, coverage, stats).
+// Arguments are converted with the GIL held; the C++ call itself runs with the GIL released.
+#include <Python.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bindings.hpp"
+#include "config_source.hpp"
+#include "hss/activation.hpp"
+#include "hss/error.hpp"
+#include "hss/local_cpu_backend.hpp"
+#include "keys_io.hpp"
+#include "store_py.hpp"
+#include "tensor_io.hpp"
+
+namespace hss::python {
+
+PyStorageManager::PyStorageManager(nb::object manager)
+    : manager_(std::move(manager)), contains_(manager_.attr("contains")) {}
+
+PyStorageManager::~PyStorageManager() {
+  nb::gil_scoped_acquire gil;
+  contains_.reset();
+  manager_.reset();
+}
+
+bool PyStorageManager::contains(const hss::CacheEngineKey& key) const {
+  nb::gil_scoped_acquire gil;
+  nb::object result = contains_(nb::cast(key));
+  const int truth = PyObject_IsTrue(result.ptr());
+  if (truth < 0) throw nb::python_error();
+  return truth == 1;
+}
+
+int PyStorageManager::traverse(visitproc visit, void* arg) const {
+  Py_VISIT(manager_.ptr());
+  Py_VISIT(contains_.ptr());
+  return 0;
+}
+
+int store_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  const auto* s = nb::inst_ptr<PyHiddenStateStore>(self);
+  Py_VISIT(s->token_database_object.ptr());
+  Py_VISIT(s->bound_object.ptr());
+  for (const auto& manager : s->managers) {
+    if (int rc = manager->traverse(visit, arg)) return rc;
+  }
+  return 0;
+}
+
+int store_clear(PyObject* self) {
+  if (!nb::inst_ready(self)) return 0;
+  auto* s = nb::inst_ptr<PyHiddenStateStore>(self);
+  // Unreachable: no call is in flight, so the managers can go (unbound first).
+  if (s->store != nullptr) s->store->bind_storage_manager(nullptr);
+  s->managers.clear();
+  s->bound_object.reset();
+  // The token database stays: the C++ store holds a reference to it until the store dies.
+  return 0;
+}
+
+void PyHiddenStateStore::bind(nb::handle manager) {
+  if (manager.is_none()) {
+    store->bind_storage_manager(nullptr);
+    bound_object = nb::none();
+    return;
+  }
+  if (nb::isinstance<hss::LocalCpuBackend>(manager)) {
+    store->bind_storage_manager(&nb::cast<hss::LocalCpuBackend&>(manager));
+    bound_object = nb::borrow(manager);
+    return;
+  }
+  if (!nb::hasattr(manager, "contains")) {
+    throw InvalidArgument(
+        "storage_manager must be None, an hsstore KV backend or an object with "
+        "contains(key, search_range=None, pin=False), got " +
+        nb::cast<std::string>(nb::repr(manager)));
+  }
+  managers.push_back(std::make_unique<PyStorageManager>(nb::borrow(manager)));
+  store->bind_storage_manager(managers.back().get());
+  bound_object = nb::borrow(manager);
+}
+
+namespace {
+
+hss::HiddenStateStore& live(PyHiddenStateStore& s) { return *s.store; }
+
+nb::dict stats_dict(const hss::HiddenStateStats& st) {
+  nb::dict d;
+  d["keys_held"] = st.keys_held;
+  d["entries_held"] = st.entries_held;
+  d["bytes_held"] = st.bytes_held;
+  d["blocks_held"] = st.blocks_held;
+  d["pool_capacity_bytes"] = st.pool_capacity_bytes;
+  d["pool_free_bytes"] = st.pool_free_bytes;
+  d["granule_bytes"] = st.granule_bytes;
+  d["pinned"] = st.pinned;
+  d["device_path"] = st.device_path;
+  d["closed"] = st.closed;
+  d["stores"] = st.stores;
+  d["chunks_written"] = st.chunks_written;
+  d["retrieves"] = st.retrieves;
+  d["hit_tokens"] = st.hit_tokens;
+  d["miss_tokens"] = st.miss_tokens;
+  d["hs_evictions"] = st.hs_evictions;
+  d["coupled_evictions"] = st.coupled_evictions;
+  d["allocation_failures"] = st.allocation_failures;
+  d["staging_waits"] = st.staging_waits;
+  nb::dict per_kind;
+  for (int k = 0; k < hss::kNumActivationKinds; ++k) {
+    const hss::KindStats& ks = st.per_kind[static_cast<size_t>(k)];
+    nb::dict entry;
+    entry["entries_held"] = ks.entries_held;
+    entry["bytes_held"] = ks.bytes_held;
+    entry["chunks_written"] = ks.chunks_written;
+    per_kind[nb::str(std::string(hss::to_string(static_cast<hss::ActivationKind>(k))).c_str())] =
+        entry;
+  }
+  d["per_kind"] = per_kind;
+  return d;
+}
+
+hss::ActivationKind kind_from(nb::handle kind) {
+  if (nb::isinstance<hss::ActivationKind>(kind)) return nb::cast<hss::ActivationKind>(kind);
+  if (nb::isinstance<nb::str>(kind)) {
+    if (auto k = hss::activation_kind_from_string(nb::cast<std::string>(kind))) return *k;
+  }
+  throw InvalidArgument(
+      "kind must be an hsstore.ActivationKind or one of 'hidden', 'query', 'key', 'value', "
+      "'mlp_intermediate', got " +
+      nb::cast<std::string>(nb::repr(kind)));
+}
+
+// Layer indices (kind hidden) or (kind, layer) tuples, mixed freely.
+std::vector<hss::Slot> slots_from(nb::handle items, const char* name) {
+  nb::object seq = nb::steal(PySequence_Fast(items.ptr(), "not a sequence"));
+  if (!seq.is_valid()) {
+    PyErr_Clear();
+    throw InvalidArgument(std::string(name) +
+                          " must be a list of layer indices or (kind, layer) "
+                          "tuples, got " +
+                          nb::cast<std::string>(nb::repr(items)));
+  }
+  const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq.ptr());
+  PyObject** entries = PySequence_Fast_ITEMS(seq.ptr());
+  std::vector<hss::Slot> slots;
+  slots.reserve(static_cast<size_t>(count));
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    nb::handle item(entries[i]);
+    const std::string where = std::string(name) + "[" + std::to_string(i) + "]";
+    if (PyTuple_Check(item.ptr()) && nb::len(item) == 2) {
+      const int64_t layer = int_list_from(nb::make_tuple(item[1]), where.c_str())[0];
+      slots.push_back(hss::Slot{kind_from(item[0]), layer});
+    } else {
+      slots.push_back(hss::Slot{hss::ActivationKind::kHidden,
+                                int_list_from(nb::make_tuple(item), where.c_str())[0]});
+    }
+  }
+  return slots;
+}
+
+hss::Stream as_stream(void* stream) { return static_cast<hss::Stream>(stream); }
+
+std::vector<hss::Chunk> chunks_for(PyHiddenStateStore& s, nb::handle tokens_or_chunks,
+                                   const char* name) {
+  // A list whose first element is a tuple: caller-computed chunks; otherwise token ids.
+  if ((PyList_Check(tokens_or_chunks.ptr()) || PyTuple_Check(tokens_or_chunks.ptr())) &&
+      nb::len(tokens_or_chunks) > 0 && PyTuple_Check(tokens_or_chunks[0].ptr())) {
+    return chunks_from(tokens_or_chunks, name);
+  }
+  TokenIds ids = token_ids_from(tokens_or_chunks, name);
+  nb::gil_scoped_release release;
+  return ids.visit([&](auto span) { return s.token_database->process_tokens(span); });
+}
+
+}  // namespace
+
+void bind_store(nb::module_& m) {
+  nb::enum_<hss::ActivationKind>(m, "ActivationKind",
+                                 "What a cached activation is; kind= also takes the name.")
+      .value("hidden", hss::ActivationKind::kHidden)
+      .value("query", hss::ActivationKind::kQuery)
+      .value("key", hss::ActivationKind::kKey)
+      .value("value", hss::ActivationKind::kValue)
+      .value("mlp_intermediate", hss::ActivationKind::kMlpIntermediate);
+
+  static PyType_Slot store_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(store_traverse)},
+                                      {Py_tp_clear, reinterpret_cast<void*>(store_clear)},
+                                      {0, nullptr}};
+  nb::class_<PyHiddenStateStore>(
+      m, "HiddenStateStore",
+      "Per-chunk hidden-state cache beside the KV cache (LMCache's HiddenStateStore API). "
+      "Thread-safe; every call releases the GIL while it copies, hashes or waits.",
+      nb::type_slots(store_slots))
+      .def(
+          "__init__",
+          [](PyHiddenStateStore* self, nb::handle config, nb::handle token_database) {
+            if (!nb::isinstance<hss::TokenDatabase>(token_database)) {
+              throw InvalidArgument("token_database must be an hsstore.ChunkedTokenDatabase, got " +
+                                    nb::cast<std::string>(nb::repr(token_database)));
+            }
+            const hss::Config c = config_from(config);
+            const auto& db = nb::cast<const hss::TokenDatabase&>(token_database);
+            auto store = std::make_shared<hss::HiddenStateStore>(c, db);
+            new (self) PyHiddenStateStore{};
+            self->store = store.get();
+            self->owner = std::move(store);
+            self->token_database = &db;
+            self->token_database_object = nb::borrow(token_database);
+          },
+          nb::arg("config").none(), nb::arg("token_database").none())
+      .def(
+          "bind_storage_manager",
+          [](PyHiddenStateStore& s, nb::handle manager) { s.bind(manager); },
+          nb::arg("storage_manager").none(),
+          "Binds the KV side: an object with contains(key, search_range=None, pin=False) "
+          "(truthy = KV present), an hsstore KV backend, or None (KV treated as present).")
+      .def_prop_ro("storage_manager", [](PyHiddenStateStore& s) { return s.bound_object; })
+      .def(
+          "store_hidden_states",
+          [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle hidden_states,
+             int64_t layer_idx, int64_t token_offset, nb::handle kind) {
+            TokenIds ids = token_ids_from(token_ids, "token_ids");
+            BorrowedTensor hs = borrow_tensor(hidden_states, "hidden_states");
+            const hss::StoreOptions options{layer_idx, token_offset, kind_from(kind),
+                                            as_stream(hs.stream)};
+            nb::gil_scoped_release release;
+            return ids.visit([&](auto span) {
+              return live(s).store_hidden_states(span, hs.view.as_const(), options).written;
+            });
+          },
+          nb::arg("token_ids").none(), nb::arg("hidden_states").none(), nb::kw_only(),
+          nb::arg("layer_idx") = 0, nb::arg("token_offset") = 0, nb::arg("kind") = "hidden",
+          "Stores rows of hidden_states ([len(token_ids) - token_offset, hidden_dim], float32, "
+          "float16 or bfloat16, CPU or CUDA, read zero-copy) for the chunks starting at or after "
+          "token_offset. Returns the chunks newly written (LMCache's number).")
+      .def(
+          "store_chunks",
+          [](PyHiddenStateStore& s, nb::handle chunks, nb::handle hidden_states, int64_t layer_idx,
+             int64_t token_offset, nb::handle kind) {
+            std::vector<hss::Chunk> list = chunks_from(chunks, "chunks");
+            BorrowedTensor hs = borrow_tensor(hidden_states, "hidden_states");
+            const hss::StoreOptions options{layer_idx, token_offset, kind_from(kind),
+                                            as_stream(hs.stream)};
+            nb::gil_scoped_release release;
+            return live(s).store_chunks(list, hs.view.as_const(), options).written;
+          },
+          nb::arg("chunks").none(), nb::arg("hidden_states").none(), nb::kw_only(),
+          nb::arg("layer_idx") = 0, nb::arg("token_offset") = 0, nb::arg("kind") = "hidden",
+          "store_hidden_states with caller-computed (start, end, key) chunks, contiguous from 0; "
+          "hidden_states has chunks[-1][1] - token_offset rows.")
+      .def(
+          "retrieve_hidden_states",
+          [](PyHiddenStateStore& s, nb::handle token_ids, int64_t layer_idx, int64_t row_begin,
+             nb::handle kind, nb::handle like) -> nb::object {
+            TokenIds ids = token_ids_from(token_ids, "token_ids");
+            const ArrayKind array_kind = array_kind_from(like);
+            const hss::RetrieveOptions options{layer_idx, row_begin, kind_from(kind), nullptr};
+            std::optional<hss::HostTensor> out;
+            {
+              nb::gil_scoped_release release;
+              out = ids.visit(
+                  [&](auto span) { return live(s).retrieve_hidden_states(span, options); });
+            }
+            if (!out) return nb::none();
+            return export_tensor(std::move(*out), array_kind);
+          },
+          nb::arg("token_ids").none(), nb::kw_only(), nb::arg("layer_idx") = 0,
+          nb::arg("row_begin") = 0, nb::arg("kind") = "hidden", nb::arg("like").none() = nb::none(),
+          "The cached prefix as a float32 [rows, hidden_dim] tensor (torch when importable, "
+          "NumPy otherwise or with like='numpy'), zero-copy over the C++ result; None on a miss.")
+      .def(
+          "retrieve_chunks",
+          [](PyHiddenStateStore& s, nb::handle chunks, int64_t layer_idx, int64_t row_begin,
+             nb::handle kind, nb::handle like) -> nb::object {
+            std::vector<hss::Chunk> list = chunks_from(chunks, "chunks");
+            const ArrayKind array_kind = array_kind_from(like);
+            const hss::RetrieveOptions options{layer_idx, row_begin, kind_from(kind), nullptr};
+            std::optional<hss::HostTensor> out;
+            {
+              nb::gil_scoped_release release;
+              out = live(s).retrieve_chunks(list, options);
+            }
+            if (!out) return nb::none();
+            return export_tensor(std::move(*out), array_kind);
+          },
+          nb::arg("chunks").none(), nb::kw_only(), nb::arg("layer_idx") = 0,
+          nb::arg("row_begin") = 0, nb::arg("kind") = "hidden", nb::arg("like").none() = nb::none(),
+          "retrieve_hidden_states with caller-computed (start, end, key) chunks.")
+      .def(
+          "retrieve_hidden_states_into",
+          [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle out, int64_t layer_idx,
+             int64_t row_begin, nb::handle kind) {
+            TokenIds ids = token_ids_from(token_ids, "token_ids");
+            BorrowedTensor dst = borrow_tensor(out, "out");
+            const hss::RetrieveOptions options{layer_idx, row_begin, kind_from(kind),
+                                               as_stream(dst.stream)};
+            nb::gil_scoped_release release;
+            return ids.visit([&](auto span) {
+              return live(s).retrieve_hidden_states_into(span, dst.view, options);
+            });
+          },
+          nb::arg("token_ids").none(), nb::arg("out").none(), nb::kw_only(),
+          nb::arg("layer_idx") = 0, nb::arg("row_begin") = 0, nb::arg("kind") = "hidden",
+          "Writes the cached prefix into out (float32, float16 or bfloat16, CPU or CUDA); returns the "
+          "rows written.")
+      .def(
+          "retrieve_layers",
+          [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle layer_idxs, int64_t row_begin,
+             nb::handle like) {
+            TokenIds ids = token_ids_from(token_ids, "token_ids");
+            std::vector<hss::Slot> slots = slots_from(layer_idxs, "layer_idxs");
+            const ArrayKind array_kind = array_kind_from(like);
+            std::vector<hss::HostTensor> tensors;
+            {
+              nb::gil_scoped_release release;
+              tensors = ids.visit([&](auto span) {
+                return live(s).retrieve_layers(span, std::span<const hss::Slot>(slots), row_begin);
+              });
+            }
+            nb::list result;
+            for (hss::HostTensor& t : tensors) {
+              result.append(export_tensor(std::move(t), array_kind));
+            }
+            return result;
+          },
+          nb::arg("token_ids").none(), nb::arg("layer_idxs").none(), nb::kw_only(),
+          nb::arg("row_begin") = 0, nb::arg("like").none() = nb::none(),
+          "All-or-nothing restore of several slots (layer indices, or (kind, layer) tuples): one "
+          "tensor each, all with the same rows; [] when no prefix has every slot.")
+      .def(
+          "coverage",
+          [](PyHiddenStateStore& s, nb::handle tokens_or_chunks, nb::handle layer_idxs) {
+            std::vector<hss::Chunk> chunks = chunks_for(s, tokens_or_chunks, "token_ids");
+            std::vector<hss::Slot> slots = slots_from(layer_idxs, "layer_idxs");
+            nb::gil_scoped_release release;
+            return live(s).coverage(chunks, std::span<const hss::Slot>(slots));
+          },
+          nb::arg("token_ids").none(), nb::arg("layer_idxs") = std::vector<int64_t>{0},
+          "Tokens of the prefix retrieve_layers would return (token ids or (start, end, key) "
+          "chunks). Changes nothing.")
+      .def(
+          "has_chunk",
+          [](PyHiddenStateStore& s, const hss::CacheEngineKey& key, int64_t layer_idx,
+             nb::handle kind) { return live(s).has_chunk(key, layer_idx, kind_from(kind)); },
+          nb::arg("key"), nb::arg("layer_idx") = 0, nb::kw_only(), nb::arg("kind") = "hidden")
+      .def(
+          "drop_key",
+          [](PyHiddenStateStore& s, const hss::CacheEngineKey& key) {
+            return live(s).drop_key(key);
+          },
+          nb::arg("key"), "Drops every slot of the key (KV untouched). True if something was held.")
+      .def(
+          "num_cached_chunks", [](PyHiddenStateStore& s) { return live(s).num_cached_chunks(); },
+          "Distinct chunk keys held (as LMCache counts).")
+      .def(
+          "num_entries", [](PyHiddenStateStore& s) { return live(s).num_entries(); },
+          "(key, kind, layer) entries held.")
+      .def(
+          "lru_keys", [](PyHiddenStateStore& s) { return live(s).lru_keys(); },
+          "Keys from least to most recently used (tests, admin tools).")
+      .def(
+          "evict_one_lru",
+          [](PyHiddenStateStore& s) {
+            nb::gil_scoped_release release;
+            return live(s).evict_one_lru();
+          },
+          "Evicts the least recently used key as pool pressure would; False if none.")
+      .def(
+          "check_invariants",
+          [](PyHiddenStateStore& s) {
+            nb::gil_scoped_release release;
+            live(s).check_invariants();
+          },
+          "Debug: raises hsstore.Error naming the first broken index/pool invariant.")
+      .def(
+          "flush",
+          [](PyHiddenStateStore& s) {
+            nb::gil_scoped_release release;
+            live(s).flush();
+          },
+          "Waits for every pending device-to-host copy.")
+      .def(
+          "close",
+          [](PyHiddenStateStore& s) {
+            nb::gil_scoped_release release;
+            live(s).close();
+          },
+          "Frees every cached chunk; later stores/retrieves raise hsstore.Error. Idempotent.")
+      .def("stats", [](PyHiddenStateStore& s) { return stats_dict(live(s).stats()); })
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def(
+          "__exit__",
+          [](PyHiddenStateStore& s, nb::handle, nb::handle, nb::handle) {
+            nb::gil_scoped_release release;
+            live(s).close();
+          },
+          nb::arg("exc_type").none(), nb::arg("exc").none(), nb::arg("tb").none());
+}
+
+}  // namespace hss::python

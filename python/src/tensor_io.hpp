@@ -1,0 +1,104 @@
+#pragma once
+// Python tensors in and out of hsstore: DLPack import (zero-copy, with the CUDA stream
+// handshake), token ids from lists / NumPy / torch, and HostTensor export as torch or NumPy
+// arrays whose memory is the HostTensor itself.
+//
+// Everything here needs the GIL, except reading the spans and views of an imported object, which
+// stay valid (the producer's buffer is kept alive) until the ImportedTensor/TokenIds is destroyed.
+
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dlpack.hpp"
+#include "hss/tensor.hpp"
+
+namespace hss::python {
+
+namespace nb = nanobind;
+
+/// A consumed DLPack capsule: owns the producer's DLManagedTensor and calls its deleter on
+/// destruction (with the GIL held, as producers expect).
+class ImportedTensor {
+ public:
+  ImportedTensor() = default;
+  explicit ImportedTensor(dlpack::ManagedTensor* managed) : managed_(managed) {}
+  ImportedTensor(ImportedTensor&& other) noexcept
+      : managed_(std::exchange(other.managed_, nullptr)) {}
+  ImportedTensor& operator=(ImportedTensor&& other) noexcept {
+    if (this != &other) {
+      reset();
+      managed_ = std::exchange(other.managed_, nullptr);
+    }
+    return *this;
+  }
+  ImportedTensor(const ImportedTensor&) = delete;
+  ImportedTensor& operator=(const ImportedTensor&) = delete;
+  ~ImportedTensor() { reset(); }
+
+  [[nodiscard]] const dlpack::Tensor& tensor() const { return managed_->dl_tensor; }
+  [[nodiscard]] void* data() const {
+    return static_cast<char*>(managed_->dl_tensor.data) + managed_->dl_tensor.byte_offset;
+  }
+
+ private:
+  void reset() noexcept;
+  dlpack::ManagedTensor* managed_ = nullptr;
+};
+
+/// A 2-D float tensor borrowed from Python, plus the CUDA stream its data is ready on.
+struct BorrowedTensor {
+  ImportedTensor owner;
+  nb::object keep_alive;   ///< the tensor itself, when read without DLPack (torch CPU fast path)
+  MutableTensorView view;  ///< for input, use view.as_const()
+  void* stream = nullptr;  ///< cudaStream_t for device tensors (null = legacy default stream)
+};
+
+/// Imports a 2-D float32/float16/bfloat16 tensor through __dlpack__ (a strided CPU torch tensor is
+/// read directly: data_ptr/shape/stride, without torch's ~3 us __dlpack__). `name` is the argument
+/// name used in error messages (InvalidArgument). CUDA tensors: torch tensors are read on torch's
+/// current stream (passed to __dlpack__ and returned in `stream`); other producers on the legacy
+/// default stream.
+[[nodiscard]] BorrowedTensor borrow_tensor(nb::handle obj, const char* name);
+
+/// Token ids: 32- or 64-bit integers, borrowed from a NumPy/torch CPU tensor when possible.
+class TokenIds {
+ public:
+  [[nodiscard]] size_t size() const { return is32_ ? i32_.size() : i64_.size(); }
+  template <typename F>
+  decltype(auto) visit(F&& f) const {
+    return is32_ ? f(i32_) : f(i64_);
+  }
+  [[nodiscard]] std::vector<int64_t> to_vector() const;
+
+  friend TokenIds token_ids_from(nb::handle obj, const char* name);
+
+ private:
+  ImportedTensor owner_;
+  nb::object keep_alive_;
+  std::vector<int64_t> owned_;
+  std::span<const int32_t> i32_;
+  std::span<const int64_t> i64_;
+  bool is32_ = false;
+};
+
+/// list/tuple/range of ints, 1-D integer NumPy array or 1-D integer CPU torch tensor (any object
+/// with __dlpack__). Non-integers, other shapes and devices: InvalidArgument naming `name`.
+[[nodiscard]] TokenIds token_ids_from(nb::handle obj, const char* name);
+
+/// A list of Python ints (layer indices, hashes, counts). InvalidArgument naming `name`.
+[[nodiscard]] std::vector<int64_t> int_list_from(nb::handle obj, const char* name);
+
+/// How retrieval results are returned: "torch" (default when torch imports), "numpy".
+enum class ArrayKind { kDefault, kTorch, kNumpy };
+[[nodiscard]] ArrayKind array_kind_from(nb::handle like);
+
+/// Hands the tensor to Python without a copy: the array's memory is the HostTensor, freed when
+/// the last Python reference dies.
+[[nodiscard]] nb::object export_tensor(HostTensor&& tensor, ArrayKind kind);
+
+}  // namespace hss::python

@@ -1,0 +1,358 @@
+// Issue 9's hazards on a real device (ctest label gpu): a blocked caller stream never blocks the
+// host, independent streams, many staging rounds in flight, a store under pressure right after a
+// device restore, device->device round trips for every (input, output, storage) dtype, an odd
+// base offset with cols = 2051, batch vs single calls, and wrong-device pointers. Each test skips
+// with the reason when no device is usable. The same rules run in CI on the simulated path
+// (tests/test_sim_store_rules.cpp); these prove the CUDA path keeps them.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hss/build_info.hpp"
+#include "hss/config.hpp"
+#include "hss/error.hpp"
+#include "hss/hidden_state_store.hpp"
+#include "hss/kernels/convert.hpp"
+#include "hss/token_database.hpp"
+
+#if HSS_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#define HSS_REQUIRE_DEVICE()                                     \
+  do {                                                           \
+    const ::hss::RuntimeInfo& info_ = ::hss::runtime_info();     \
+    if (!info_.device_available) {                               \
+      GTEST_SKIP() << "no usable CUDA device: " << info_.reason; \
+    }                                                            \
+  } while (0)
+
+#if !HSS_WITH_CUDA
+
+TEST(DeviceHazards, RequiresACudaBuild) {
+  GTEST_SKIP() << "built without CUDA (HSS_ENABLE_CUDA=OFF): " << hss::runtime_info().reason;
+}
+
+#else
+
+namespace hss {
+namespace {
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+using Clock = std::chrono::steady_clock;
+
+Config config_for(int64_t chunk, double pool_gib, StorageDType storage = StorageDType::kFloat32) {
+  Config c;
+  c.chunk_size = chunk;
+  c.enable_hidden_state_cache = true;
+  c.max_hidden_state_cpu_size = pool_gib;
+  c.hidden_state_storage_dtype = storage;
+  return c;
+}
+
+std::vector<int64_t> tokens_of(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int64_t> t(static_cast<size_t>(n));
+  for (auto& v : t) v = static_cast<int64_t>(rng() % 50000);
+  return t;
+}
+
+struct DeviceBytes {
+  explicit DeviceBytes(size_t n) : bytes(n) {
+    if (cudaMalloc(&ptr, n) != cudaSuccess) ptr = nullptr;
+  }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  ~DeviceBytes() { (void)cudaFree(ptr); }
+  void* ptr = nullptr;
+  size_t bytes;
+};
+
+struct OwnStream {
+  OwnStream() { (void)cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); }
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
+  ~OwnStream() { (void)cudaStreamDestroy(s); }
+  cudaStream_t s = nullptr;
+};
+
+void sleep_host_func(void* ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms)));
+}
+
+/// Random finite values of `dtype`, rows x cols.
+std::vector<unsigned char> random_rows(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const auto n = static_cast<size_t>(rows * cols);
+  std::vector<unsigned char> out(n * element_size(dtype));
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  for (size_t i = 0; i < n; ++i) {
+    const float f = dist(rng);
+    if (dtype == DType::kFloat32) {
+      std::memcpy(out.data() + 4 * i, &f, 4);
+    } else {
+      const uint16_t h =
+          dtype == DType::kBFloat16 ? kernels::float_to_bf16(f) : kernels::float_to_f16(f);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+TEST(DeviceHazards, StoreOnAStreamBlockedFor500msReturnsInUnder50ms) {
+  HSS_REQUIRE_DEVICE();
+  ChunkedTokenDatabase db(256, false);
+  HiddenStateStore store(config_for(256, 0.5), db);
+  const int64_t rows = 20480, cols = 4096;  // 320 MiB of float32
+  DeviceBytes dev(static_cast<size_t>(rows * cols) * 4);
+  ASSERT_NE(dev.ptr, nullptr);
+  OwnStream stream;
+  static int delay_ms = 500;
+  CUDA_OK(cudaLaunchHostFunc(stream.s, sleep_host_func, &delay_ms));
+  StoreOptions o;
+  o.stream = stream.s;
+  const auto tokens = tokens_of(rows, 1);
+  const auto start = Clock::now();
+  (void)store.store_hidden_states(tokens,
+                                  {dev.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, o);
+  const auto took = Clock::now() - start;
+  EXPECT_LT(took, std::chrono::milliseconds(50));
+  // The device-output retrieve on the same blocked stream also returns at once.
+  DeviceBytes out(dev.bytes);
+  RetrieveOptions ro;
+  ro.stream = stream.s;
+  const auto start2 = Clock::now();
+  EXPECT_EQ(store.retrieve_hidden_states_into(
+                tokens, {out.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, ro),
+            rows);
+  EXPECT_LT(Clock::now() - start2, std::chrono::milliseconds(50));
+  CUDA_OK(cudaStreamSynchronize(stream.s));
+}
+
+TEST(DeviceHazards, TwoStreamsAreIndependent) {
+  HSS_REQUIRE_DEVICE();
+  ChunkedTokenDatabase db(256, false);
+  HiddenStateStore store(config_for(256, 0.25), db);
+  const int64_t rows = 1024, cols = 1024;
+  const auto host = random_rows(DType::kBFloat16, rows, cols, 2);
+  DeviceBytes a(host.size()), b(host.size());
+  CUDA_OK(cudaMemcpy(a.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(b.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+  OwnStream sa, sb;
+  static int delay_ms = 1000;
+  CUDA_OK(cudaLaunchHostFunc(sa.s, sleep_host_func, &delay_ms));
+  StoreOptions oa, ob;
+  oa.stream = sa.s;
+  ob.stream = sb.s;
+  (void)store.store_hidden_states(tokens_of(rows, 3),
+                                  {a.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0}, oa);
+  const auto tb = tokens_of(rows, 4);
+  (void)store.store_hidden_states(tb, {b.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0},
+                                  ob);
+  const auto start = Clock::now();
+  const auto got = store.retrieve_hidden_states(tb);  // waits for B's copies only
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(500));
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(cudaStreamQuery(sa.s), cudaErrorNotReady);
+  CUDA_OK(cudaStreamSynchronize(sa.s));
+}
+
+TEST(DeviceHazards, MoreThanFourStagingRoundsInFlightWithoutAHostWait) {
+  HSS_REQUIRE_DEVICE();
+  ChunkedTokenDatabase db(256, false);
+  HiddenStateStore store(config_for(256, 1.0), db);  // default staging budget: 1 GiB
+  const int64_t rows = 4096, cols = 4096;            // bf16 -> f32: 64 MiB of staging per store
+  DeviceBytes dev(static_cast<size_t>(rows * cols) * 2);
+  OwnStream stream;
+  static int delay_ms = 300;
+  CUDA_OK(cudaLaunchHostFunc(stream.s, sleep_host_func, &delay_ms));
+  StoreOptions o;
+  o.stream = stream.s;
+  for (uint32_t layer = 0; layer < 6; ++layer) {
+    o.layer_idx = layer;
+    (void)store.store_hidden_states(
+        tokens_of(rows, 5), {dev.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0}, o);
+  }
+  EXPECT_EQ(store.stats().staging_waits, 0u);
+  store.flush();
+}
+
+TEST(DeviceHazards, StoreUnderPressureRightAfterADeviceRestore) {
+  HSS_REQUIRE_DEVICE();
+  ChunkedTokenDatabase db(16, false);
+  const int64_t cols = 1024, chunk_bytes = 16 * cols * 4;
+  Config c = config_for(16, static_cast<double>(4 * chunk_bytes) / (1 << 30));
+  c.hidden_state_block_bytes = chunk_bytes;
+  HiddenStateStore store(c, db);
+  const auto host = random_rows(DType::kFloat32, 32, cols, 6);
+  const auto a = tokens_of(32, 7), b = tokens_of(32, 8), d = tokens_of(64, 9);
+  (void)store.store_hidden_states(a, {host.data(), DType::kFloat32, 32, cols});
+  (void)store.store_hidden_states(b, {host.data(), DType::kFloat32, 32, cols});
+  DeviceBytes out(host.size());
+  OwnStream stream;
+  RetrieveOptions ro;
+  ro.stream = stream.s;
+  EXPECT_EQ(store.retrieve_hidden_states_into(
+                a, {out.ptr, DType::kFloat32, 32, cols, 0, Device::kCuda, 0}, ro),
+            32);
+  EXPECT_EQ(store.retrieve_hidden_states_into(
+                b, {out.ptr, DType::kFloat32, 32, cols, 0, Device::kCuda, 0}, ro),
+            32);
+  CUDA_OK(cudaStreamSynchronize(stream.s));
+  std::vector<unsigned char> big(static_cast<size_t>(64 * cols * 4), 1);
+  EXPECT_EQ(store.store_hidden_states(d, {big.data(), DType::kFloat32, 64, cols}).cached, 4);
+  EXPECT_EQ(store.stats().allocation_failures, 0u);
+}
+
+struct RoundTrip {
+  DType in, out;
+  StorageDType storage;
+};
+
+class DeviceRoundTrip : public ::testing::TestWithParam<RoundTrip> {};
+
+TEST_P(DeviceRoundTrip, DeviceToDeviceEqualsTheHostPath) {
+  HSS_REQUIRE_DEVICE();
+  const RoundTrip p = GetParam();
+  ChunkedTokenDatabase db(16, false);
+  const Config c = config_for(16, 0.0625, p.storage);
+  HiddenStateStore device(c, db), host(c, db);
+  const int64_t rows = 48, cols = 2051;  // odd hidden dim
+  const auto rows_in = random_rows(p.in, rows, cols, 10);
+  // Base pointer offset by 2 bytes (a 16-bit view into a larger tensor).
+  const size_t shift = element_size(p.in) == 2 ? 2 : 4;
+  DeviceBytes dev(rows_in.size() + shift);
+  CUDA_OK(cudaMemcpy(static_cast<char*>(dev.ptr) + shift, rows_in.data(), rows_in.size(),
+                     cudaMemcpyHostToDevice));
+  const auto t = tokens_of(rows, 11);
+  (void)device.store_hidden_states(
+      t, {static_cast<char*>(dev.ptr) + shift, p.in, rows, cols, 0, Device::kCuda, 0});
+  (void)host.store_hidden_states(t, {rows_in.data(), p.in, rows, cols});
+  const size_t out_bytes = static_cast<size_t>(rows * cols) * element_size(p.out);
+  DeviceBytes out(out_bytes);
+  OwnStream stream;
+  RetrieveOptions ro;
+  ro.stream = stream.s;
+  EXPECT_EQ(
+      device.retrieve_hidden_states_into(t, {out.ptr, p.out, rows, cols, 0, Device::kCuda, 0}, ro),
+      rows);
+  std::vector<unsigned char> got(out_bytes), want(out_bytes);
+  CUDA_OK(cudaMemcpyAsync(got.data(), out.ptr, out_bytes, cudaMemcpyDeviceToHost, stream.s));
+  CUDA_OK(cudaStreamSynchronize(stream.s));
+  EXPECT_EQ(host.retrieve_hidden_states_into(t, {want.data(), p.out, rows, cols}), rows);
+  EXPECT_EQ(got, want);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllDTypes, DeviceRoundTrip,
+    ::testing::Values(RoundTrip{DType::kFloat32, DType::kFloat32, StorageDType::kFloat32},
+                      RoundTrip{DType::kFloat32, DType::kBFloat16, StorageDType::kFloat32},
+                      RoundTrip{DType::kFloat32, DType::kFloat16, StorageDType::kFloat32},
+                      RoundTrip{DType::kBFloat16, DType::kFloat32, StorageDType::kFloat32},
+                      RoundTrip{DType::kBFloat16, DType::kBFloat16, StorageDType::kFloat32},
+                      RoundTrip{DType::kBFloat16, DType::kBFloat16, StorageDType::kNative},
+                      RoundTrip{DType::kBFloat16, DType::kFloat16, StorageDType::kNative},
+                      RoundTrip{DType::kFloat16, DType::kFloat16, StorageDType::kNative},
+                      RoundTrip{DType::kFloat16, DType::kFloat32, StorageDType::kNative},
+                      RoundTrip{DType::kFloat16, DType::kBFloat16, StorageDType::kFloat32}),
+    [](const ::testing::TestParamInfo<RoundTrip>& param_info) {
+      return std::string(to_string(param_info.param.in)) + "_to_" +
+             std::string(to_string(param_info.param.out)) + "_" +
+             (param_info.param.storage == StorageDType::kNative ? "native" : "float32_storage");
+    });
+
+TEST(DeviceHazards, BatchEqualsSingleCallsBitForBit) {
+  HSS_REQUIRE_DEVICE();
+  ChunkedTokenDatabase db(16, false);
+  const Config c = config_for(16, 0.0625);
+  HiddenStateStore batch(c, db), single(c, db);
+  const int64_t rows = 32, cols = 256;
+  const auto host = random_rows(DType::kBFloat16, rows, cols, 12);
+  DeviceBytes dev(host.size());
+  CUDA_OK(cudaMemcpy(dev.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+  OwnStream stream;
+  std::vector<std::vector<int64_t> > prompts;
+  for (uint32_t r = 0; r < 8; ++r) prompts.push_back(tokens_of(rows, 20 + r));
+  std::vector<StoreItem> items;
+  for (int64_t layer = 0; layer < 3; ++layer) {
+    for (const auto& p : prompts) {
+      StoreOptions o;
+      o.layer_idx = layer;
+      o.stream = stream.s;
+      items.push_back({p, {dev.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0}, o});
+    }
+  }
+  const auto results = batch.store_batch(items);
+  for (size_t i = 0; i < items.size(); ++i) {
+    EXPECT_EQ(
+        single.store_hidden_states(items[i].token_ids, items[i].hidden_states, items[i].options),
+        results[i]);
+  }
+  const size_t out_bytes = static_cast<size_t>(rows * cols) * 4;
+  DeviceBytes outs(out_bytes * items.size());
+  std::vector<RetrieveItem> reads;
+  for (size_t i = 0; i < items.size(); ++i) {
+    RetrieveOptions o;
+    o.layer_idx = items[i].options.layer_idx;
+    o.stream = stream.s;
+    reads.push_back({items[i].token_ids,
+                     {static_cast<char*>(outs.ptr) + i * out_bytes, DType::kFloat32, rows, cols, 0,
+                      Device::kCuda, 0},
+                     o});
+  }
+  (void)batch.retrieve_batch_into(reads);
+  std::vector<unsigned char> got(out_bytes * items.size());
+  CUDA_OK(cudaMemcpyAsync(got.data(), outs.ptr, got.size(), cudaMemcpyDeviceToHost, stream.s));
+  CUDA_OK(cudaStreamSynchronize(stream.s));
+  for (size_t i = 0; i < items.size(); ++i) {
+    std::vector<unsigned char> want(out_bytes);
+    RetrieveOptions o;
+    o.layer_idx = items[i].options.layer_idx;
+    EXPECT_EQ(single.retrieve_hidden_states_into(items[i].token_ids,
+                                                 {want.data(), DType::kFloat32, rows, cols}, o),
+              rows);
+    EXPECT_EQ(std::memcmp(got.data() + i * out_bytes, want.data(), out_bytes), 0) << i;
+  }
+}
+
+TEST(DeviceHazards, HostMemoryLabelledCudaIsInvalidArgument) {
+  HSS_REQUIRE_DEVICE();
+  ChunkedTokenDatabase db(16, false);
+  HiddenStateStore store(config_for(16, 0.0625), db);
+  std::vector<float> host(16 * 64, 1.0f);
+  const auto t = tokens_of(16, 30);
+  EXPECT_THROW((void)store.store_hidden_states(
+                   t, {host.data(), DType::kFloat32, 16, 64, 0, Device::kCuda, 0}),
+               InvalidArgument);
+  EXPECT_EQ(store.num_entries(), 0u);
+}
+
+TEST(DeviceHazards, PointerOnAnotherDeviceIsInvalidArgument) {
+  HSS_REQUIRE_DEVICE();
+  int count = 0;
+  CUDA_OK(cudaGetDeviceCount(&count));
+  if (count < 2) GTEST_SKIP() << "needs two devices, found " << count;
+  ChunkedTokenDatabase db(16, false);
+  HiddenStateStore store(config_for(16, 0.0625), db);
+  CUDA_OK(cudaSetDevice(1));
+  DeviceBytes on1(16 * 64 * 4);
+  CUDA_OK(cudaSetDevice(0));
+  const auto t = tokens_of(16, 31);
+  EXPECT_THROW(
+      (void)store.store_hidden_states(t, {on1.ptr, DType::kFloat32, 16, 64, 0, Device::kCuda, 0}),
+      InvalidArgument);
+  EXPECT_EQ(store.num_entries(), 0u);
+}
+
+}  // namespace
+}  // namespace hss
+
+#endif  // HSS_WITH_CUDA

@@ -1,0 +1,109 @@
+// The device-path and host-copy Config keys (hidden_state_restore_impl, hidden_state_staging_bytes,
+// hidden_state_output_cache_bytes, hidden_state_stream_threshold_bytes): defaults, parsing,
+// validation with the key and value named, and to_yaml round trips.
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "hss/config.hpp"
+#include "hss/error.hpp"
+
+namespace hss {
+namespace {
+
+std::string error_of(const std::string& yaml) {
+  try {
+    (void)Config::from_yaml(yaml);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+void expect_mentions(const std::string& message, const std::vector<std::string>& fragments) {
+  for (const std::string& fragment : fragments) {
+    EXPECT_NE(message.find(fragment), std::string::npos)
+        << "message lacks '" << fragment << "': " << message;
+  }
+}
+
+TEST(ConfigDevice, Defaults) {
+  const Config c;
+  EXPECT_EQ(c.hidden_state_restore_impl, RestoreImpl::kKernel);
+  EXPECT_EQ(c.hidden_state_staging_bytes, int64_t{1} << 30);
+  EXPECT_EQ(c.hidden_state_output_cache_bytes, int64_t{2048} << 20);
+  EXPECT_EQ(c.hidden_state_stream_threshold_bytes, int64_t{8} << 20);
+  EXPECT_NO_THROW(c.validate());
+}
+
+TEST(ConfigDevice, KeysParse) {
+  const Config c = Config::from_yaml(
+      "hidden_state_restore_impl: copy_engine\n"
+      "hidden_state_staging_bytes: 4096\n"
+      "hidden_state_output_cache_bytes: 0\n"
+      "hidden_state_stream_threshold_bytes: 65536\n");
+  EXPECT_EQ(c.hidden_state_restore_impl, RestoreImpl::kCopyEngine);
+  EXPECT_EQ(c.hidden_state_staging_bytes, 4096);
+  EXPECT_EQ(c.hidden_state_output_cache_bytes, 0);
+  EXPECT_EQ(c.hidden_state_stream_threshold_bytes, 65536);
+  EXPECT_TRUE(c.unknown_keys.empty());
+  EXPECT_EQ(Config::from_yaml("hidden_state_restore_impl: cub").hidden_state_restore_impl,
+            RestoreImpl::kCub);
+  EXPECT_EQ(Config::from_yaml("hidden_state_restore_impl: kernel").hidden_state_restore_impl,
+            RestoreImpl::kKernel);
+}
+
+TEST(ConfigDevice, RestoreImplNames) {
+  for (RestoreImpl impl : {RestoreImpl::kKernel, RestoreImpl::kCopyEngine, RestoreImpl::kCub}) {
+    EXPECT_EQ(restore_impl_from_string(to_string(impl)), impl);
+  }
+  EXPECT_EQ(restore_impl_from_string("memcpy"), std::nullopt);
+  EXPECT_EQ(restore_impl_from_string(""), std::nullopt);
+}
+
+TEST(ConfigDeviceErrors, BadValuesNameKeyValueAndLine) {
+  expect_mentions(error_of("hidden_state_restore_impl: memcpy\n"),
+                  {"hidden_state_restore_impl", "memcpy", "line 1", "copy_engine"});
+  expect_mentions(error_of("chunk_size: 16\nhidden_state_staging_bytes: 0\n"),
+                  {"hidden_state_staging_bytes", "0", "line 2", "> 0"});
+  expect_mentions(error_of("hidden_state_staging_bytes: lots\n"),
+                  {"hidden_state_staging_bytes", "lots", "line 1"});
+  expect_mentions(error_of("hidden_state_output_cache_bytes: -1\n"),
+                  {"hidden_state_output_cache_bytes", "-1", "line 1"});
+  expect_mentions(error_of("hidden_state_stream_threshold_bytes: -8\n"),
+                  {"hidden_state_stream_threshold_bytes", "-8", "line 1"});
+}
+
+TEST(ConfigDeviceErrors, ValidateInCode) {
+  Config c;
+  c.hidden_state_staging_bytes = -5;
+  try {
+    c.validate();
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    expect_mentions(e.what(), {"hidden_state_staging_bytes", "-5"});
+  }
+  c = Config{};
+  c.hidden_state_restore_impl = static_cast<RestoreImpl>(9);
+  EXPECT_THROW(c.validate(), ConfigError);
+}
+
+TEST(ConfigDevice, ToYamlRoundTrips) {
+  Config c;
+  c.hidden_state_restore_impl = RestoreImpl::kCub;
+  c.hidden_state_staging_bytes = 123456;
+  c.hidden_state_output_cache_bytes = 7;
+  c.hidden_state_stream_threshold_bytes = 0;
+  const std::string text = c.to_yaml();
+  EXPECT_NE(text.find("hidden_state_restore_impl: cub\n"), std::string::npos) << text;
+  const Config back = Config::from_yaml(text);
+  EXPECT_EQ(back.hidden_state_restore_impl, RestoreImpl::kCub);
+  EXPECT_EQ(back.hidden_state_staging_bytes, 123456);
+  EXPECT_EQ(back.hidden_state_output_cache_bytes, 7);
+  EXPECT_EQ(back.hidden_state_stream_threshold_bytes, 0);
+}
+
+}  // namespace
+}  // namespace hss
