@@ -196,8 +196,6 @@ void add_store_cases(std::vector<Case>& cases) {
   into_case(cases, "cols = 16 (stored 32)",
             [](MutableTensorView& v, RetrieveOptions&) { v.cols = 16; });
   into_case(cases, "rows < prefix", [](MutableTensorView& v, RetrieveOptions&) { v.rows = 17; });
-  into_case(cases, "dtype = bfloat16",
-            [](MutableTensorView& v, RetrieveOptions&) { v.dtype = DType::kBFloat16; });
   into_case(cases, "dtype = 9",
             [](MutableTensorView& v, RetrieveOptions&) { v.dtype = static_cast<DType>(9); });
   into_case(cases, "device = 7",
@@ -253,6 +251,89 @@ void add_store_cases(std::vector<Case>& cases) {
        }});
   cases.push_back({"HiddenStateStore::has_chunk(kind = 9)", Expect::kInvalidArgument,
                    [](World& w) { (void)w.store().has_chunk(chunks_of(w)[0].key, 0, kBadKind); }});
+  // --- batch calls and retrieve_layers_into -----------------------------------------------------
+  // A batch with one bad item does nothing of the batch (InvalidArgument naming the item).
+  const auto batch_store_case = [&cases](const std::string& what,
+                                         std::function<void(StoreItem&)> edit) {
+    cases.push_back({"HiddenStateStore::store_batch(items[1]: " + what + ")",
+                     Expect::kInvalidArgument, [edit](World& w) {
+                       std::vector<int64_t> fresh(2 * kChunk);
+                       for (size_t i = 0; i < fresh.size(); ++i) {
+                         fresh[i] = static_cast<int64_t>(i + 700);
+                       }
+                       std::vector<float> rows(fresh.size() * kCols, 2.0f);
+                       const TensorView view{rows.data(),
+                                             DType::kFloat32,
+                                             static_cast<int64_t>(fresh.size()),
+                                             kCols,
+                                             0,
+                                             Device::kHost,
+                                             0};
+                       std::vector<StoreItem> items{{fresh, view, {}}, {fresh, view, {}}};
+                       items[1].options.layer_idx = 1;
+                       edit(items[1]);
+                       (void)w.store().store_batch(items);
+                     }});
+  };
+  batch_store_case("token_offset = -1", [](StoreItem& i) { i.options.token_offset = -1; });
+  batch_store_case("rows != len", [](StoreItem& i) { i.hidden_states.rows -= 1; });
+  batch_store_case("cols = 0", [](StoreItem& i) { i.hidden_states.cols = 0; });
+  batch_store_case("dtype = 9",
+                   [](StoreItem& i) { i.hidden_states.dtype = static_cast<DType>(9); });
+  batch_store_case("kind = 9", [](StoreItem& i) { i.options.kind = kBadKind; });
+  batch_store_case("data = null", [](StoreItem& i) { i.hidden_states.data = nullptr; });
+
+  const auto batch_retrieve_case = [&cases](const std::string& what,
+                                            std::function<void(RetrieveItem&)> edit) {
+    cases.push_back(
+        {"HiddenStateStore::retrieve_batch_into(items[1]: " + what + ")", Expect::kInvalidArgument,
+         [edit](World& w) {
+           const std::vector<int64_t> tokens(w.tokens.begin(), w.tokens.end());
+           std::vector<float> a(tokens.size() * kCols), b(tokens.size() * kCols);
+           const auto rows = static_cast<int64_t>(tokens.size());
+           std::vector<RetrieveItem> items{
+               {tokens, {a.data(), DType::kFloat32, rows, kCols, 0, Device::kHost, 0}, {}},
+               {tokens, {b.data(), DType::kFloat32, rows, kCols, 0, Device::kHost, 0}, {}}};
+           edit(items[1]);
+           (void)w.store().retrieve_batch_into(items);
+         }});
+  };
+  batch_retrieve_case("out.cols = 16", [](RetrieveItem& i) { i.out.cols = 16; });
+  batch_retrieve_case("out.rows < prefix", [](RetrieveItem& i) { i.out.rows = 10; });
+  batch_retrieve_case("out.dtype = 9",
+                      [](RetrieveItem& i) { i.out.dtype = static_cast<DType>(9); });
+  batch_retrieve_case("row_begin = -1", [](RetrieveItem& i) { i.options.row_begin = -1; });
+  batch_retrieve_case("kind = 9", [](RetrieveItem& i) { i.options.kind = kBadKind; });
+
+  const auto layers_into_case =
+      [&cases](const std::string& what,
+               std::function<void(std::vector<Slot>&, std::vector<MutableTensorView>&,
+                                  RetrieveLayersOptions&)>
+                   edit) {
+        cases.push_back({"HiddenStateStore::retrieve_layers_into(" + what + ")",
+                         Expect::kInvalidArgument, [edit](World& w) {
+                           std::vector<float> a(w.tokens.size() * kCols);
+                           const auto rows = static_cast<int64_t>(w.tokens.size());
+                           std::vector<Slot> slots{{ActivationKind::kHidden, 0}};
+                           std::vector<MutableTensorView> outs{
+                               {a.data(), DType::kFloat32, rows, kCols, 0, Device::kHost, 0}};
+                           RetrieveLayersOptions options;
+                           edit(slots, outs, options);
+                           (void)w.store().retrieve_layers_into(w.tokens, slots, outs, options);
+                         }});
+      };
+  layers_into_case("slots = [], outs = []", [](auto& slots, auto& outs, auto&) {
+    slots.clear();
+    outs.clear();
+  });
+  layers_into_case("outs shorter than slots", [](auto& slots, auto&, auto&) {
+    slots.push_back({ActivationKind::kHidden, 0});
+  });
+  layers_into_case("out cols = 16", [](auto&, auto& outs, auto&) { outs[0].cols = 16; });
+  layers_into_case("out rows < prefix", [](auto&, auto& outs, auto&) { outs[0].rows = 3; });
+  layers_into_case("out data = null", [](auto&, auto& outs, auto&) { outs[0].data = nullptr; });
+  layers_into_case("slot kind = 9", [](auto& slots, auto&, auto&) { slots[0].kind = kBadKind; });
+  layers_into_case("row_begin = -1", [](auto&, auto&, auto& o) { o.row_begin = -1; });
 }
 
 }  // namespace hss::bad_input
