@@ -16,6 +16,13 @@ using detail::EntryRef;
 namespace {
 
 uint64_t checked_pool_bytes(const Config& config) {
+  // The granule override is a config value: a bad one is a ConfigError, like from_yaml says.
+  const int64_t granule = config.hidden_state_block_bytes;
+  if (granule < 0 || granule % static_cast<int64_t>(detail::BlockPool::kMinGranuleBytes) != 0 ||
+      granule > static_cast<int64_t>(detail::BlockPool::kMaxGranuleBytes)) {
+    throw ConfigError("hidden_state_block_bytes = " + std::to_string(granule) +
+                      " must be 0 (automatic granule) or a positive multiple of 64 up to 64 MiB");
+  }
   if (!(config.max_hidden_state_cpu_size > 0)) {
     throw ConfigError("max_hidden_state_cpu_size must be > 0 for the hidden-state store, got " +
                       std::to_string(config.max_hidden_state_cpu_size));
@@ -95,6 +102,10 @@ size_t HiddenStateStore::Impl::num_entries() const {
 }
 
 bool HiddenStateStore::Impl::has_chunk(const CacheEngineKey& key, Slot slot) const {
+  if (!is_valid(slot.kind)) {
+    throw InvalidArgument("kind has an unknown value " +
+                          std::to_string(static_cast<int>(slot.kind)));
+  }
   std::lock_guard lock(mutex_);
   const detail::KeyRecord* record = index_.find(key);
   if (record == nullptr) return false;

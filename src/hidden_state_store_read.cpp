@@ -331,6 +331,8 @@ template int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const in
 
 int64_t HiddenStateStore::Impl::coverage(std::span<const Chunk> chunks,
                                          std::span<const Slot> slots) const {
+  // The checks retrieve_chunks applies, so coverage never answers for input retrieve rejects.
+  check_chunks(chunks);
   detail::check_slots(slots);
   return plan_walk(chunks, slots).prefix_tokens;
 }
