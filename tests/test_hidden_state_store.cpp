@@ -18,17 +18,7 @@ using test::view_of;
 constexpr int64_t kChunk = 16;
 constexpr int64_t kCols = 32;
 
-/// KV presence the test controls.
-class FakeKv final : public StorageManager {
- public:
-  bool contains(const CacheEngineKey& key) const override {
-    return !evicted_.count(key.chunk_hash);
-  }
-  void evict(const CacheEngineKey& key) { evicted_.insert(key.chunk_hash); }
-
- private:
-  std::set<uint64_t> evicted_;
-};
+using FakeKv = test::ControlledKv;
 
 class StoreTest : public ::testing::Test {
  protected:

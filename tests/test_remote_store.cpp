@@ -32,16 +32,7 @@ constexpr int64_t kCols = 32;
 constexpr int64_t kChunks = 8;  // per prompt
 const std::vector<int64_t> kLayers = {-1, 0, 5};
 
-class FakeKv final : public StorageManager {
- public:
-  bool contains(const CacheEngineKey& key) const override {
-    return !evicted_.count(key.chunk_hash);
-  }
-  void evict(const CacheEngineKey& key) { evicted_.insert(key.chunk_hash); }
-
- private:
-  std::set<uint64_t> evicted_;
-};
+using FakeKv = test::ControlledKv;
 
 Config remote_config(const std::vector<std::string>& urls, int64_t pool_chunks = 256) {
   Config c = test::store_config(kChunk, kCols, pool_chunks);

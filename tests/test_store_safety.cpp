@@ -21,11 +21,7 @@ using test::view_of;
 constexpr int64_t kChunk = 16;
 constexpr int64_t kCols = 32;
 
-class FakeKv final : public StorageManager {
- public:
-  bool contains(const CacheEngineKey& key) const override { return !evicted.count(key.chunk_hash); }
-  std::set<uint64_t> evicted;
-};
+using FakeKv = test::ControlledKv;
 
 class Safety : public ::testing::Test {
  protected:

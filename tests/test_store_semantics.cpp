@@ -18,15 +18,7 @@ using test::view_of;
 constexpr int64_t kChunk = 16;
 constexpr int64_t kCols = 32;
 
-class FakeKv final : public StorageManager {
- public:
-  bool contains(const CacheEngineKey& key) const override {
-    ++calls;
-    return !evicted.count(key.chunk_hash);
-  }
-  std::set<uint64_t> evicted;
-  mutable int calls = 0;
-};
+using FakeKv = test::ControlledKv;
 
 class Semantics : public ::testing::Test {
  protected:
@@ -104,7 +96,7 @@ TEST_F(Semantics, WalkStopsAtTheFirstKvMissEvenWhenLaterChunksHaveIt) {
   auto out = store_->retrieve_hidden_states(tokens);
   ASSERT_TRUE(out);
   EXPECT_EQ(out->rows(), kChunk);
-  EXPECT_EQ(kv_.calls, 2);  // chunk 0 (present), chunk 1 (gone): nothing after the stop
+  EXPECT_EQ(kv_.calls.load(), 2);  // chunk 0 (present), chunk 1 (gone): nothing after the stop
   EXPECT_TRUE(store_->has_chunk(chunks[2].key));
   EXPECT_FALSE(store_->has_chunk(chunks[1].key));
 }
@@ -117,7 +109,7 @@ TEST_F(Semantics, NoKvQuestionBeyondTheChunkWhereTheSlotIsMissing) {
   auto out = store_->retrieve_hidden_states(tokens);
   ASSERT_TRUE(out);
   EXPECT_EQ(out->rows(), kChunk);
-  EXPECT_EQ(kv_.calls, 2);  // chunk 0, then chunk 1 where the slot is missing
+  EXPECT_EQ(kv_.calls.load(), 2);  // chunk 0, then chunk 1 where the slot is missing
 }
 
 TEST_F(Semantics, RetrieveTouchesHitsInReverseOrder) {

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <cstdint>
 
+#include <atomic>
 #include <cstring>
+#include <set>
 #include <span>
 #include <vector>
 
@@ -24,6 +26,20 @@ inline uint64_t mix64(uint64_t x) {
   x ^= x >> 33;
   return x;
 }
+
+/// KV presence the test controls: every chunk is present until evict()ed. Counts contains() calls
+/// (the walk's order of questions is part of the LMCache semantics under test).
+class ControlledKv final : public StorageManager {
+ public:
+  bool contains(const CacheEngineKey& key) const override {
+    calls.fetch_add(1, std::memory_order_relaxed);
+    return !evicted.count(key.chunk_hash);
+  }
+  void evict(const CacheEngineKey& key) { evicted.insert(key.chunk_hash); }
+
+  std::set<uint64_t> evicted;  ///< chunk hashes whose KV is gone
+  mutable std::atomic<int> calls{0};
+};
 
 /// n token ids in [0, 50000), deterministic in seed.
 inline std::vector<int32_t> make_tokens(int64_t n, uint64_t seed) {
