@@ -4,13 +4,14 @@
 
 #include <cstdint>
 
+#include "hss/detail/checked.hpp"
 #include "hss/hidden_state_store.hpp"
 
 namespace hss::detail {
 
 /// Documented limits of a tensor view: the sizes they imply fit comfortably in 63 bits.
-inline constexpr int64_t kMaxCols = int64_t{1} << 24;
-inline constexpr int64_t kMaxRows = int64_t{1} << 31;
+inline constexpr int64_t kMaxCols = limits::kMaxCols;  // the documented limits (hss::limits)
+inline constexpr int64_t kMaxRows = limits::kMaxRows;
 
 /// dtype and device in their enums, rows in [0, kMaxRows], cols in [1, kMaxCols], row_stride 0
 /// or >= cols, data non-null when rows > 0, a cuda view only when `device_ok`.
