@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <string>
 
-#include "checked_size.hpp"
 #include "hidden_state_store_impl.hpp"
+#include "hss/detail/checked.hpp"
 #include "hss/error.hpp"
 #include "nvtx.hpp"
 #include "store_validation.hpp"
@@ -120,7 +120,9 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
     const EntryRef* held = record ? record->find(slot) : nullptr;
     if (held && (*held)->cols == hidden.cols && (*held)->storage == storage) continue;
     const detail::Entry* replaces = held ? held->get() : nullptr;  // before slots may move
-    const uint64_t bytes = detail::checked_bytes(chunk.size(), hidden.cols, plan.esize);
+    const auto bytes = static_cast<uint64_t>(
+        detail::mul_or_throw(detail::mul_or_throw(chunk.size(), hidden.cols, "chunk elements"),
+                             plan.esize, "chunk bytes"));
     auto entry = std::make_shared<detail::Entry>(pool_, chunk.size(), hidden.cols, storage, slot);
     const size_t need = pool_.blocks_for(bytes);
     entry->blocks.reserve(need);
