@@ -170,10 +170,7 @@ template <typename Token>
 std::vector<HostTensor> HiddenStateStore::Impl::retrieve_tokens(std::span<const Token> token_ids,
                                                                 std::span<const Slot> slots,
                                                                 int64_t row_begin) {
-  HSS_RANGE("retrieve");
-  if (row_begin < 0)
-    throw InvalidArgument("row_begin = " + std::to_string(row_begin) + " is negative");
-  detail::check_slots(slots);
+  // Arguments are checked by retrieve_chunk_list, before anything changes.
   const std::vector<Chunk> chunks = token_database_.process_tokens(token_ids);
   return retrieve_chunk_list(chunks, static_cast<int64_t>(token_ids.size()), slots, row_begin);
 }
