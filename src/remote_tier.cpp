@@ -409,12 +409,26 @@ void RedisRemoteTier::on_readers(std::span<const RemoteRequest> requests, std::s
     if (!shard.reader.connected()) continue;
     // Replies are handed on as they arrive, under the reader lock: a fetch of many large values
     // never holds them all at once.
-    const auto result = shard.reader.pipeline(commands, [&](size_t j, RedisReply&& reply) {
+    size_t delivered = 0;
+    const auto deliver = [&](size_t j, RedisReply&& reply) {
+      ++delivered;
       if (reply.type() == RedisReply::Type::kError) {
         counters_.errors.fetch_add(1, std::memory_order_relaxed);
       }
       on_reply(mine[j], reply);
-    });
+    };
+    auto result = shard.reader.pipeline(commands, deliver);
+    if (!result.error.empty() && delivered == 0) {
+      // An idle connection the server dropped (a restart) fails on its first use, before any
+      // reply: one fresh connect and one retry, each bounded by the timeout (a server that is
+      // really down refuses the connect at once), before the shard counts as down.
+      RedisConnection fresh(shard.endpoint, timeout_);
+      if (!fresh.connect()) {
+        shard.reader = std::move(fresh);
+        counters_.reconnects.fetch_add(1, std::memory_order_relaxed);
+        result = shard.reader.pipeline(commands, deliver);
+      }
+    }
     if (!result.error.empty()) {
       shard.reader_up.store(false, std::memory_order_release);
       counters_.errors.fetch_add(1, std::memory_order_relaxed);

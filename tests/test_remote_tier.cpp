@@ -300,6 +300,31 @@ TEST(RemoteTier, ServerKilledDuringWritesAndFetchesThenRestarted) {
   EXPECT_GE(tier->stats().reconnects, 1U);
 }
 
+// A server restart leaves the reader's idle connection stale: the next fetch must reconnect once
+// and answer, not miss everything (deterministic: no fetch sees the outage before the restart).
+TEST(RemoteTier, FirstFetchAfterARestartReconnectsTheStaleReader) {
+  HSS_REQUIRE_REDIS();
+  RedisTestServer server;
+  const auto tier = RemoteTier::create(remote_config({server.url()}));
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(enqueue(*tier, i));
+  tier->flush();
+  const auto before = tier->fetch(requests_for(0, 8));
+  for (uint64_t i = 0; i < 8; ++i) expect_value(before[i], i);
+
+  server.stop(/*kill=*/true);
+  ASSERT_TRUE(server.start());  // same port, empty
+  {
+    // Another process's writes land on the restarted server.
+    const auto other = RemoteTier::create(remote_config({server.url()}));
+    for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(enqueue(*other, 500 + i));
+    other->flush();
+    ASSERT_EQ(other->stats().writes_sent, 8U);
+  }
+  const auto after = tier->fetch(requests_for(500, 8));
+  for (uint64_t i = 0; i < 8; ++i) expect_value(after[i], 500 + i);
+  EXPECT_GE(tier->stats().reconnects, 1U);
+}
+
 TEST(RemoteTier, CorruptTruncatedForeignAndOtherShapeValuesAreCountedMisses) {
   HSS_REQUIRE_REDIS();
   RedisTestServer server;
