@@ -26,13 +26,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#define HSS_REQUIRE_DEVICE()                                     \
-  do {                                                           \
-    const ::hss::RuntimeInfo& info_ = ::hss::runtime_info();     \
-    if (!info_.device_available) {                               \
-      GTEST_SKIP() << "no usable CUDA device: " << info_.reason; \
-    }                                                            \
-  } while (0)
+#include "gpu_test_util.hpp"
 
 #if !HSS_WITH_CUDA
 
@@ -45,7 +39,8 @@ TEST(DeviceHazards, RequiresACudaBuild) {
 namespace hss {
 namespace {
 
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+using test::DeviceBytes;
+using test::StreamHolder;
 
 using Clock = std::chrono::steady_clock;
 
@@ -64,25 +59,6 @@ std::vector<int64_t> tokens_of(int64_t n, uint32_t seed) {
   for (auto& v : t) v = static_cast<int64_t>(rng() % 50000);
   return t;
 }
-
-struct DeviceBytes {
-  explicit DeviceBytes(size_t n) : bytes(n) {
-    if (cudaMalloc(&ptr, n) != cudaSuccess) ptr = nullptr;
-  }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  ~DeviceBytes() { (void)cudaFree(ptr); }
-  void* ptr = nullptr;
-  size_t bytes;
-};
-
-struct OwnStream {
-  OwnStream() { (void)cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); }
-  OwnStream(const OwnStream&) = delete;
-  OwnStream& operator=(const OwnStream&) = delete;
-  ~OwnStream() { (void)cudaStreamDestroy(s); }
-  cudaStream_t s = nullptr;
-};
 
 void sleep_host_func(void* ms) {
   std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms)));
@@ -114,11 +90,11 @@ TEST(DeviceHazards, StoreOnAStreamBlockedFor500msReturnsInUnder50ms) {
   const int64_t rows = 20480, cols = 4096;  // 320 MiB of float32
   DeviceBytes dev(static_cast<size_t>(rows * cols) * 4);
   ASSERT_NE(dev.ptr, nullptr);
-  OwnStream stream;
+  StreamHolder stream;
   static int delay_ms = 500;
-  CUDA_OK(cudaLaunchHostFunc(stream.s, sleep_host_func, &delay_ms));
+  CUDA_OK(cudaLaunchHostFunc(stream.stream, sleep_host_func, &delay_ms));
   StoreOptions o;
-  o.stream = stream.s;
+  o.stream = stream.stream;
   const auto tokens = tokens_of(rows, 1);
   const auto start = Clock::now();
   (void)store.store_hidden_states(tokens,
@@ -128,13 +104,13 @@ TEST(DeviceHazards, StoreOnAStreamBlockedFor500msReturnsInUnder50ms) {
   // The device-output retrieve on the same blocked stream also returns at once.
   DeviceBytes out(dev.bytes);
   RetrieveOptions ro;
-  ro.stream = stream.s;
+  ro.stream = stream.stream;
   const auto start2 = Clock::now();
   EXPECT_EQ(store.retrieve_hidden_states_into(
                 tokens, {out.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, ro),
             rows);
   EXPECT_LT(Clock::now() - start2, std::chrono::milliseconds(50));
-  CUDA_OK(cudaStreamSynchronize(stream.s));
+  CUDA_OK(cudaStreamSynchronize(stream.stream));
 }
 
 TEST(DeviceHazards, TwoStreamsAreIndependent) {
@@ -146,12 +122,12 @@ TEST(DeviceHazards, TwoStreamsAreIndependent) {
   DeviceBytes a(host.size()), b(host.size());
   CUDA_OK(cudaMemcpy(a.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(b.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
-  OwnStream sa, sb;
+  StreamHolder sa, sb;
   static int delay_ms = 1000;
-  CUDA_OK(cudaLaunchHostFunc(sa.s, sleep_host_func, &delay_ms));
+  CUDA_OK(cudaLaunchHostFunc(sa.stream, sleep_host_func, &delay_ms));
   StoreOptions oa, ob;
-  oa.stream = sa.s;
-  ob.stream = sb.s;
+  oa.stream = sa.stream;
+  ob.stream = sb.stream;
   (void)store.store_hidden_states(tokens_of(rows, 3),
                                   {a.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0}, oa);
   const auto tb = tokens_of(rows, 4);
@@ -161,8 +137,8 @@ TEST(DeviceHazards, TwoStreamsAreIndependent) {
   const auto got = store.retrieve_hidden_states(tb);  // waits for B's copies only
   EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(500));
   ASSERT_TRUE(got.has_value());
-  EXPECT_EQ(cudaStreamQuery(sa.s), cudaErrorNotReady);
-  CUDA_OK(cudaStreamSynchronize(sa.s));
+  EXPECT_EQ(cudaStreamQuery(sa.stream), cudaErrorNotReady);
+  CUDA_OK(cudaStreamSynchronize(sa.stream));
 }
 
 TEST(DeviceHazards, MoreThanFourStagingRoundsInFlightWithoutAHostWait) {
@@ -171,11 +147,11 @@ TEST(DeviceHazards, MoreThanFourStagingRoundsInFlightWithoutAHostWait) {
   HiddenStateStore store(config_for(256, 1.0), db);  // default staging budget: 1 GiB
   const int64_t rows = 4096, cols = 4096;            // bf16 -> f32: 64 MiB of staging per store
   DeviceBytes dev(static_cast<size_t>(rows * cols) * 2);
-  OwnStream stream;
+  StreamHolder stream;
   static int delay_ms = 300;
-  CUDA_OK(cudaLaunchHostFunc(stream.s, sleep_host_func, &delay_ms));
+  CUDA_OK(cudaLaunchHostFunc(stream.stream, sleep_host_func, &delay_ms));
   StoreOptions o;
-  o.stream = stream.s;
+  o.stream = stream.stream;
   for (uint32_t layer = 0; layer < 6; ++layer) {
     o.layer_idx = layer;
     (void)store.store_hidden_states(
@@ -197,16 +173,16 @@ TEST(DeviceHazards, StoreUnderPressureRightAfterADeviceRestore) {
   (void)store.store_hidden_states(a, {host.data(), DType::kFloat32, 32, cols});
   (void)store.store_hidden_states(b, {host.data(), DType::kFloat32, 32, cols});
   DeviceBytes out(host.size());
-  OwnStream stream;
+  StreamHolder stream;
   RetrieveOptions ro;
-  ro.stream = stream.s;
+  ro.stream = stream.stream;
   EXPECT_EQ(store.retrieve_hidden_states_into(
                 a, {out.ptr, DType::kFloat32, 32, cols, 0, Device::kCuda, 0}, ro),
             32);
   EXPECT_EQ(store.retrieve_hidden_states_into(
                 b, {out.ptr, DType::kFloat32, 32, cols, 0, Device::kCuda, 0}, ro),
             32);
-  CUDA_OK(cudaStreamSynchronize(stream.s));
+  CUDA_OK(cudaStreamSynchronize(stream.stream));
   std::vector<unsigned char> big(static_cast<size_t>(64 * cols * 4), 1);
   EXPECT_EQ(store.store_hidden_states(d, {big.data(), DType::kFloat32, 64, cols}).cached, 4);
   EXPECT_EQ(store.stats().allocation_failures, 0u);
@@ -238,15 +214,15 @@ TEST_P(DeviceRoundTrip, DeviceToDeviceEqualsTheHostPath) {
   (void)host.store_hidden_states(t, {rows_in.data(), p.in, rows, cols});
   const size_t out_bytes = static_cast<size_t>(rows * cols) * element_size(p.out);
   DeviceBytes out(out_bytes);
-  OwnStream stream;
+  StreamHolder stream;
   RetrieveOptions ro;
-  ro.stream = stream.s;
+  ro.stream = stream.stream;
   EXPECT_EQ(
       device.retrieve_hidden_states_into(t, {out.ptr, p.out, rows, cols, 0, Device::kCuda, 0}, ro),
       rows);
   std::vector<unsigned char> got(out_bytes), want(out_bytes);
-  CUDA_OK(cudaMemcpyAsync(got.data(), out.ptr, out_bytes, cudaMemcpyDeviceToHost, stream.s));
-  CUDA_OK(cudaStreamSynchronize(stream.s));
+  CUDA_OK(cudaMemcpyAsync(got.data(), out.ptr, out_bytes, cudaMemcpyDeviceToHost, stream.stream));
+  CUDA_OK(cudaStreamSynchronize(stream.stream));
   EXPECT_EQ(host.retrieve_hidden_states_into(t, {want.data(), p.out, rows, cols}), rows);
   EXPECT_EQ(got, want);
 }
@@ -278,7 +254,7 @@ TEST(DeviceHazards, BatchEqualsSingleCallsBitForBit) {
   const auto host = random_rows(DType::kBFloat16, rows, cols, 12);
   DeviceBytes dev(host.size());
   CUDA_OK(cudaMemcpy(dev.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
-  OwnStream stream;
+  StreamHolder stream;
   std::vector<std::vector<int64_t> > prompts;
   for (uint32_t r = 0; r < 8; ++r) prompts.push_back(tokens_of(rows, 20 + r));
   std::vector<StoreItem> items;
@@ -286,7 +262,7 @@ TEST(DeviceHazards, BatchEqualsSingleCallsBitForBit) {
     for (const auto& p : prompts) {
       StoreOptions o;
       o.layer_idx = layer;
-      o.stream = stream.s;
+      o.stream = stream.stream;
       items.push_back({p, {dev.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0}, o});
     }
   }
@@ -302,7 +278,7 @@ TEST(DeviceHazards, BatchEqualsSingleCallsBitForBit) {
   for (size_t i = 0; i < items.size(); ++i) {
     RetrieveOptions o;
     o.layer_idx = items[i].options.layer_idx;
-    o.stream = stream.s;
+    o.stream = stream.stream;
     reads.push_back({items[i].token_ids,
                      {static_cast<char*>(outs.ptr) + i * out_bytes, DType::kFloat32, rows, cols, 0,
                       Device::kCuda, 0},
@@ -310,8 +286,8 @@ TEST(DeviceHazards, BatchEqualsSingleCallsBitForBit) {
   }
   (void)batch.retrieve_batch_into(reads);
   std::vector<unsigned char> got(out_bytes * items.size());
-  CUDA_OK(cudaMemcpyAsync(got.data(), outs.ptr, got.size(), cudaMemcpyDeviceToHost, stream.s));
-  CUDA_OK(cudaStreamSynchronize(stream.s));
+  CUDA_OK(cudaMemcpyAsync(got.data(), outs.ptr, got.size(), cudaMemcpyDeviceToHost, stream.stream));
+  CUDA_OK(cudaStreamSynchronize(stream.stream));
   for (size_t i = 0; i < items.size(); ++i) {
     std::vector<unsigned char> want(out_bytes);
     RetrieveOptions o;

@@ -29,13 +29,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#define HSS_REQUIRE_DEVICE()                                     \
-  do {                                                           \
-    const ::hss::RuntimeInfo& info_ = ::hss::runtime_info();     \
-    if (!info_.device_available) {                               \
-      GTEST_SKIP() << "no usable CUDA device: " << info_.reason; \
-    }                                                            \
-  } while (0)
+#include "gpu_test_util.hpp"
 
 #if !HSS_WITH_CUDA
 
@@ -48,7 +42,8 @@ TEST(DevicePath, RequiresACudaBuild) {
 namespace hss {
 namespace {
 
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+using test::DeviceBytes;
+using test::StreamHolder;
 
 constexpr int64_t kChunk = 16;
 
@@ -88,26 +83,6 @@ std::vector<unsigned char> make_rows(DType dtype, int64_t rows, int64_t stride, 
   }
   return bytes;
 }
-
-/// A device copy of host bytes, freed at scope exit.
-struct DeviceBytes {
-  explicit DeviceBytes(size_t n) : bytes(n) {
-    if (cudaMalloc(&ptr, n) != cudaSuccess) ptr = nullptr;
-  }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  ~DeviceBytes() { (void)cudaFree(ptr); }
-  void* ptr = nullptr;
-  size_t bytes;
-};
-
-struct StreamHolder {
-  StreamHolder() { (void)cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); }
-  StreamHolder(const StreamHolder&) = delete;
-  StreamHolder& operator=(const StreamHolder&) = delete;
-  ~StreamHolder() { (void)cudaStreamDestroy(stream); }
-  cudaStream_t stream = nullptr;
-};
 
 /// One store pair: host path and device path, same config.
 struct Stores {
