@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../fork_child.hpp"
 #include "../test_util.hpp"
 #include "failing_new.hpp"
 #include "hss/hss.hpp"
@@ -258,24 +259,10 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(points));
   uint64_t tried = 0, broken = 0, crashes = 0, not_reached = 0, surfaced = 0;
   for (uint64_t n = 1; n <= points; ++n) {
-    int fds[2];
-    if (::pipe(fds) != 0) return 2;
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid < 0) return 2;
-    if (pid == 0) {
-      ::close(fds[0]);
-      run_child(n, fds[1]);
-    }
-    ::close(fds[1]);
-    std::string detail;
-    char buf[4096];
-    ssize_t got = 0;
-    while ((got = ::read(fds[0], buf, sizeof buf)) > 0)
-      detail.append(buf, static_cast<size_t>(got));
-    ::close(fds[0]);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
+    const auto child = hss::test::run_in_child([&](int fd) { run_child(n, fd); });
+    if (!child) return 2;
+    std::string detail = child->output;
+    const int status = child->status;
     ++tried;
     const char* verdict = nullptr;
     if (WIFSIGNALED(status)) {

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "../fork_child.hpp"
 #include "cases.hpp"
 
 namespace hss::bad_input {
@@ -126,23 +127,10 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     if (filter != nullptr && c.name.find(filter) == std::string::npos) continue;
     ++ran;
-    int fds[2];
-    if (::pipe(fds) != 0) return 2;
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid < 0) return 2;
-    if (pid == 0) {
-      ::close(fds[0]);
-      run_child(c, fds[1]);
-    }
-    ::close(fds[1]);
-    std::string detail;
-    char buf[4096];
-    ssize_t n = 0;
-    while ((n = ::read(fds[0], buf, sizeof buf)) > 0) detail.append(buf, static_cast<size_t>(n));
-    ::close(fds[0]);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
+    const auto child = hss::test::run_in_child([&](int fd) { run_child(c, fd); });
+    if (!child) return 2;
+    std::string detail = child->output;
+    const int status = child->status;
     const char* verdict = nullptr;
     if (WIFSIGNALED(status)) {
       ++crashes;
