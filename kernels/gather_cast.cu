@@ -1,6 +1,7 @@
-// Store kernel: gathers the rows of every chunk a store call writes from the caller's device
-// tensor into device staging, casting to the storage type. One launch per staging round; one
-// block per tile. The per-element work is store_tile (hss/kernels/tiling.hpp).
+// Store kernels: gathers the rows of every chunk a store call writes from the caller's device
+// tensor into device staging, casting to the storage type (one launch per staging round), and the
+// batched form that writes every item of a batch straight into the device-mapped pool (one
+// launch). One block per tile. The per-element work is store_tile (hss/kernels/tiling.hpp).
 
 #include "cuda/cuda_check.hpp"
 #include "hss/error.hpp"
@@ -15,6 +16,13 @@ __global__ void __launch_bounds__(kBlockThreads)
     gather_cast_kernel(SourceView src, const WriteSegment* __restrict__ tiles) {
   const WriteSegment tile = tiles[blockIdx.x];
   store_tile<S, D>(src, tile, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+}
+
+// Batched store: the types vary per tile (block-uniform), the destination is the mapped pool.
+__global__ void __launch_bounds__(kBlockThreads)
+    store_batch_kernel(const BatchStoreTile* __restrict__ tiles) {
+  const BatchStoreTile tile = tiles[blockIdx.x];
+  store_tile_any(tile.src, tile.seg, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
 }
 
 template <ElemType S, ElemType D>
@@ -48,6 +56,13 @@ void launch_gather_cast(const SourceView& src, ElemType dst_type, const WriteSeg
   throw Error("gather_cast: unsupported (source, storage) element types (" +
               std::to_string(static_cast<int>(src.type)) + ", " +
               std::to_string(static_cast<int>(dst_type)) + ")");
+}
+
+void launch_store_batch(const BatchStoreTile* tiles, int64_t num_tiles, cudaStream_t stream) {
+  if (num_tiles <= 0) return;
+  if (num_tiles > 0x7FFFFFFF) throw Error("store_batch: too many tiles for one grid");
+  store_batch_kernel<<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles);
+  HSS_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace hss::kernels

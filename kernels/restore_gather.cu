@@ -19,6 +19,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   restore_tile_to<D>(tile, out, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
 }
 
+// Batched restore: storage and output types vary per tile (block-uniform).
+__global__ void __launch_bounds__(kBlockThreads)
+    restore_batch_kernel(const BatchRestoreTile* __restrict__ tiles) {
+  const BatchRestoreTile tile = tiles[blockIdx.x];
+  restore_tile_any(tile.seg, tile.out, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+}
+
 template <ElemType D>
 void launch_restore(const GatherSegment* tiles, int64_t num_tiles, const OutputView& out,
                     cudaStream_t stream) {
@@ -43,6 +50,13 @@ void launch_restore_gather(const GatherSegment* tiles, int64_t num_tiles, const 
   }
   throw Error("restore_gather: unknown output element type " +
               std::to_string(static_cast<int>(out.type)));
+}
+
+void launch_restore_batch(const BatchRestoreTile* tiles, int64_t num_tiles, cudaStream_t stream) {
+  if (num_tiles <= 0) return;
+  if (num_tiles > 0x7FFFFFFF) throw Error("restore_batch: too many tiles for one grid");
+  restore_batch_kernel<<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles);
+  HSS_CUDA_CHECK_LAUNCH();
 }
 
 size_t cub_batched_memcpy_temp_bytes(int64_t num_buffers) {

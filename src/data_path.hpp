@@ -56,6 +56,18 @@ class CopyFence {
 };
 using FenceRef = std::shared_ptr<CopyFence>;
 
+/// One item of a batched device store: its source and the pool segments it fills.
+struct StoreJob {
+  kernels::SourceView src;
+  std::span<const kernels::WriteSegment> segments;
+};
+
+/// One item of a batched device restore: the pool segments it reads and its output.
+struct RestoreJob {
+  std::span<const kernels::GatherSegment> segments;
+  kernels::OutputView out;
+};
+
 /// The device data path of one store. Thread-safe: every method may be called from many threads.
 class DevicePath {
  public:
@@ -84,6 +96,24 @@ class DevicePath {
   virtual void restore(std::span<const kernels::GatherSegment> segments,
                        const kernels::OutputView& out, int device_index, Stream stream,
                        std::span<const FenceRef> after, std::shared_ptr<const void> keep_alive) = 0;
+
+  /// A batch of stores from device tensors of `device_index`, ordered on `stream`: one launch
+  /// (per table of kernels' tiles; one for an engine step) writes every job's rows, cast where
+  /// needed, straight into the device-mapped pool: no staging, no copy stream, no staging budget.
+  /// One fence for the batch. Returns once enqueued. Waits on the host only when every launch
+  /// slot is still in flight. A pool that is not device-mapped takes store() per job instead.
+  [[nodiscard]] virtual FenceRef store_batch(std::span<const StoreJob> jobs, int device_index,
+                                             Stream stream) = 0;
+
+  /// A batch of restores into device outputs of `device_index`: `stream` waits (on the device)
+  /// for every fence in `after`, then one launch (per table) gathers every job into its output.
+  /// `keep_alive` is held until the launches have read the pool. Returns once enqueued.
+  virtual void restore_batch(std::span<const RestoreJob> jobs, int device_index, Stream stream,
+                             std::span<const FenceRef> after,
+                             std::shared_ptr<const void> keep_alive) = 0;
+
+  /// Kernel launches and copy calls enqueued so far, over every stream (what a batch saves).
+  [[nodiscard]] virtual uint64_t launches() const = 0;
 
   /// Drops the keep-alives of the restores that have finished; never waits. Returns how many.
   virtual size_t release_finished() = 0;

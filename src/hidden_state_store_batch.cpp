@@ -11,6 +11,7 @@
 // Results equal the single calls made in item order (a store batch larger than the free pool
 // may evict differently: items of the batch are not evicted by later items of the same batch).
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -97,9 +98,7 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
   // 3. Copies outside the lock. A failure withdraws every item's reservations: the batch is
   //    all or nothing (copies already enqueued land in granules freed once their fence lands).
   try {
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (!plans[i].writes.empty()) copy_rows(plans[i], items[i].hidden_states, items[i].options);
-    }
+    copy_batch_rows(plans, items);
   } catch (...) {
     std::lock_guard lock(mutex_);
     for (StorePlan& plan : plans) withdraw_locked(plan);
@@ -168,10 +167,7 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
                        items[i].options.row_begin, i);
   }
   std::vector<int64_t> rows(items.size());
-  for (size_t i = 0; i < items.size(); ++i) {
-    rows[i] = restore_walk_into(walks[i], std::span<const MutableTensorView>(&items[i].out, 1),
-                                items[i].options.row_begin, items[i].options.stream);
-  }
+  restore_batch_walks(walks, items, rows);
   {
     std::lock_guard lock(mutex_);
     for (const Walk& w : walks) apply_walk_locked(w);
@@ -180,6 +176,89 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
     count_walk(walks[i], static_cast<int64_t>(items[i].token_ids.size()));
   }
   return rows;
+}
+
+namespace {
+
+/// Device items of a batch that share a (device, stream): one launch for all of them.
+template <typename Job>
+struct LaunchGroup {
+  int device_index = 0;
+  Stream stream = nullptr;
+  std::vector<Job> jobs;
+  std::vector<size_t> items;
+};
+
+template <typename Job>
+LaunchGroup<Job>& group_for(std::vector<LaunchGroup<Job>>& groups, int device_index,
+                            Stream stream) {
+  for (auto& group : groups) {  // an engine uses a handful of streams: a linear search
+    if (group.device_index == device_index && group.stream == stream) return group;
+  }
+  groups.push_back({device_index, stream, {}, {}});
+  return groups.back();
+}
+
+}  // namespace
+
+void HiddenStateStore::Impl::copy_batch_rows(std::span<StorePlan> plans,
+                                             std::span<const StoreItem> items) {
+  std::vector<LaunchGroup<detail::StoreJob>> groups;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (plans[i].writes.empty()) continue;
+    const TensorView& hidden = items[i].hidden_states;
+    if (hidden.device != Device::kCuda) {
+      copy_rows(plans[i], hidden, items[i].options);
+      continue;
+    }
+    const kernels::SourceView source = plan_segments(plans[i], hidden, items[i].options);
+    auto& group = group_for(groups, hidden.device_index, items[i].options.stream);
+    group.jobs.push_back({source, plans[i].segments});
+    group.items.push_back(i);
+  }
+  for (auto& group : groups) {
+    const detail::FenceRef fence =
+        device_path_->store_batch(group.jobs, group.device_index, group.stream);
+    for (const size_t i : group.items) plans[i].fence = fence;
+  }
+}
+
+void HiddenStateStore::Impl::restore_batch_walks(std::span<Walk> walks,
+                                                 std::span<const RetrieveItem> items,
+                                                 std::span<int64_t> rows) {
+  std::vector<LaunchGroup<detail::RestoreJob>> groups;
+  std::vector<std::vector<kernels::GatherSegment>> segments(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const MutableTensorView& out = items[i].out;
+    if (out.device != Device::kCuda) {
+      rows[i] = restore_walk_into(walks[i], std::span<const MutableTensorView>(&out, 1),
+                                  items[i].options.row_begin, items[i].options.stream);
+      continue;
+    }
+    const int64_t row_begin = items[i].options.row_begin;
+    if (row_begin >= walks[i].prefix_tokens) continue;  // nothing to restore: rows[i] stays 0
+    rows[i] = walks[i].prefix_tokens - row_begin;
+    segments[i] = plan_restore(walks[i], 0, row_begin);
+    const kernels::OutputView view{out.data, walks[i].cols(0), out.stride(),
+                                   static_cast<kernels::ElemType>(static_cast<int>(out.dtype))};
+    auto& group = group_for(groups, out.device_index, items[i].options.stream);
+    group.jobs.push_back({segments[i], view});
+    group.items.push_back(i);
+  }
+  for (auto& group : groups) {
+    // The union of the group's fences (distinct per walk already) and of its walks' pins.
+    std::vector<detail::FenceRef> fences;
+    auto pins = std::make_shared<std::vector<detail::EntryRef>>();
+    for (const size_t i : group.items) {
+      fences.insert(fences.end(), walks[i].fences.begin(), walks[i].fences.end());
+      pins->insert(pins->end(), walks[i].pinned.begin(), walks[i].pinned.end());
+    }
+    std::sort(fences.begin(), fences.end());
+    fences.erase(std::unique(fences.begin(), fences.end()), fences.end());
+    device_path_->restore_batch(group.jobs, group.device_index, group.stream, fences,
+                                std::move(pins));
+  }
+  for (Walk& w : walks) w.pinned.clear();  // device restores hold their own pins
 }
 
 }  // namespace hss

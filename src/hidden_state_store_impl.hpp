@@ -145,6 +145,18 @@ class HiddenStateStore::Impl {
   void reserve_and_apply(const TensorView& hidden, const StoreOptions& opt,
                          kernels::ElemType storage, StorePlan& plan);
   void copy_rows(StorePlan& plan, const TensorView& hidden, const StoreOptions& opt);
+  /// The pool segments of the plan's granted writes (into plan.segments, reserved in phase 1)
+  /// and the caller's tensor as the kernels see it.
+  kernels::SourceView plan_segments(StorePlan& plan, const TensorView& hidden,
+                                    const StoreOptions& opt);
+  /// Phase 2 of a store batch: host items copied now; device items grouped per (device, stream),
+  /// each group one DevicePath::store_batch (one launch) whose fence every plan of it carries.
+  void copy_batch_rows(std::span<StorePlan> plans, std::span<const StoreItem> items);
+  /// The restores of a batch: host outputs now; device outputs grouped per (device, stream),
+  /// each group one DevicePath::restore_batch after the union of the walks' fences, holding
+  /// every walk's pins until it has read the pool. Drops the walks' own pins.
+  void restore_batch_walks(std::span<Walk> walks, std::span<const RetrieveItem> items,
+                           std::span<int64_t> rows);
   void publish(StorePlan& plan) noexcept;
   void withdraw(StorePlan& plan) noexcept;
   // The same with mutex_ held by the caller (the batch takes it once for every item).

@@ -182,6 +182,18 @@ bool HiddenStateStore::Impl::evict_for_space(uint64_t guard) noexcept {
 
 void HiddenStateStore::Impl::copy_rows(StorePlan& plan, const TensorView& hidden,
                                        const StoreOptions& opt) {
+  const kernels::SourceView source = plan_segments(plan, hidden, opt);
+  if (hidden.device == Device::kCuda) {
+    plan.fence = device_path_->store(source, hidden.device_index, plan.segments, opt.stream);
+  } else {
+    HSS_RANGE("store/gather_cast");
+    detail::host_store(source, plan.segments,
+                       static_cast<uint64_t>(config_.hidden_state_stream_threshold_bytes));
+  }
+}
+
+kernels::SourceView HiddenStateStore::Impl::plan_segments(StorePlan& plan, const TensorView& hidden,
+                                                          const StoreOptions& opt) {
   // Segments were reserved before phase 1 applied anything: building them does not allocate.
   auto& segments = plan.segments;
   const auto granule = static_cast<int64_t>(pool_.granule_bytes());
@@ -206,16 +218,8 @@ void HiddenStateStore::Impl::copy_rows(StorePlan& plan, const TensorView& hidden
           segments.push_back({dst, src_row0, first, count, entry.storage});
         });
   }
-  const kernels::SourceView source{hidden.data,
-                                   static_cast<ElemType>(static_cast<int>(hidden.dtype)),
-                                   hidden.cols, hidden.stride()};
-  if (hidden.device == Device::kCuda) {
-    plan.fence = device_path_->store(source, hidden.device_index, segments, opt.stream);
-  } else {
-    HSS_RANGE("store/gather_cast");
-    detail::host_store(source, segments,
-                       static_cast<uint64_t>(config_.hidden_state_stream_threshold_bytes));
-  }
+  return {hidden.data, static_cast<ElemType>(static_cast<int>(hidden.dtype)), hidden.cols,
+          hidden.stride()};
 }
 
 void HiddenStateStore::Impl::publish(StorePlan& plan) noexcept {

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "batch_tiles.hpp"
 #include "hss/error.hpp"
 
 namespace hss::detail {
@@ -56,6 +57,7 @@ class SimDataPath::Core {
   uint64_t staging_in_flight = 0;
   uint64_t staging_waits = 0;
   uint64_t host_waits = 0;
+  uint64_t launches = 0;  // counted as the CUDA path enqueues them (DevicePath::launches)
   size_t host_waiters = 0;
   bool stopping = false;
   struct PendingRestore {
@@ -263,6 +265,8 @@ FenceRef SimDataPath::store(const kernels::SourceView& src, int device_index,
     --core_->host_waiters;
     if (!fits) throw Error("simulated device store: staging never drained (a held stream)");
   }
+  // The CUDA path: a copy per segment, or a gather launch and a copy per segment (at most).
+  core_->launches += segments.size() + (cast ? 1 : 0);
   if (!cast) {  // direct copy, ordered on the caller's stream
     core_->enqueue(
         caller,
@@ -334,8 +338,83 @@ void SimDataPath::restore(std::span<const kernels::GatherSegment> segments,
   }
   core_->enqueue(caller,
                  Op{[planned, out] { host_restore(*planned, out); }, nullptr, done, nullptr, {}});
+  ++core_->launches;
   core_->restores.push_back({done, std::move(keep_alive)});
   core_->pump();
+}
+
+namespace {
+
+/// The launch tables the CUDA path would fill for `jobs`, built now (the jobs' spans may not
+/// outlive the call); one launch each.
+template <typename Tile, typename Job, typename Fill>
+std::vector<std::shared_ptr<const std::vector<Tile>>> tables_for(std::span<const Job> jobs,
+                                                                 Fill&& fill) {
+  std::vector<std::shared_ptr<const std::vector<Tile>>> tables;
+  TileCursor cursor;
+  for (;;) {
+    auto table = std::make_shared<std::vector<Tile>>(kBatchTilesPerTable);
+    const size_t n = fill(jobs, cursor, std::span<Tile>(*table));
+    if (n == 0) break;
+    table->resize(n);
+    tables.push_back(std::move(table));
+  }
+  return tables;
+}
+
+}  // namespace
+
+FenceRef SimDataPath::store_batch(std::span<const StoreJob> jobs, int device_index, Stream stream) {
+  check_device(device_index);
+  const auto tables = tables_for<kernels::BatchStoreTile>(jobs, fill_store_tiles);
+  if (tables.empty()) return nullptr;
+  auto fence_event = std::make_shared<SimEvent>();
+  std::lock_guard lock(core_->mutex);
+  // Launches on the caller's stream writing the pool directly: no staging, no copy stream.
+  for (size_t t = 0; t < tables.size(); ++t) {
+    core_->enqueue(id_of(stream), Op{[table = tables[t]] { run_store_tiles_on_host(*table); },
+                                     nullptr,
+                                     t + 1 == tables.size() ? fence_event : nullptr,
+                                     nullptr,
+                                     {}});
+  }
+  core_->launches += tables.size();
+  core_->pump();
+  auto fence = std::make_shared<SimFence>(core_, fence_event);
+  std::erase_if(core_->fences, [](const std::weak_ptr<CopyFence>& f) { return f.expired(); });
+  core_->fences.push_back(fence);
+  return fence;
+}
+
+void SimDataPath::restore_batch(std::span<const RestoreJob> jobs, int device_index, Stream stream,
+                                std::span<const FenceRef> after,
+                                std::shared_ptr<const void> keep_alive) {
+  check_device(device_index);
+  const auto tables = tables_for<kernels::BatchRestoreTile>(jobs, fill_restore_tiles);
+  if (tables.empty()) return;
+  const uint64_t caller = id_of(stream);
+  auto done = std::make_shared<SimEvent>();
+  std::lock_guard lock(core_->mutex);
+  for (const FenceRef& fence : after) {
+    const auto* sim = dynamic_cast<const SimFence*>(fence.get());
+    if (sim == nullptr) throw Error("simulated restore: a fence from another data path");
+    if (!sim->landed()) core_->enqueue(caller, Op{nullptr, sim->event(), nullptr, nullptr, {}});
+  }
+  for (size_t t = 0; t < tables.size(); ++t) {
+    core_->enqueue(caller, Op{[table = tables[t]] { run_restore_tiles_on_host(*table); },
+                              nullptr,
+                              t + 1 == tables.size() ? done : nullptr,
+                              nullptr,
+                              {}});
+  }
+  core_->launches += tables.size();
+  core_->restores.push_back({done, std::move(keep_alive)});
+  core_->pump();
+}
+
+uint64_t SimDataPath::launches() const {
+  std::lock_guard lock(core_->mutex);
+  return core_->launches;
 }
 
 size_t SimDataPath::release_finished() {

@@ -4,13 +4,15 @@
 //
 // Model: every caller stream (a handle from create_stream(), or nullptr for the default stream) is
 // a FIFO of operations, and so is the private copy stream the path keeps per caller stream (as
-// the CUDA path does). An operation runs once everything before it on its queue has run, the
-// events it waits for have fired, its queue is not held, and (with a delay configured) its time
-// has come. A store that needs no cast is one operation on the caller's stream (the direct copy);
-// one that casts is a gather into staging on the caller's stream, then the copy into the pool on
-// the copy stream. A restore waits for the fences it was given, then gathers, on the caller's
-// stream. The staging budget is accounted like the CUDA path's: a store waits on the host (and
-// counts staging_waits) only when its staging would push the bytes in flight past the budget.
+// the CUDA path does). A batch (store_batch, restore_batch) is one operation per launch table on
+// the caller's stream, running the host twins of the batch kernels (batch_tiles.hpp) over the
+// tiles the CUDA path would launch. An operation runs once everything before it on its queue has
+// run, the events it waits for have fired, its queue is not held, and (with a delay configured) its
+// time has come. A store that needs no cast is one operation on the caller's stream (the direct
+// copy); one that casts is a gather into staging on the caller's stream, then the copy into the
+// pool on the copy stream. A restore waits for the fences it was given, then gathers, on the
+// caller's stream. The staging budget is accounted like the CUDA path's: a store waits on the host
+// (and counts staging_waits) only when its staging would push the bytes in flight past the budget.
 //
 // Tests drive it: hold(stream) keeps a stream's queued work from running (a GPU stream stuck
 // behind a long kernel), release(stream) lets it run, launch(stream, fn) enqueues the caller's
@@ -60,6 +62,12 @@ class SimDataPath final : public DevicePath {
   void restore(std::span<const kernels::GatherSegment> segments, const kernels::OutputView& out,
                int device_index, Stream stream, std::span<const FenceRef> after,
                std::shared_ptr<const void> keep_alive) override;
+  [[nodiscard]] FenceRef store_batch(std::span<const StoreJob> jobs, int device_index,
+                                     Stream stream) override;
+  void restore_batch(std::span<const RestoreJob> jobs, int device_index, Stream stream,
+                     std::span<const FenceRef> after,
+                     std::shared_ptr<const void> keep_alive) override;
+  [[nodiscard]] uint64_t launches() const override;
   size_t release_finished() override;
   void poll() override;
   [[nodiscard]] size_t restores_in_flight() const override;

@@ -1,5 +1,7 @@
 #include "cuda/device_path.hpp"
 
+#include "batch_tiles.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -69,8 +71,10 @@ DeviceState::DeviceState(int index_, size_t slot_bytes, size_t slots)
                                    Event::create()};
               }),
       restores(kMaxRestoreSlots, [] {
-        const size_t table = std::max(kRestoreTilesPerSlot * sizeof(kernels::GatherSegment),
-                                      3 * kRestoreTilesPerSlot * sizeof(uint64_t));
+        const size_t table = std::max({kRestoreTilesPerSlot * sizeof(kernels::GatherSegment),
+                                       3 * kRestoreTilesPerSlot * sizeof(uint64_t),
+                                       kBatchTilesPerTable * sizeof(kernels::BatchStoreTile),
+                                       kBatchTilesPerTable * sizeof(kernels::BatchRestoreTile)});
         return RestoreSlot{PinnedTable::allocate(table),
                            DeviceBuffer::allocate(std::max<size_t>(
                                kernels::cub_batched_memcpy_temp_bytes(kRestoreTilesPerSlot), 16)),
@@ -270,6 +274,7 @@ void CudaDevicePath::store_direct(const kernels::SourceView& src,
     int64_t flat = seg.src_elem;
     int64_t left = seg.count;
     const auto copy_1d = [&](int64_t n) {
+      count_launches();
       HSS_CUDA_CHECK(cudaMemcpyAsync(dst, kernels::source_address(src, seg.src_row0, flat),
                                      static_cast<size_t>(n * esize), cudaMemcpyDeviceToHost,
                                      stream));
@@ -283,6 +288,7 @@ void CudaDevicePath::store_direct(const kernels::SourceView& src,
     }
     if (flat % src.cols != 0) copy_1d(std::min(left, src.cols - flat % src.cols));
     if (const int64_t rows = left / src.cols; rows > 0) {  // whole rows: one strided copy
+      count_launches();
       HSS_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(src.cols * esize),
                                        kernels::source_address(src, seg.src_row0, flat),
                                        static_cast<size_t>(src.row_stride * esize),
@@ -357,6 +363,7 @@ void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& sr
                                 static_cast<const WriteSegment*>(slot.tiles.device()),
                                 static_cast<int64_t>(num_tiles), stream);
   }
+  count_launches(1 + copies.size());
   HSS_CUDA_CHECK(cudaEventRecord(slot.gathered.get(), stream));
   lease->touch(copy_stream);
   HSS_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, slot.gathered.get(), 0));
@@ -370,6 +377,78 @@ void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& sr
   }
   lease->record(copy_stream);
 }
+
+FenceRef CudaDevicePath::store_batch(std::span<const StoreJob> jobs, int device_index,
+                                     Stream stream_handle) {
+  const auto first = std::find_if(jobs.begin(), jobs.end(),
+                                  [](const StoreJob& job) { return !job.segments.empty(); });
+  if (first == jobs.end()) return nullptr;
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  DeviceState& dev = device(device_index);  // validates the index
+  DeviceGuard guard(device_index);
+  // Every segment lies in the one pool allocation: one address tells whether it is mapped.
+  if (!device_mapped(first->segments.front().dst)) {
+    return store_batch_unmapped(jobs, device_index, stream_handle);
+  }
+  auto fence = std::make_shared<EventFence>();
+  try {
+    HSS_RANGE("store/batch");
+    TileCursor cursor;
+    for (;;) {
+      auto lease = dev.restores.acquire();
+      auto* table = static_cast<kernels::BatchStoreTile*>((**lease).table.host());
+      // The slot's previous launch has finished (acquire saw its event): the table is free.
+      const size_t n = fill_store_tiles(jobs, cursor, std::span(table, kBatchTilesPerTable));
+      if (n == 0) break;
+      lease->touch(stream);
+      kernels::launch_store_batch(
+          static_cast<const kernels::BatchStoreTile*>((**lease).table.device()),
+          static_cast<int64_t>(n), stream);
+      count_launches();
+      lease->record(stream);
+    }
+    HSS_CUDA_CHECK(cudaEventRecord(fence->event(), stream));
+  } catch (...) {
+    // Launches already enqueued may still write blocks the store is about to withdraw.
+    (void)cudaStreamSynchronize(stream);
+    (void)cudaGetLastError();
+    throw;
+  }
+  track(fence);
+  return fence;
+}
+
+FenceRef CudaDevicePath::store_batch_unmapped(std::span<const StoreJob> jobs, int device_index,
+                                              Stream stream_handle) {
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  std::vector<FenceRef> fences;
+  for (const StoreJob& job : jobs) {
+    if (!job.segments.empty()) fences.push_back(store(job.src, device_index, job.segments, stream));
+  }
+  auto fence = std::make_shared<EventFence>();
+  try {
+    wait_on_device(stream, fences);
+    HSS_CUDA_CHECK(cudaEventRecord(fence->event(), stream));
+  } catch (...) {
+    for (const FenceRef& f : fences) (void)f->wait();  // the copies write blocks being withdrawn
+    throw;
+  }
+  track(fence);
+  return fence;
+}
+
+void CudaDevicePath::wait_on_device(cudaStream_t stream, std::span<const FenceRef> after) {
+  // Fences seen landed cost nothing; many entries share one fence.
+  const EventFence* last = nullptr;
+  for (const FenceRef& fence : after) {
+    const auto* event_fence = dynamic_cast<const EventFence*>(fence.get());
+    if (event_fence == nullptr || event_fence == last || event_fence->landed()) continue;
+    HSS_CUDA_CHECK(cudaStreamWaitEvent(stream, event_fence->event(), 0));
+    last = event_fence;
+  }
+}
+
+uint64_t CudaDevicePath::launches() const { return launches_.load(std::memory_order_relaxed); }
 
 size_t CudaDevicePath::release_finished() {
   std::vector<std::shared_ptr<const void>> finished;  // destroyed outside the slot pool's lock

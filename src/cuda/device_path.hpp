@@ -17,6 +17,11 @@
 //   Config::hidden_state_staging_bytes (default 1 GiB per device). Each such wait is counted
 //   (staging_waits).
 //
+// Batches (store_batch, restore_batch): one launch per stream for every job of the batch (per
+// table of kBatchTilesPerTable tiles): the batch kernels read per-tile views, so items of
+// different tensors and types share the launch. Stores write straight into the device-mapped pool
+// (no staging); the fence is an event on the caller's stream after the launch.
+//
 // Restore (device output): the caller's stream first waits (cudaStreamWaitEvent) for the fences
 // of the entries read, then one launch reads the pool through its device mapping
 // (cudaHostAllocMapped + UVA: a pool address is a device address) and writes out.type. Three
@@ -54,6 +59,10 @@ inline constexpr size_t kMaxRestoreSlots = 16;
 inline constexpr size_t kStoreTilesPerSlot = kMaxStagingSlotBytes / kernels::kTileBytes + 1024;
 inline constexpr size_t kRestoreTilesPerSlot = 16384;
 
+/// True when the device can read and write `p` at the same address: page-locked memory mapped
+/// into the device's address space (cudaHostAllocMapped + UVA), or device memory.
+[[nodiscard]] bool device_mapped(const void* p);
+
 /// Config's implementation unless HSS_RESTORE_IMPL names another (kernel, copy_engine, cub;
 /// "memcpy" is accepted for copy_engine). An unknown value logs a warning and is ignored.
 [[nodiscard]] RestoreImpl restore_impl_for(const Config& config);
@@ -64,8 +73,10 @@ struct StagingSlot {
   Event gathered;     // recorded on the caller's stream after the gather kernel
 };
 
+/// A launch slot: restores and batched stores (kBatchTilesPerTable batch tiles) fill its table.
 struct RestoreSlot {
-  PinnedTable table;  // kRestoreTilesPerSlot GatherSegments, or 3 x that many uint64 for cub
+  PinnedTable table;  // kRestoreTilesPerSlot GatherSegments, 3 x that many uint64 for cub, or
+                      // kBatchTilesPerTable batch tiles
   DeviceBuffer cub_temp;
   std::shared_ptr<const void> keep_alive;  // pool entries the enqueued restore still reads
 };
@@ -120,6 +131,12 @@ class CudaDevicePath final : public DevicePath {
   void restore(std::span<const kernels::GatherSegment> segments, const kernels::OutputView& out,
                int device_index, Stream stream, std::span<const FenceRef> after,
                std::shared_ptr<const void> keep_alive) override;
+  [[nodiscard]] FenceRef store_batch(std::span<const StoreJob> jobs, int device_index,
+                                     Stream stream) override;
+  void restore_batch(std::span<const RestoreJob> jobs, int device_index, Stream stream,
+                     std::span<const FenceRef> after,
+                     std::shared_ptr<const void> keep_alive) override;
+  [[nodiscard]] uint64_t launches() const override;
   size_t release_finished() override;
   void poll() override;
   [[nodiscard]] size_t restores_in_flight() const override;
@@ -148,12 +165,19 @@ class CudaDevicePath final : public DevicePath {
   void restore_from_pageable(std::span<const kernels::GatherSegment> segments,
                              const kernels::OutputView& out, cudaStream_t stream);
   void track(const std::shared_ptr<EventFence>& fence);
+  /// `stream` waits on the device for every fence of `after` not yet seen landed.
+  static void wait_on_device(cudaStream_t stream, std::span<const FenceRef> after);
+  /// store_batch for a pool the device cannot write: store() per job, then one fence recorded on
+  /// the caller's stream after it waited (on the device) for every job's copies.
+  FenceRef store_batch_unmapped(std::span<const StoreJob> jobs, int device_index, Stream stream);
+  void count_launches(uint64_t n = 1) { launches_.fetch_add(n, std::memory_order_relaxed); }
 
   const RestoreImpl restore_impl_;
   const size_t staging_slot_bytes_;
   const size_t staging_slots_;
   std::atomic<uint64_t> staging_waits_{0};
   std::atomic<size_t> restores_in_flight_{0};
+  std::atomic<uint64_t> launches_{0};
   std::mutex mutex_;  // guards devices_ (the vector; each state is thread-safe) and outstanding_
   std::vector<std::unique_ptr<DeviceState>> devices_;
   std::vector<std::weak_ptr<EventFence>> outstanding_;  // fences flush() must wait for

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "batch_tiles.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_path.hpp"
 #include "hss/kernels/launch.hpp"
@@ -16,10 +17,6 @@ namespace hss::detail::cuda {
 using kernels::ElemType;
 using kernels::GatherSegment;
 
-namespace {
-
-/// True when the kernel can read `p` directly: page-locked memory mapped into the device's
-/// address space at the same address (UVA).
 bool device_mapped(const void* p) {
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
@@ -30,6 +27,8 @@ bool device_mapped(const void* p) {
          attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
 }
 
+namespace {
+
 /// Copy engines and cub move bytes: only when no element needs converting.
 bool same_types(std::span<const GatherSegment> segments, ElemType out_type) {
   return std::all_of(segments.begin(), segments.end(),
@@ -37,13 +36,16 @@ bool same_types(std::span<const GatherSegment> segments, ElemType out_type) {
 }
 
 /// One segment into the output with the copy engines: a head piece, whole rows as one strided
-/// copy, a tail piece (one copy when the output is contiguous).
-void copy_segment(const GatherSegment& seg, const kernels::OutputView& out, cudaStream_t stream) {
+/// copy, a tail piece (one copy when the output is contiguous). Returns the copies enqueued.
+uint64_t copy_segment(const GatherSegment& seg, const kernels::OutputView& out,
+                      cudaStream_t stream) {
+  uint64_t copies = 0;
   const auto esize = static_cast<int64_t>(kernels::elem_bytes(out.type));
   const auto* src = static_cast<const unsigned char*>(seg.src);
   int64_t flat = seg.dst_elem;
   int64_t left = seg.count;
   const auto copy_1d = [&](int64_t n) {
+    ++copies;
     HSS_CUDA_CHECK(cudaMemcpyAsync(kernels::output_address(out, flat), src,
                                    static_cast<size_t>(n * esize), cudaMemcpyHostToDevice, stream));
     src += n * esize;
@@ -52,10 +54,11 @@ void copy_segment(const GatherSegment& seg, const kernels::OutputView& out, cuda
   };
   if (out.row_stride == out.cols) {
     copy_1d(left);
-    return;
+    return copies;
   }
   if (flat % out.cols != 0) copy_1d(std::min(left, out.cols - flat % out.cols));
   if (const int64_t rows = left / out.cols; rows > 0) {
+    ++copies;
     HSS_CUDA_CHECK(cudaMemcpy2DAsync(
         kernels::output_address(out, flat), static_cast<size_t>(out.row_stride * esize), src,
         static_cast<size_t>(out.cols * esize), static_cast<size_t>(out.cols * esize),
@@ -65,6 +68,7 @@ void copy_segment(const GatherSegment& seg, const kernels::OutputView& out, cuda
     left -= rows * out.cols;
   }
   if (left > 0) copy_1d(left);
+  return copies;
 }
 
 }  // namespace
@@ -79,15 +83,8 @@ void CudaDevicePath::restore(std::span<const GatherSegment> segments,
   DeviceState& dev = device(device_index);  // validates the index
   DeviceGuard guard(device_index);
 
-  // The entries' copies may still be landing: order the read after them on the device. Fences
-  // seen landed cost nothing; many entries share one fence.
-  const EventFence* last = nullptr;
-  for (const FenceRef& fence : after) {
-    const auto* event_fence = dynamic_cast<const EventFence*>(fence.get());
-    if (event_fence == nullptr || event_fence == last || event_fence->landed()) continue;
-    HSS_CUDA_CHECK(cudaStreamWaitEvent(stream, event_fence->event(), 0));
-    last = event_fence;
-  }
+  // The entries' copies may still be landing: order the read after them on the device.
+  wait_on_device(stream, after);
 
   // Every segment lies in the one pool allocation: its ends tell whether it is mapped.
   if (!device_mapped(segments.front().src) || !device_mapped(segments.back().src)) {
@@ -123,6 +120,44 @@ void CudaDevicePath::restore(std::span<const GatherSegment> segments,
   }
 }
 
+void CudaDevicePath::restore_batch(std::span<const RestoreJob> jobs, int device_index,
+                                   Stream stream_handle, std::span<const FenceRef> after,
+                                   std::shared_ptr<const void> keep_alive) {
+  (void)release_finished();
+  const auto first = std::find_if(jobs.begin(), jobs.end(),
+                                  [](const RestoreJob& job) { return !job.segments.empty(); });
+  if (first == jobs.end()) return;
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  DeviceState& dev = device(device_index);  // validates the index
+  DeviceGuard guard(device_index);
+  wait_on_device(stream, after);
+  if (!device_mapped(first->segments.front().src)) {
+    for (const FenceRef& fence : after) (void)fence->wait();  // as restore(): the pageable case
+    for (const RestoreJob& job : jobs) {
+      if (!job.segments.empty()) restore_from_pageable(job.segments, job.out, stream);
+    }
+    return;
+  }
+  HSS_RANGE("restore/batch");
+  TileCursor cursor;
+  for (;;) {
+    auto lease = dev.restores.acquire();
+    auto* table = static_cast<kernels::BatchRestoreTile*>((**lease).table.host());
+    const size_t n = fill_restore_tiles(jobs, cursor, std::span(table, kBatchTilesPerTable));
+    if (n == 0) break;
+    lease->touch(stream);
+    kernels::launch_restore_batch(
+        static_cast<const kernels::BatchRestoreTile*>((**lease).table.device()),
+        static_cast<int64_t>(n), stream);
+    count_launches();
+    lease->record(stream);
+    if (keep_alive) {
+      (*lease)->keep_alive = keep_alive;
+      restores_in_flight_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
 void CudaDevicePath::restore_launch(RestoreSlot& slot, std::span<const GatherSegment> segments,
                                     size_t& first, int64_t& consumed,
                                     const kernels::OutputView& out, cudaStream_t stream) {
@@ -148,6 +183,7 @@ void CudaDevicePath::restore_launch(RestoreSlot& slot, std::span<const GatherSeg
         reinterpret_cast<const void* const*>(device_table),
         reinterpret_cast<void* const*>(device_table + kRestoreTilesPerSlot),
         device_table + 2 * kRestoreTilesPerSlot, static_cast<int64_t>(n), stream);
+    count_launches();
     first += n;
     consumed = 0;
     return;
@@ -176,11 +212,12 @@ void CudaDevicePath::restore_launch(RestoreSlot& slot, std::span<const GatherSeg
   }
   kernels::launch_restore_gather(static_cast<const GatherSegment*>(slot.table.device()),
                                  static_cast<int64_t>(num_tiles), out, stream);
+  count_launches();
 }
 
 void CudaDevicePath::restore_copy_engine(std::span<const GatherSegment> segments,
                                          const kernels::OutputView& out, cudaStream_t stream) {
-  for (const GatherSegment& seg : segments) copy_segment(seg, out, stream);
+  for (const GatherSegment& seg : segments) count_launches(copy_segment(seg, out, stream));
 }
 
 void CudaDevicePath::restore_from_pageable(std::span<const GatherSegment> segments,
@@ -192,6 +229,7 @@ void CudaDevicePath::restore_from_pageable(std::span<const GatherSegment> segmen
   std::vector<unsigned char> dense(static_cast<size_t>(rows * out.cols * esize));
   host_restore(segments, {dense.data(), out.cols, out.cols, out.type});
   // From pageable memory the copy has consumed `dense` when the call returns.
+  count_launches();
   HSS_CUDA_CHECK(cudaMemcpy2DAsync(out.data, static_cast<size_t>(out.row_stride * esize),
                                    dense.data(), static_cast<size_t>(out.cols * esize),
                                    static_cast<size_t>(out.cols * esize), static_cast<size_t>(rows),

@@ -25,6 +25,15 @@ void launch_gather_cast(const SourceView& src, ElemType dst_type, const WriteSeg
 void launch_restore_gather(const GatherSegment* tiles, int64_t num_tiles, const OutputView& out,
                            cudaStream_t stream);
 
+/// Batched store: one block per tile (BatchStoreTile: each carries its item's source view, any
+/// supported (source, storage) pair) writes straight into the device-mapped pool. `tiles` may
+/// live in device-mapped pinned host memory. One launch for every item of a batch on a stream.
+void launch_store_batch(const BatchStoreTile* tiles, int64_t num_tiles, cudaStream_t stream);
+
+/// Batched restore: one block per tile (BatchRestoreTile: each carries its item's output, any
+/// storage and output types) reads the device-mapped pool.
+void launch_restore_batch(const BatchRestoreTile* tiles, int64_t num_tiles, cudaStream_t stream);
+
 /// cub::DeviceMemcpy::Batched over device arrays of source pointers, destination pointers and
 /// byte sizes. The first call sizes the temporary storage; the second copies.
 [[nodiscard]] size_t cub_batched_memcpy_temp_bytes(int64_t num_buffers);

@@ -70,6 +70,21 @@ struct WriteSegment {
   ElemType dst_type = ElemType::kFloat32;
 };
 
+/// One tile of a batched store (one launch for every item of a batch on a stream). The items are
+/// different tensors, possibly of different types, so each tile carries its source view. `seg.dst`
+/// is a pool address the device writes through its mapping (device-mapped pinned memory): no
+/// staging, no copy stream.
+struct BatchStoreTile {
+  SourceView src;
+  WriteSegment seg;
+};
+
+/// One tile of a batched restore: each item of the batch has its own output.
+struct BatchRestoreTile {
+  GatherSegment seg;
+  OutputView out;
+};
+
 /// Address of flat element `flat` (row-major over `cols`) of a strided tensor.
 HSS_HOST_DEVICE const void* source_address(const SourceView& s, int64_t row0, int64_t flat) {
   const int64_t row = row0 + flat / s.cols;

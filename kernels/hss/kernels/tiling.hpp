@@ -229,6 +229,31 @@ HSS_HOST_DEVICE void store_tile(const SourceView& src, const WriteSegment& tile,
       [&](int64_t i) { store_element(src, tile.src_row0, tile.src_elem + i, tile.dst, i, D); });
 }
 
+/// Dispatches a store tile on its source and storage types (block-uniform): the supported pairs
+/// are f32->f32, f16->f32, bf16->f32, f16->f16 and bf16->bf16 (the store checks them before any
+/// tile exists); any other pair writes nothing. The batched store kernel and its host twin
+/// (src/batch_tiles.cpp) both run exactly this.
+HSS_HOST_DEVICE void store_tile_any(const SourceView& src, const WriteSegment& tile, int lane,
+                                    int lanes) {
+  using enum ElemType;
+  if (tile.dst_type == kFloat32) {
+    switch (src.type) {
+      case kFloat32:
+        store_tile<kFloat32, kFloat32>(src, tile, lane, lanes);
+        return;
+      case kFloat16:
+        store_tile<kFloat16, kFloat32>(src, tile, lane, lanes);
+        return;
+      case kBFloat16:
+        store_tile<kBFloat16, kFloat32>(src, tile, lane, lanes);
+        return;
+    }
+  } else if (tile.dst_type == src.type) {
+    if (src.type == kFloat16) store_tile<kFloat16, kFloat16>(src, tile, lane, lanes);
+    if (src.type == kBFloat16) store_tile<kBFloat16, kBFloat16>(src, tile, lane, lanes);
+  }
+}
+
 /// One restore tile from storage type S into an output of type D, run by one lane.
 template <ElemType S, ElemType D>
 HSS_HOST_DEVICE void restore_tile(const GatherSegment& tile, const OutputView& out, int lane,

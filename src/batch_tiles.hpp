@@ -1,0 +1,43 @@
+#pragma once
+// The tiles of the batched device store and restore (kernels' BatchStoreTile / BatchRestoreTile):
+// how a batch's jobs are cut into per-block tiles, table by table, and the host twins of the two
+// batch kernels, which run the same per-lane loop (store_tile_any / restore_tile_any) over every
+// lane of a block. The CUDA path fills its pinned tables with these; the simulated path and the
+// CPU tests run the twins, so the tiling a GPU runs is checked on every CI machine.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "data_path.hpp"
+#include "hss/kernels/layout.hpp"
+
+namespace hss::detail {
+
+/// Tiles per launch table: 8192 tiles of up to 16 KiB of source each, 128 MiB per launch. An
+/// engine step (hundreds of requests x a few layers) fits one table: one launch per stream.
+inline constexpr size_t kBatchTilesPerTable = 8192;
+
+/// Where tiling stopped: job, segment of that job, elements of that segment already tiled.
+struct TileCursor {
+  size_t job = 0;
+  size_t segment = 0;
+  int64_t consumed = 0;
+};
+
+/// Fills `table` with store tiles from `cursor` on (at most one tile's bytes of source each,
+/// inside one source row when the source is strided) and advances the cursor. Returns the tiles
+/// written: table.size() when the table filled, fewer when the jobs ran out (cursor.job ==
+/// jobs.size()).
+size_t fill_store_tiles(std::span<const StoreJob> jobs, TileCursor& cursor,
+                        std::span<kernels::BatchStoreTile> table);
+
+/// The same for restore tiles (inside one output row when the output is strided).
+size_t fill_restore_tiles(std::span<const RestoreJob> jobs, TileCursor& cursor,
+                          std::span<kernels::BatchRestoreTile> table);
+
+/// Host twins of the batch kernels: every lane of a block, one tile after another.
+void run_store_tiles_on_host(std::span<const kernels::BatchStoreTile> tiles);
+void run_restore_tiles_on_host(std::span<const kernels::BatchRestoreTile> tiles);
+
+}  // namespace hss::detail

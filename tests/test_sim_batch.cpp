@@ -1,0 +1,332 @@
+// Batched device calls on the simulated asynchronous path (issue 9): store_batch and
+// retrieve_batch_into enqueue one launch per (device, stream) for all their device items, mixed
+// source types, strides and output types included, with results bit-identical to single calls;
+// batches keep the stream-ordering rules (held streams, cross-stream fences, pins). Plus the
+// tiling of the batch kernels' launch tables (src/batch_tiles.hpp), run by the host twins.
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "batch_tiles.hpp"
+#include "data_path.hpp"
+#include "hss/hidden_state_store.hpp"
+#include "hss/kernels/convert.hpp"
+#include "hss/kernels/tiling.hpp"
+#include "hss/token_database.hpp"
+#include "sim_data_path.hpp"
+#include "test_util.hpp"
+
+namespace hss {
+namespace {
+
+using detail::SimDataPath;
+
+constexpr int64_t kChunk = 16;
+constexpr int64_t kCols = 40;  // rows of 160 bytes (f32): tiles and strides cut inside granules
+
+std::vector<int64_t> tokens64(int64_t n, uint64_t seed) {
+  const auto t = test::make_tokens(n, seed);
+  return {t.begin(), t.end()};
+}
+
+std::vector<float> rows_of(const std::vector<int64_t>& tokens, int64_t layer) {
+  const std::vector<int32_t> t32(tokens.begin(), tokens.end());
+  return test::make_rows(t32, 0, layer, kCols);
+}
+
+/// One source tensor of a batch item: `dtype` (f32, or bf16/f16 bits of the rows), with
+/// `row_stride` >= kCols elements per row; held on the host and as simulated device memory.
+struct Source {
+  std::vector<std::byte> host;
+  void* device = nullptr;
+  DType dtype = DType::kFloat32;
+  int64_t rows = 0;
+  int64_t row_stride = kCols;
+
+  [[nodiscard]] TensorView view(Device where) const {
+    return {
+        where == Device::kCuda ? device : host.data(), dtype, rows, kCols, row_stride, where, 0};
+  }
+};
+
+Source make_source(SimDataPath& sim, const std::vector<float>& rows, DType dtype,
+                   int64_t row_stride) {
+  Source s;
+  s.dtype = dtype;
+  s.rows = static_cast<int64_t>(rows.size()) / kCols;
+  s.row_stride = row_stride;
+  const size_t esize = element_size(dtype);
+  s.host.assign(static_cast<size_t>(s.rows * row_stride) * esize, std::byte{0x5a});
+  for (int64_t r = 0; r < s.rows; ++r) {
+    for (int64_t c = 0; c < kCols; ++c) {
+      const float f = rows[static_cast<size_t>(r * kCols + c)];
+      std::byte* dst = s.host.data() + static_cast<size_t>(r * row_stride + c) * esize;
+      if (dtype == DType::kFloat32) {
+        std::memcpy(dst, &f, 4);
+      } else {
+        const uint16_t h =
+            dtype == DType::kBFloat16 ? kernels::float_to_bf16(f) : kernels::float_to_f16(f);
+        std::memcpy(dst, &h, 2);
+      }
+    }
+  }
+  s.device = sim.allocate(s.host.size());
+  std::memcpy(s.device, s.host.data(), s.host.size());
+  return s;
+}
+
+/// An output buffer of `rows` x kCols (stride `row_stride`) prefilled with 0x77 bytes.
+struct Output {
+  void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  int64_t rows = 0;
+  int64_t row_stride = kCols;
+  [[nodiscard]] MutableTensorView view(Device where) const {
+    return {data, dtype, rows, kCols, row_stride, where, 0};
+  }
+  [[nodiscard]] size_t bytes() const {
+    return static_cast<size_t>(rows * row_stride) * element_size(dtype);
+  }
+};
+
+class SimBatch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Config config = test::store_config(kChunk, kCols, 1024);
+    detail::ScopedDevicePathFactory hook([&](const Config&) {
+      auto path = std::make_unique<SimDataPath>(SimDataPath::Options{});
+      sim_ = path.get();
+      return path;
+    });
+    store_ = std::make_unique<HiddenStateStore>(config, db_);
+  }
+
+  Output device_output(int64_t rows, DType dtype, int64_t row_stride) {
+    Output o{nullptr, dtype, rows, row_stride};
+    o.data = sim_->allocate(o.bytes());
+    std::memset(o.data, 0x77, o.bytes());
+    return o;
+  }
+
+  ChunkedTokenDatabase db_{kChunk, false};
+  SimDataPath* sim_ = nullptr;
+  std::unique_ptr<HiddenStateStore> store_;
+};
+
+TEST_F(SimBatch, OneLaunchPerStreamAndResultsBitIdenticalToSingleCalls) {
+  // 12 requests x 3 layers over two streams; f32, bf16 and f16 sources, contiguous and strided;
+  // prompts of 1..3 chunks with a partial last chunk on some.
+  constexpr int kRequests = 12;
+  constexpr int kLayers = 3;
+  const Stream streams[2] = {sim_->create_stream(), sim_->create_stream()};
+  const DType dtypes[3] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  std::vector<std::vector<int64_t>> prompts;
+  for (int r = 0; r < kRequests; ++r) {
+    prompts.push_back(tokens64((r % 3 + 1) * kChunk + (r % 2 == 0 ? 0 : 5), 100 + r));
+  }
+  std::vector<Source> sources;
+  sources.reserve(kRequests * kLayers);
+  std::vector<StoreItem> device_items, host_items;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    for (int r = 0; r < kRequests; ++r) {
+      const DType dtype = dtypes[(r + layer) % 3];
+      const int64_t stride = r % 4 == 3 ? kCols + 3 : kCols;
+      sources.push_back(make_source(*sim_, rows_of(prompts[r], layer), dtype, stride));
+      StoreOptions o;
+      o.layer_idx = layer;
+      o.stream = streams[r % 2];
+      device_items.push_back({prompts[r], sources.back().view(Device::kCuda), o});
+      o.stream = nullptr;
+      host_items.push_back({prompts[r], sources.back().view(Device::kHost), o});
+    }
+  }
+
+  const uint64_t before_store = sim_->launches();
+  const auto results = store_->store_batch(device_items);
+  EXPECT_EQ(sim_->launches() - before_store, 2u);  // one per stream, 36 items
+
+  // The reference: the host path, single calls, on a second store.
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore reference(test::store_config(kChunk, kCols, 1024), db);
+  for (size_t i = 0; i < host_items.size(); ++i) {
+    const StoreItem& item = host_items[i];
+    EXPECT_EQ(reference.store_hidden_states(item.token_ids, item.hidden_states, item.options),
+              results[i])
+        << i;
+  }
+
+  // Retrieve: outputs of every dtype, some strided, some from row 1.
+  std::vector<Output> device_outs;
+  std::vector<std::vector<std::byte>> host_outs;
+  std::vector<RetrieveItem> reads, host_reads;
+  for (size_t i = 0; i < device_items.size(); ++i) {
+    const int64_t rows = static_cast<int64_t>(device_items[i].token_ids.size());
+    const DType dtype = dtypes[i % 3];
+    const int64_t stride = i % 5 == 4 ? kCols + 8 : kCols;
+    device_outs.push_back(device_output(rows, dtype, stride));
+    host_outs.emplace_back(device_outs.back().bytes(), std::byte{0x77});
+    RetrieveOptions o;
+    o.layer_idx = device_items[i].options.layer_idx;
+    o.row_begin = i % 7 == 6 ? 1 : 0;
+    o.stream = streams[(i / 2) % 2];
+    reads.push_back({device_items[i].token_ids, device_outs.back().view(Device::kCuda), o});
+    o.stream = nullptr;
+    MutableTensorView host_view = device_outs.back().view(Device::kHost);
+    host_view.data = host_outs.back().data();
+    host_reads.push_back({device_items[i].token_ids, host_view, o});
+  }
+  const uint64_t before_restore = sim_->launches();
+  const auto rows = store_->retrieve_batch_into(reads);
+  EXPECT_EQ(sim_->launches() - before_restore, 2u);
+  for (size_t i = 0; i < reads.size(); ++i) {
+    const RetrieveItem& r = host_reads[i];
+    EXPECT_EQ(reference.retrieve_hidden_states_into(r.token_ids, r.out, r.options), rows[i]) << i;
+    EXPECT_GT(rows[i], 0) << i;
+    EXPECT_EQ(std::memcmp(device_outs[i].data, host_outs[i].data(), host_outs[i].size()), 0) << i;
+  }
+
+  // The same items as single calls: a launch per call at least.
+  const uint64_t before_singles = sim_->launches();
+  for (const RetrieveItem& r : reads) {
+    (void)store_->retrieve_hidden_states_into(r.token_ids, r.out, r.options);
+  }
+  EXPECT_GE(sim_->launches() - before_singles, reads.size());
+  store_->check_invariants();
+}
+
+TEST_F(SimBatch, ABatchRestoreOnAnotherStreamWaitsOnTheDeviceForTheBatchStore) {
+  const Stream a = sim_->create_stream(), b = sim_->create_stream();
+  const auto t1 = tokens64(2 * kChunk, 7), t2 = tokens64(3 * kChunk, 8);
+  const Source s1 = make_source(*sim_, rows_of(t1, 0), DType::kBFloat16, kCols);
+  const Source s2 = make_source(*sim_, rows_of(t2, 0), DType::kFloat32, kCols + 1);
+  StoreOptions so;
+  so.stream = a;
+  sim_->hold(a);  // the store's launch cannot run yet
+  const StoreItem items[] = {{t1, s1.view(Device::kCuda), so}, {t2, s2.view(Device::kCuda), so}};
+  EXPECT_EQ(store_->store_batch(items)[1], (StoreResult{3, 3}));
+
+  RetrieveOptions ro;
+  ro.stream = b;
+  const Output o1 = device_output(2 * kChunk, DType::kFloat32, kCols);
+  const Output o2 = device_output(3 * kChunk, DType::kFloat32, kCols);
+  const RetrieveItem reads[] = {{t1, o1.view(Device::kCuda), ro}, {t2, o2.view(Device::kCuda), ro}};
+  EXPECT_EQ(store_->retrieve_batch_into(reads), (std::vector<int64_t>{2 * kChunk, 3 * kChunk}));
+  EXPECT_EQ(sim_->host_waits(), 0u);  // neither call waited on the host
+  EXPECT_GT(sim_->queued(b), 0u);     // b waits for a's fence, on the device
+  std::vector<std::byte> untouched(o1.bytes(), std::byte{0x77});
+  EXPECT_EQ(std::memcmp(o1.data, untouched.data(), untouched.size()), 0);
+
+  sim_->release(a);
+  EXPECT_EQ(sim_->queued(b), 0u);
+  const auto want1 = test::make_rows(std::vector<int32_t>(t1.begin(), t1.end()), 0, 0, kCols);
+  std::vector<float> got1(want1.size());
+  std::memcpy(got1.data(), o1.data, got1.size() * sizeof(float));
+  for (size_t i = 0; i < want1.size(); ++i) {
+    // bf16 source, float32 storage and output: the bf16 value exactly.
+    EXPECT_EQ(got1[i], kernels::bf16_to_float(kernels::float_to_bf16(want1[i]))) << i;
+  }
+  EXPECT_EQ(std::memcmp(o2.data, rows_of(t2, 0).data(), o2.bytes()), 0);
+}
+
+TEST_F(SimBatch, ABatchRestoreHoldsItsEntriesUntilItsLaunchRan) {
+  const Stream s = sim_->create_stream();
+  const auto t = tokens64(2 * kChunk, 9);
+  const auto rows = rows_of(t, 0);
+  ASSERT_EQ(store_->store_hidden_states(t, test::view_of(rows, kCols)), (StoreResult{2, 2}));
+  sim_->hold(s);
+  RetrieveOptions ro;
+  ro.stream = s;
+  const Output out = device_output(2 * kChunk, DType::kFloat32, kCols);
+  const RetrieveItem reads[] = {{t, out.view(Device::kCuda), ro}};
+  EXPECT_EQ(store_->retrieve_batch_into(reads)[0], 2 * kChunk);
+  EXPECT_EQ(sim_->restores_in_flight(), 1u);
+  // Dropping the keys while the launch is queued: its pins keep the granules unrecycled.
+  for (const Chunk& c : db_.process_tokens(std::span<const int64_t>(t))) {
+    EXPECT_TRUE(store_->drop_key(c.key));
+  }
+  const auto other = tokens64(8 * kChunk, 10);
+  const auto other_rows = rows_of(other, 0);
+  (void)store_->store_hidden_states(other, test::view_of(other_rows, kCols));
+  sim_->release(s);
+  EXPECT_EQ(std::memcmp(out.data, rows.data(), out.bytes()), 0);
+  store_->flush();
+  EXPECT_EQ(sim_->restores_in_flight(), 0u);
+  store_->check_invariants();
+}
+
+// ---- the launch tables
+
+TEST(BatchTiles, TablesCoverEveryElementOnceAndResumeAcrossTables) {
+  // Two jobs: a strided f32 source (cols 5, stride 7) in two segments and a contiguous bf16 one;
+  // tables of 2 tiles so that tiling resumes mid-segment and across jobs.
+  std::vector<float> src_a(4 * 7);
+  for (size_t i = 0; i < src_a.size(); ++i) src_a[i] = static_cast<float>(i) + 0.5f;
+  std::vector<uint16_t> src_b(6 * 5);
+  for (size_t i = 0; i < src_b.size(); ++i) {
+    src_b[i] = kernels::float_to_bf16(static_cast<float>(i) * 0.25f);
+  }
+  std::vector<float> pool(4 * 5 + 6 * 5, -1.0f);
+  const kernels::WriteSegment segs_a[] = {{pool.data(), 0, 0, 8, kernels::ElemType::kFloat32},
+                                          {pool.data() + 8, 0, 8, 12, kernels::ElemType::kFloat32}};
+  const kernels::WriteSegment segs_b[] = {
+      {pool.data() + 20, 1, 0, 30 - 5, kernels::ElemType::kFloat32}};  // rows 1..5
+  const detail::StoreJob jobs[] = {
+      {{src_a.data(), kernels::ElemType::kFloat32, 5, 7}, segs_a},
+      {{nullptr, kernels::ElemType::kFloat32, 5, 5}, {}},  // an empty job is skipped
+      {{src_b.data(), kernels::ElemType::kBFloat16, 5, 5}, segs_b}};
+  detail::TileCursor cursor;
+  std::vector<kernels::BatchStoreTile> table(2);
+  size_t tables = 0, tiles = 0;
+  for (size_t n; (n = detail::fill_store_tiles(jobs, cursor, table)) > 0; ++tables) {
+    tiles += n;
+    for (size_t i = 0; i < n; ++i) {
+      const auto& t = table[i];
+      // Strided sources: a tile stays inside one row.
+      if (t.src.row_stride != t.src.cols) {
+        EXPECT_LE(t.seg.src_elem % t.src.cols + t.seg.count, t.src.cols);
+      }
+    }
+    detail::run_store_tiles_on_host(std::span(table.data(), n));
+  }
+  EXPECT_EQ(cursor.job, 3u);
+  EXPECT_EQ(tables, 3u);
+  // Job a: 0-4 | 5-7 (segment 0), 8-9 | 10-14 | 15-19 (segment 1), each inside a source row;
+  // job b: its 25 contiguous elements in one tile.
+  EXPECT_EQ(tiles, 6u);
+  for (int64_t e = 0; e < 20; ++e) {
+    EXPECT_EQ(pool[static_cast<size_t>(e)], src_a[static_cast<size_t>(e / 5 * 7 + e % 5)]) << e;
+  }
+  for (int64_t e = 0; e < 25; ++e) {
+    EXPECT_EQ(pool[static_cast<size_t>(20 + e)],
+              kernels::bf16_to_float(src_b[static_cast<size_t>(5 + e)]))
+        << e;
+  }
+
+  // Restore tables back into a strided f16 output (cols 5, stride 6) from the pool.
+  std::vector<uint16_t> out(9 * 6, 0xFFFF);
+  const kernels::GatherSegment gathers[] = {
+      {pool.data(), 0, 20, kernels::ElemType::kFloat32},
+      {pool.data() + 20, 20, 25, kernels::ElemType::kFloat32}};
+  const detail::RestoreJob restores[] = {
+      {gathers, {out.data(), 5, 6, kernels::ElemType::kFloat16}}};
+  detail::TileCursor rc;
+  std::vector<kernels::BatchRestoreTile> rtable(2);
+  size_t rtiles = 0;
+  for (size_t n; (n = detail::fill_restore_tiles(restores, rc, rtable)) > 0;) {
+    rtiles += n;
+    detail::run_restore_tiles_on_host(std::span(rtable.data(), n));
+  }
+  EXPECT_EQ(rtiles, 9u);  // one per output row
+  for (int64_t e = 0; e < 45; ++e) {
+    EXPECT_EQ(out[static_cast<size_t>(e / 5 * 6 + e % 5)],
+              kernels::float_to_f16(pool[static_cast<size_t>(e)]))
+        << e;
+  }
+  for (int64_t r = 0; r < 9; ++r) EXPECT_EQ(out[static_cast<size_t>(r * 6 + 5)], 0xFFFF) << r;
+}
+
+}  // namespace
+}  // namespace hss
