@@ -113,6 +113,7 @@ nb::dict stats_dict(const hss::HiddenStateStats& st) {
   d["coupled_evictions"] = st.coupled_evictions;
   d["allocation_failures"] = st.allocation_failures;
   d["staging_waits"] = st.staging_waits;
+  d["device_launches"] = st.device_launches;
   nb::dict per_kind;
   for (int k = 0; k < hss::kNumActivationKinds; ++k) {
     const hss::KindStats& ks = st.per_kind[static_cast<size_t>(k)];
