@@ -44,6 +44,7 @@ constexpr std::string_view kHiddenStateRemoteTimeoutMs = "hidden_state_remote_ti
 constexpr std::string_view kHiddenStateRemoteQueueBytes = "hidden_state_remote_queue_bytes";
 constexpr std::string_view kHiddenStateKinds = "hidden_state_kinds";
 constexpr std::string_view kHiddenStateRestoreImpl = "hidden_state_restore_impl";
+constexpr std::string_view kHiddenStateStoreImpl = "hidden_state_store_impl";
 constexpr std::string_view kHiddenStateStagingBytes = "hidden_state_staging_bytes";
 constexpr std::string_view kHiddenStateOutputCacheBytes = "hidden_state_output_cache_bytes";
 constexpr std::string_view kHiddenStateStreamThresholdBytes = "hidden_state_stream_threshold_bytes";
@@ -194,6 +195,13 @@ RestoreImpl parse_restore_impl(std::string_view key, const YAML::Node& node,
   fail(key, "expected 'kernel', 'copy_engine' or 'cub'", describe(node), where);
 }
 
+StoreImpl parse_store_impl(std::string_view key, const YAML::Node& node, std::string_view where) {
+  if (node.IsScalar()) {
+    if (const auto impl = store_impl_from_string(node.Scalar())) return *impl;
+  }
+  fail(key, "expected 'staging' or 'mapped'", describe(node), where);
+}
+
 std::optional<std::vector<int64_t>> parse_layers(std::string_view key, const YAML::Node& node,
                                                  std::string_view where, bool where_is_line) {
   if (node.IsNull()) return std::nullopt;
@@ -274,6 +282,8 @@ bool apply_key(Config& cfg, std::string_view key, const YAML::Node& value, std::
     cfg.hidden_state_kinds = parse_kinds(key, value, where);
   } else if (key == kHiddenStateRestoreImpl) {
     cfg.hidden_state_restore_impl = parse_restore_impl(key, value, where);
+  } else if (key == kHiddenStateStoreImpl) {
+    cfg.hidden_state_store_impl = parse_store_impl(key, value, where);
   } else if (key == kHiddenStateStagingBytes) {
     cfg.hidden_state_staging_bytes = parse_int(key, value, where);
   } else if (key == kHiddenStateOutputCacheBytes) {
@@ -300,6 +310,7 @@ constexpr std::array kKnownKeys = {kChunkSize,
                                    kHiddenStateRemoteQueueBytes,
                                    kHiddenStateKinds,
                                    kHiddenStateRestoreImpl,
+                                   kHiddenStateStoreImpl,
                                    kHiddenStateStagingBytes,
                                    kHiddenStateOutputCacheBytes,
                                    kHiddenStateStreamThresholdBytes};
@@ -412,6 +423,10 @@ void validate_with(const Config& cfg, const Origins& origins) {
     fail_key(origins, kHiddenStateRestoreImpl, "unknown restore implementation",
              std::to_string(static_cast<int>(cfg.hidden_state_restore_impl)));
   }
+  if (to_string(cfg.hidden_state_store_impl) == "unknown") {
+    fail_key(origins, kHiddenStateStoreImpl, "unknown store implementation",
+             std::to_string(static_cast<int>(cfg.hidden_state_store_impl)));
+  }
   if (cfg.hidden_state_staging_bytes <= 0) {
     fail_key(origins, kHiddenStateStagingBytes, "must be > 0 (bytes of staging per device)",
              std::to_string(cfg.hidden_state_staging_bytes));
@@ -516,6 +531,23 @@ std::string_view to_string(RestoreImpl impl) {
 
 std::optional<RestoreImpl> restore_impl_from_string(std::string_view name) {
   for (RestoreImpl impl : {RestoreImpl::kKernel, RestoreImpl::kCopyEngine, RestoreImpl::kCub}) {
+    if (name == to_string(impl)) return impl;
+  }
+  return std::nullopt;
+}
+
+std::string_view to_string(StoreImpl impl) {
+  switch (impl) {
+    case StoreImpl::kStaging:
+      return "staging";
+    case StoreImpl::kMapped:
+      return "mapped";
+  }
+  return "unknown";
+}
+
+std::optional<StoreImpl> store_impl_from_string(std::string_view name) {
+  for (StoreImpl impl : {StoreImpl::kStaging, StoreImpl::kMapped}) {
     if (name == to_string(impl)) return impl;
   }
   return std::nullopt;
@@ -642,6 +674,7 @@ std::string Config::to_yaml() const {
   out +=
       "hidden_state_remote_queue_bytes: " + std::to_string(hidden_state_remote_queue_bytes) + "\n";
   out += "hidden_state_restore_impl: " + std::string(to_string(hidden_state_restore_impl)) + "\n";
+  out += "hidden_state_store_impl: " + std::string(to_string(hidden_state_store_impl)) + "\n";
   out += "hidden_state_staging_bytes: " + std::to_string(hidden_state_staging_bytes) + "\n";
   out +=
       "hidden_state_output_cache_bytes: " + std::to_string(hidden_state_output_cache_bytes) + "\n";

@@ -32,6 +32,7 @@ void expect_mentions(const std::string& message, const std::vector<std::string>&
 TEST(ConfigDevice, Defaults) {
   const Config c;
   EXPECT_EQ(c.hidden_state_restore_impl, RestoreImpl::kKernel);
+  EXPECT_EQ(c.hidden_state_store_impl, StoreImpl::kStaging);
   EXPECT_EQ(c.hidden_state_staging_bytes, int64_t{1} << 30);
   EXPECT_EQ(c.hidden_state_output_cache_bytes, int64_t{2048} << 20);
   EXPECT_EQ(c.hidden_state_stream_threshold_bytes, int64_t{8} << 20);
@@ -61,6 +62,21 @@ TEST(ConfigDevice, RestoreImplNames) {
   }
   EXPECT_EQ(restore_impl_from_string("memcpy"), std::nullopt);
   EXPECT_EQ(restore_impl_from_string(""), std::nullopt);
+}
+
+TEST(ConfigDevice, StoreImplParsesRoundTripsAndRejectsOtherNames) {
+  const Config c = Config::from_yaml("hidden_state_store_impl: mapped\n");
+  EXPECT_EQ(c.hidden_state_store_impl, StoreImpl::kMapped);
+  EXPECT_EQ(Config::from_yaml(c.to_yaml()).hidden_state_store_impl, StoreImpl::kMapped);
+  for (StoreImpl impl : {StoreImpl::kStaging, StoreImpl::kMapped}) {
+    EXPECT_EQ(store_impl_from_string(to_string(impl)), impl);
+  }
+  EXPECT_EQ(store_impl_from_string("kernel"), std::nullopt);
+  expect_mentions(error_of("chunk_size: 16\nhidden_state_store_impl: zero_copy\n"),
+                  {"hidden_state_store_impl", "zero_copy", "line 2", "staging", "mapped"});
+  Config bad;
+  bad.hidden_state_store_impl = static_cast<StoreImpl>(7);
+  EXPECT_THROW(bad.validate(), ConfigError);
 }
 
 TEST(ConfigDeviceErrors, BadValuesNameKeyValueAndLine) {

@@ -257,6 +257,52 @@ TEST_F(SimBatch, ABatchRestoreHoldsItsEntriesUntilItsLaunchRan) {
   store_->check_invariants();
 }
 
+TEST(SimMappedStore, ASingleCastingStoreIsOneLaunchWithoutStaging) {
+  // hidden_state_store_impl: mapped: the batch kernel with one job, writing the pool directly.
+  Config config = test::store_config(kChunk, kCols, 64);
+  config.hidden_state_store_impl = StoreImpl::kMapped;
+  config.hidden_state_staging_bytes = 64;  // a staged cast of these rows would have to wait
+  SimDataPath* sim = nullptr;
+  detail::ScopedDevicePathFactory hook([&](const Config& c) {
+    auto path = std::make_unique<SimDataPath>(
+        SimDataPath::Options{static_cast<uint64_t>(c.hidden_state_staging_bytes)});
+    sim = path.get();
+    return path;
+  });
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore store(config, db);
+  const Stream s = sim->create_stream();
+  const auto t1 = tokens64(2 * kChunk + 3, 11), t2 = tokens64(3 * kChunk, 12);
+  const Source s1 = make_source(*sim, rows_of(t1, 0), DType::kBFloat16, kCols + 2);
+  const Source s2 = make_source(*sim, rows_of(t2, 0), DType::kFloat16, kCols);
+  StoreOptions so;
+  so.stream = s;
+  sim->hold(s);
+  const uint64_t before = sim->launches();
+  EXPECT_EQ(store.store_hidden_states(t1, s1.view(Device::kCuda), so), (StoreResult{2, 2}));
+  EXPECT_EQ(store.store_hidden_states(t2, s2.view(Device::kCuda), so), (StoreResult{3, 3}));
+  EXPECT_EQ(sim->launches() - before, 2u);
+  EXPECT_EQ(sim->staging_in_flight(), 0u);
+  EXPECT_EQ(store.stats().staging_waits, 0u);
+  EXPECT_EQ(sim->host_waits(), 0u);
+  sim->release(s);
+  for (const auto* src : {&s1, &s2}) {
+    const auto& t = src == &s1 ? t1 : t2;
+    const int64_t rows = static_cast<int64_t>(t.size()) / kChunk * kChunk;
+    std::vector<float> got(static_cast<size_t>(rows * kCols));
+    ASSERT_EQ(store.retrieve_hidden_states_into(t, {got.data(), DType::kFloat32, rows, kCols}),
+              rows);
+    const auto want = rows_of(t, 0);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const uint16_t bits = src->dtype == DType::kBFloat16 ? kernels::float_to_bf16(want[i])
+                                                           : kernels::float_to_f16(want[i]);
+      const float exact = src->dtype == DType::kBFloat16 ? kernels::bf16_to_float(bits)
+                                                         : kernels::f16_to_float(bits);
+      ASSERT_EQ(got[i], exact) << i;
+    }
+  }
+}
+
 // ---- the launch tables
 
 TEST(BatchTiles, TablesCoverEveryElementOnceAndResumeAcrossTables) {

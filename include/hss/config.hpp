@@ -25,6 +25,14 @@ enum class StorageDType {
 /// default is `kernel` until a GPU measurement picks one (docs/perf.md).
 enum class RestoreImpl { kKernel, kCopyEngine, kCub };
 
+/// How a store from device memory reaches the pool (CUDA builds): `staging` copies rows that need
+/// no cast straight into the pinned pool with the copy engines and casts the others into device
+/// staging before a device-to-host copy; `mapped` runs the store kernel that writes every row,
+/// cast or not, straight into the device-mapped pool (zero-copy writes, no staging, one launch).
+/// Batches always take the mapped kernel (one launch per stream). The default is `staging` until
+/// a GPU measurement picks one (docs/perf.md).
+enum class StoreImpl { kStaging, kMapped };
+
 struct Config {
   int64_t chunk_size = 256;
   bool save_unfull_chunk = false;
@@ -53,6 +61,8 @@ struct Config {
   // Device data path and host copies (hsstore extensions; LMCache has no such keys).
   /// Restore implementation for device outputs. HSS_RESTORE_IMPL overrides it (debugging aid).
   RestoreImpl hidden_state_restore_impl = RestoreImpl::kKernel;
+  /// Store implementation for device inputs of single calls (see StoreImpl).
+  StoreImpl hidden_state_store_impl = StoreImpl::kStaging;
   /// Bytes of device staging in flight per device before a store waits on the host (only casts
   /// stage; counted in stats().staging_waits). > 0.
   int64_t hidden_state_staging_bytes = int64_t{1} << 30;
@@ -95,5 +105,8 @@ struct Config {
 [[nodiscard]] std::string_view to_string(RestoreImpl impl);
 /// "kernel", "copy_engine" or "cub"; nullopt for anything else.
 [[nodiscard]] std::optional<RestoreImpl> restore_impl_from_string(std::string_view name);
+[[nodiscard]] std::string_view to_string(StoreImpl impl);
+/// "staging" or "mapped"; nullopt for anything else.
+[[nodiscard]] std::optional<StoreImpl> store_impl_from_string(std::string_view name);
 
 }  // namespace hss
