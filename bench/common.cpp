@@ -66,7 +66,8 @@ TensorView host_view(const void* data, DType dtype, int64_t rows, int64_t cols) 
 }
 
 namespace {
-Config store_config(int64_t chunk_size, uint64_t pool_bytes, StorageDType storage) {
+Config store_config(int64_t chunk_size, uint64_t pool_bytes, StorageDType storage,
+                    StoreImpl store_impl) {
   Config c;
   c.chunk_size = chunk_size;
   c.enable_hidden_state_cache = true;
@@ -74,12 +75,14 @@ Config store_config(int64_t chunk_size, uint64_t pool_bytes, StorageDType storag
   const uint64_t mib = (pool_bytes + (uint64_t{1} << 20) - 1) >> 20;
   c.max_hidden_state_cpu_size = static_cast<double>(mib) / 1024.0;
   c.hidden_state_storage_dtype = storage;
+  c.hidden_state_store_impl = store_impl;
   return c;
 }
 }  // namespace
 
-BareStore::BareStore(int64_t chunk_size, uint64_t pool_bytes, StorageDType storage)
-    : db(chunk_size, false), store(store_config(chunk_size, pool_bytes, storage), db) {}
+BareStore::BareStore(int64_t chunk_size, uint64_t pool_bytes, StorageDType storage,
+                     StoreImpl store_impl)
+    : db(chunk_size, false), store(store_config(chunk_size, pool_bytes, storage, store_impl), db) {}
 
 void BareStore::drop(std::span<const int32_t> tokens) {
   for (const Chunk& chunk : db.process_tokens(tokens)) (void)store.drop_key(chunk.key);

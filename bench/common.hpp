@@ -38,7 +38,8 @@ struct BareStore {
   HiddenStateStore store;
 
   /// pool_bytes is rounded up to what Config can express; the pool is prefaulted here.
-  BareStore(int64_t chunk_size, uint64_t pool_bytes, StorageDType storage);
+  BareStore(int64_t chunk_size, uint64_t pool_bytes, StorageDType storage,
+            StoreImpl store_impl = StoreImpl::kStaging);
   /// Drops every key of `tokens` (untimed resets between reps).
   void drop(std::span<const int32_t> tokens);
 };

@@ -130,6 +130,30 @@ void batch_case(Context& ctx, const std::string& workload, Device device, const 
                           },
                           bytes, 0},
                          std::span<const Timed>(&read_singles, 1));
+  if (device == Device::kCuda) {
+    // Launches and copy calls enqueued for one step, batch against single calls.
+    auto launches = [hss] { return hss->store.stats().device_launches; };
+    drop_all();
+    uint64_t before = launches();
+    store_batch();
+    const uint64_t batch_store = launches() - before;
+    drop_all();
+    before = launches();
+    store_singles();
+    const uint64_t single_store = launches() - before;
+    before = launches();
+    (void)hss->store.retrieve_batch_into(step->retrieves);
+    sync();
+    const uint64_t batch_read = launches() - before;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "device launches per step of %d items: store_batch %llu vs %llu single calls; "
+                  "retrieve_batch_into %llu",
+                  kItems, static_cast<unsigned long long>(batch_store),
+                  static_cast<unsigned long long>(single_store),
+                  static_cast<unsigned long long>(batch_read));
+    ctx.report.note(workload, line);
+  }
   for (const Figure* f : {&store_fig, &read_fig}) {
     const double batch_us = f->seconds.median / kItems * 1e6;
     const double single_us = f->refs.front().seconds.median / kItems * 1e6;

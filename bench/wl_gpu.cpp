@@ -128,7 +128,8 @@ Params gpu_params(const GpuShape& s, DType in, StorageDType storage, const std::
 }
 
 void device_store_case(Context& ctx, const std::string& workload, const GpuShape& s, DType in,
-                       StorageDType storage, int reps = 0) {
+                       StorageDType storage, int reps = 0,
+                       StoreImpl store_impl = StoreImpl::kStaging) {
   const int64_t in_esize = static_cast<int64_t>(element_size(in));
   const int64_t pool_esize = (storage == StorageDType::kNative && in != DType::kFloat32) ? 2 : 4;
   const auto in_bytes = static_cast<size_t>(s.tokens * s.hidden * in_esize);
@@ -149,7 +150,8 @@ void device_store_case(Context& ctx, const std::string& workload, const GpuShape
     check(cudaMemcpy(input->get(), host, in_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   }
   auto hss = std::make_shared<BareStore>(
-      s.chunk, pool_bytes_for(s.tokens / s.chunk, s.chunk, s.hidden, pool_esize), storage);
+      s.chunk, pool_bytes_for(s.tokens / s.chunk, s.chunk, s.hidden, pool_esize), storage,
+      store_impl);
   auto tokens = std::make_shared<std::vector<int32_t>>(make_tokens(s.tokens, 43));
   const TensorView view{input->get(), in, s.tokens, s.hidden, 0, Device::kCuda, 0};
   Timed cand{"store", [hss, tokens] { hss->drop(*tokens); },
@@ -169,7 +171,8 @@ void device_store_case(Context& ctx, const std::string& workload, const GpuShape
             },
             static_cast<double>(pool_written), 0};
   const std::string name = std::string(in == DType::kFloat32 ? "device f32" : "device bf16") +
-                           (storage == StorageDType::kNative ? " native" : " float32-storage");
+                           (storage == StorageDType::kNative ? " native" : " float32-storage") +
+                           (store_impl == StoreImpl::kMapped ? " mapped" : "");
   (void)ctx.report.measure(workload, name, gpu_params(s, in, storage, "pool"), cand,
                            std::span<const Timed>(&ref, 1), reps);
 }
@@ -394,6 +397,13 @@ void run_gpu_store(Context& ctx) {
     device_store_case(ctx, "gpu_store", s, DType::kBFloat16, StorageDType::kNative);
     device_store_case(ctx, "gpu_store", s, DType::kBFloat16, StorageDType::kFloat32);
     device_store_case(ctx, "gpu_store", s, DType::kFloat32, StorageDType::kFloat32);
+    if (s.tokens == 16384 && s.chunk == 256 && s.hidden == 4096) {
+      // hidden_state_store_impl: mapped (the kernel writes the pool directly) against staging.
+      device_store_case(ctx, "gpu_store", s, DType::kBFloat16, StorageDType::kFloat32, 0,
+                        StoreImpl::kMapped);
+      device_store_case(ctx, "gpu_store", s, DType::kFloat32, StorageDType::kFloat32, 0,
+                        StoreImpl::kMapped);
+    }
   }
   ctx.report.print_workload("gpu_store");
 #endif
