@@ -10,8 +10,8 @@
 //   anything the call reads (the store source). Work for stream B never waits for stream A's
 //   queued work.
 // * store() and restore() return once enqueued. The host waits only in CopyFence::wait(), in
-//   flush(), and in store() when the staging a cast needs would exceed the staging budget
-//   (counted in staging_waits()).
+//   flush(), in store() when the staging a cast needs would exceed the staging budget (counted in
+//   staging_waits()), and when every launch slot of the device is in flight (launch_waits()).
 // * A restore's keep_alive (the pinned pool entries it reads) is held until the restore has read
 //   the pool; release_finished() drops the finished ones without waiting.
 
@@ -114,6 +114,9 @@ class DevicePath {
 
   /// Kernel launches and copy calls enqueued so far, over every stream (what a batch saves).
   [[nodiscard]] virtual uint64_t launches() const = 0;
+  /// Restores and batch launches that waited on the host because every launch slot of their
+  /// device (Config::hidden_state_launch_slots) was in flight.
+  [[nodiscard]] virtual uint64_t launch_waits() const = 0;
 
   /// Drops the keep-alives of the restores that have finished; never waits. Returns how many.
   virtual size_t release_finished() = 0;

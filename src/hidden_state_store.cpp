@@ -249,6 +249,7 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
   s.allocation_failures = counters_.allocation_failures.load();
   s.staging_waits = device_path_ ? device_path_->staging_waits() : 0;
   s.device_launches = device_path_ ? device_path_->launches() : 0;
+  s.launch_waits = device_path_ ? device_path_->launch_waits() : 0;
   for (size_t k = 0; k < s.per_kind.size(); ++k) {
     s.per_kind[k].chunks_written = counters_.kind_chunks_written[k].load();
   }

@@ -57,7 +57,9 @@ class SimDataPath::Core {
   uint64_t staging_in_flight = 0;
   uint64_t staging_waits = 0;
   uint64_t host_waits = 0;
-  uint64_t launches = 0;  // counted as the CUDA path enqueues them (DevicePath::launches)
+  uint64_t launches = 0;          // counted as the CUDA path enqueues them (DevicePath::launches)
+  size_t launches_in_flight = 0;  // launch slots held by queued restores and batch launches
+  uint64_t launch_waits = 0;
   size_t host_waiters = 0;
   bool stopping = false;
   struct PendingRestore {
@@ -114,6 +116,27 @@ class SimDataPath::Core {
       if (!due || t < *due) due = t;
     }
     return due;
+  }
+
+  /// Takes `n` launch slots for operations about to be enqueued (each gives its slot back once it
+  /// ran: release_launch_slot). Waits on the host, counted, while every slot is in flight.
+  void take_launch_slots(std::unique_lock<std::mutex>& lock, size_t n) {
+    const auto fits = [&] {
+      return launches_in_flight == 0 || launches_in_flight + n <= options.launch_slots;
+    };
+    if (!fits()) {
+      ++launch_waits;
+      ++host_waits;
+      ++host_waiters;
+      changed.notify_all();
+      const bool ok = changed.wait_for(lock, kHostWaitLimit, fits);
+      --host_waiters;
+      if (!ok) throw Error("simulated launch: launch slots never drained (a held stream)");
+    }
+    launches_in_flight += n;
+  }
+  std::function<void()> release_launch_slot() {
+    return [this] { --launches_in_flight; };
   }
 
   /// Host wait for an event (lock held through `lock`). False when it could never fire.
@@ -330,14 +353,22 @@ void SimDataPath::restore(std::span<const kernels::GatherSegment> segments,
       std::make_shared<std::vector<kernels::GatherSegment>>(segments.begin(), segments.end());
   const uint64_t caller = id_of(stream);
   auto done = std::make_shared<SimEvent>();
-  std::lock_guard lock(core_->mutex);
+  std::unique_lock lock(core_->mutex);
   for (const FenceRef& fence : after) {
-    const auto* sim = dynamic_cast<const SimFence*>(fence.get());
-    if (sim == nullptr) throw Error("simulated restore: a fence from another data path");
+    if (dynamic_cast<const SimFence*>(fence.get()) == nullptr) {
+      throw Error("simulated restore: a fence from another data path");
+    }
+  }
+  core_->take_launch_slots(lock, 1);
+  for (const FenceRef& fence : after) {
+    const auto* sim = static_cast<const SimFence*>(fence.get());
     if (!sim->landed()) core_->enqueue(caller, Op{nullptr, sim->event(), nullptr, nullptr, {}});
   }
-  core_->enqueue(caller,
-                 Op{[planned, out] { host_restore(*planned, out); }, nullptr, done, nullptr, {}});
+  core_->enqueue(caller, Op{[planned, out] { host_restore(*planned, out); },
+                            nullptr,
+                            done,
+                            core_->release_launch_slot(),
+                            {}});
   ++core_->launches;
   core_->restores.push_back({done, std::move(keep_alive)});
   core_->pump();
@@ -369,14 +400,17 @@ FenceRef SimDataPath::store_batch(std::span<const StoreJob> jobs, int device_ind
   const auto tables = tables_for<kernels::BatchStoreTile>(jobs, fill_store_tiles);
   if (tables.empty()) return nullptr;
   auto fence_event = std::make_shared<SimEvent>();
-  std::lock_guard lock(core_->mutex);
+  std::unique_lock lock(core_->mutex);
+  core_->take_launch_slots(lock, tables.size());
   // Launches on the caller's stream writing the pool directly: no staging, no copy stream.
   for (size_t t = 0; t < tables.size(); ++t) {
-    core_->enqueue(id_of(stream), Op{[table = tables[t]] { run_store_tiles_on_host(*table); },
-                                     nullptr,
-                                     t + 1 == tables.size() ? fence_event : nullptr,
-                                     nullptr,
-                                     {}});
+    Op op{[table = tables[t]] { run_store_tiles_on_host(*table); },
+          nullptr,
+          nullptr,
+          core_->release_launch_slot(),
+          {}};
+    if (t + 1 == tables.size()) op.signal = fence_event;
+    core_->enqueue(id_of(stream), std::move(op));
   }
   core_->launches += tables.size();
   core_->pump();
@@ -394,22 +428,34 @@ void SimDataPath::restore_batch(std::span<const RestoreJob> jobs, int device_ind
   if (tables.empty()) return;
   const uint64_t caller = id_of(stream);
   auto done = std::make_shared<SimEvent>();
-  std::lock_guard lock(core_->mutex);
+  std::unique_lock lock(core_->mutex);
   for (const FenceRef& fence : after) {
-    const auto* sim = dynamic_cast<const SimFence*>(fence.get());
-    if (sim == nullptr) throw Error("simulated restore: a fence from another data path");
+    if (dynamic_cast<const SimFence*>(fence.get()) == nullptr) {
+      throw Error("simulated restore: a fence from another data path");
+    }
+  }
+  core_->take_launch_slots(lock, tables.size());
+  for (const FenceRef& fence : after) {
+    const auto* sim = static_cast<const SimFence*>(fence.get());
     if (!sim->landed()) core_->enqueue(caller, Op{nullptr, sim->event(), nullptr, nullptr, {}});
   }
   for (size_t t = 0; t < tables.size(); ++t) {
-    core_->enqueue(caller, Op{[table = tables[t]] { run_restore_tiles_on_host(*table); },
-                              nullptr,
-                              t + 1 == tables.size() ? done : nullptr,
-                              nullptr,
-                              {}});
+    Op op{[table = tables[t]] { run_restore_tiles_on_host(*table); },
+          nullptr,
+          nullptr,
+          core_->release_launch_slot(),
+          {}};
+    if (t + 1 == tables.size()) op.signal = done;
+    core_->enqueue(caller, std::move(op));
   }
   core_->launches += tables.size();
   core_->restores.push_back({done, std::move(keep_alive)});
   core_->pump();
+}
+
+uint64_t SimDataPath::launch_waits() const {
+  std::lock_guard lock(core_->mutex);
+  return core_->launch_waits;
 }
 
 uint64_t SimDataPath::launches() const {

@@ -12,7 +12,9 @@
 // copy); one that casts is a gather into staging on the caller's stream, then the copy into the
 // pool on the copy stream. A restore waits for the fences it was given, then gathers, on the
 // caller's stream. The staging budget is accounted like the CUDA path's: a store waits on the host
-// (and counts staging_waits) only when its staging would push the bytes in flight past the budget.
+// (and counts staging_waits) only when its staging would push the bytes in flight past the budget;
+// restores and batch launches likewise hold one launch slot each until they ran, and wait (and
+// count launch_waits) only when every slot is in flight.
 //
 // Tests drive it: hold(stream) keeps a stream's queued work from running (a GPU stream stuck
 // behind a long kernel), release(stream) lets it run, launch(stream, fn) enqueues the caller's
@@ -44,6 +46,7 @@ class SimDataPath final : public DevicePath {
     uint64_t staging_bytes = uint64_t{1} << 30;  ///< Config::hidden_state_staging_bytes
     std::chrono::microseconds delay{0};  ///< 0: run at once; else a worker runs each op late
     int devices = 1;
+    size_t launch_slots = 64;  ///< Config::hidden_state_launch_slots
   };
   static constexpr std::chrono::seconds kHostWaitLimit{60};
 
@@ -68,6 +71,7 @@ class SimDataPath final : public DevicePath {
                      std::span<const FenceRef> after,
                      std::shared_ptr<const void> keep_alive) override;
   [[nodiscard]] uint64_t launches() const override;
+  [[nodiscard]] uint64_t launch_waits() const override;
   size_t release_finished() override;
   void poll() override;
   [[nodiscard]] size_t restores_in_flight() const override;

@@ -79,6 +79,17 @@ TEST(ConfigDevice, StoreImplParsesRoundTripsAndRejectsOtherNames) {
   EXPECT_THROW(bad.validate(), ConfigError);
 }
 
+TEST(ConfigDevice, LaunchSlotsParseAndAreBounded) {
+  EXPECT_EQ(Config().hidden_state_launch_slots, 64);
+  const Config c = Config::from_yaml("hidden_state_launch_slots: 8\n");
+  EXPECT_EQ(c.hidden_state_launch_slots, 8);
+  EXPECT_EQ(Config::from_yaml(c.to_yaml()).hidden_state_launch_slots, 8);
+  expect_mentions(error_of("hidden_state_launch_slots: 0\n"),
+                  {"hidden_state_launch_slots", "0", "line 1", "1..4096"});
+  expect_mentions(error_of("chunk_size: 16\nhidden_state_launch_slots: 5000\n"),
+                  {"hidden_state_launch_slots", "5000", "line 2"});
+}
+
 TEST(ConfigDeviceErrors, BadValuesNameKeyValueAndLine) {
   expect_mentions(error_of("hidden_state_restore_impl: memcpy\n"),
                   {"hidden_state_restore_impl", "memcpy", "line 1", "copy_engine"});

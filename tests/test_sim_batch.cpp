@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "batch_tiles.hpp"
@@ -300,6 +301,49 @@ TEST(SimMappedStore, ASingleCastingStoreIsOneLaunchWithoutStaging) {
                                                          : kernels::f16_to_float(bits);
       ASSERT_EQ(got[i], exact) << i;
     }
+  }
+}
+
+TEST(SimLaunchSlots, ARestoreWaitsOnTheHostOnlyWhenEveryLaunchSlotIsInFlight) {
+  Config config = test::store_config(kChunk, kCols, 64);
+  config.hidden_state_launch_slots = 2;
+  SimDataPath* sim = nullptr;
+  detail::ScopedDevicePathFactory hook([&](const Config& c) {
+    SimDataPath::Options options;
+    options.launch_slots = static_cast<size_t>(c.hidden_state_launch_slots);
+    auto path = std::make_unique<SimDataPath>(options);
+    sim = path.get();
+    return path;
+  });
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore store(config, db);
+  const auto t = tokens64(kChunk, 13);
+  const auto rows = rows_of(t, 0);
+  ASSERT_EQ(store.store_hidden_states(t, test::view_of(rows, kCols)), (StoreResult{1, 1}));
+  const Stream s = sim->create_stream();
+  sim->hold(s);
+  RetrieveOptions ro;
+  ro.stream = s;
+  std::vector<void*> outs;
+  for (int i = 0; i < 3; ++i) outs.push_back(sim->allocate(rows.size() * sizeof(float)));
+  auto out = [&](int i) {
+    return MutableTensorView{
+        outs[static_cast<size_t>(i)], DType::kFloat32, kChunk, kCols, 0, Device::kCuda, 0};
+  };
+  EXPECT_EQ(store.retrieve_hidden_states_into(t, out(0), ro), kChunk);
+  const RetrieveItem batch[] = {{t, out(1), ro}};
+  EXPECT_EQ(store.retrieve_batch_into(batch)[0], kChunk);  // the second slot
+  EXPECT_EQ(store.stats().launch_waits, 0u);
+  std::thread third([&] { (void)store.retrieve_hidden_states_into(t, out(2), ro); });
+  sim->wait_for_host_waiters(1);  // both slots are held by the queued launches
+  sim->release(s);
+  third.join();
+  EXPECT_EQ(store.stats().launch_waits, 1u);
+  store.flush();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(std::memcmp(outs[static_cast<size_t>(i)], rows.data(), rows.size() * sizeof(float)),
+              0)
+        << i;
   }
 }
 

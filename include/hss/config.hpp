@@ -66,6 +66,10 @@ struct Config {
   /// Bytes of device staging in flight per device before a store waits on the host (only casts
   /// stage; counted in stats().staging_waits). > 0.
   int64_t hidden_state_staging_bytes = int64_t{1} << 30;
+  /// Device launches (restores, batch launches) in flight per device before the next waits on
+  /// the host (counted in stats().launch_waits). Each slot, created on first use, holds a pinned
+  /// tile table of ~0.6 MiB and cub scratch. 1..4096.
+  int64_t hidden_state_launch_slots = 64;
   /// Bytes of released restore outputs the process keeps for reuse (HostTensor recycler). >= 0.
   /// HSS_OUTPUT_CACHE_MB overrides it (debugging aid).
   int64_t hidden_state_output_cache_bytes = int64_t{2048} << 20;

@@ -114,6 +114,7 @@ nb::dict stats_dict(const hss::HiddenStateStats& st) {
   d["allocation_failures"] = st.allocation_failures;
   d["staging_waits"] = st.staging_waits;
   d["device_launches"] = st.device_launches;
+  d["launch_waits"] = st.launch_waits;
   nb::dict per_kind;
   for (int k = 0; k < hss::kNumActivationKinds; ++k) {
     const hss::KindStats& ks = st.per_kind[static_cast<size_t>(k)];
@@ -310,7 +311,8 @@ void bind_store(nb::module_& m) {
           },
           nb::arg("token_ids").none(), nb::arg("out").none(), nb::kw_only(),
           nb::arg("layer_idx") = 0, nb::arg("row_begin") = 0, nb::arg("kind") = "hidden",
-          "Writes the cached prefix into out (float32, float16 or bfloat16, CPU or CUDA); returns the "
+          "Writes the cached prefix into out (float32, float16 or bfloat16, CPU or CUDA); returns "
+          "the "
           "rows written.")
       .def(
           "retrieve_layers",

@@ -61,7 +61,7 @@ RestoreImpl restore_impl_for(const Config& config) {
   return config.hidden_state_restore_impl;
 }
 
-DeviceState::DeviceState(int index_, size_t slot_bytes, size_t slots)
+DeviceState::DeviceState(int index_, size_t slot_bytes, size_t slots, size_t launch_slots)
     : index(index_),
       staging_slot_bytes(slot_bytes),
       staging(slots,
@@ -70,7 +70,7 @@ DeviceState::DeviceState(int index_, size_t slot_bytes, size_t slots)
                                    PinnedTable::allocate(kStoreTilesPerSlot * sizeof(WriteSegment)),
                                    Event::create()};
               }),
-      restores(kMaxRestoreSlots, [] {
+      restores(launch_slots, [] {
         const size_t table = std::max({kRestoreTilesPerSlot * sizeof(kernels::GatherSegment),
                                        3 * kRestoreTilesPerSlot * sizeof(uint64_t),
                                        kBatchTilesPerTable * sizeof(kernels::BatchStoreTile),
@@ -134,7 +134,8 @@ CudaDevicePath::CudaDevicePath(const Config& config)
     : restore_impl_(restore_impl_for(config)),
       staging_slot_bytes_(slot_bytes_for(config)),
       staging_slots_(std::max<size_t>(
-          1, static_cast<size_t>(config.hidden_state_staging_bytes) / slot_bytes_for(config))) {
+          1, static_cast<size_t>(config.hidden_state_staging_bytes) / slot_bytes_for(config))),
+      launch_slots_(static_cast<size_t>(std::max<int64_t>(config.hidden_state_launch_slots, 1))) {
   int count = 0;
   HSS_CUDA_CHECK(cudaGetDeviceCount(&count));
   devices_.resize(static_cast<size_t>(count));
@@ -171,7 +172,7 @@ DeviceState& CudaDevicePath::device(int index) {
   auto& dev = devices_[static_cast<size_t>(index)];
   if (!dev) {
     DeviceGuard guard(index);  // its streams and buffers belong to this device
-    dev = std::make_unique<DeviceState>(index, staging_slot_bytes_, staging_slots_);
+    dev = std::make_unique<DeviceState>(index, staging_slot_bytes_, staging_slots_, launch_slots_);
   }
   return *dev;
 }
@@ -395,7 +396,7 @@ FenceRef CudaDevicePath::store_batch(std::span<const StoreJob> jobs, int device_
     HSS_RANGE("store/batch");
     TileCursor cursor;
     for (;;) {
-      auto lease = dev.restores.acquire();
+      auto lease = acquire_launch_slot(dev);
       auto* table = static_cast<kernels::BatchStoreTile*>((**lease).table.host());
       // The slot's previous launch has finished (acquire saw its event): the table is free.
       const size_t n = fill_store_tiles(jobs, cursor, std::span(table, kBatchTilesPerTable));
@@ -449,6 +450,26 @@ void CudaDevicePath::wait_on_device(cudaStream_t stream, std::span<const FenceRe
 }
 
 uint64_t CudaDevicePath::launches() const { return launches_.load(std::memory_order_relaxed); }
+
+uint64_t CudaDevicePath::launch_waits() const {
+  return launch_waits_.load(std::memory_order_relaxed);
+}
+
+std::unique_ptr<SlotPool<RestoreSlot>::Lease> CudaDevicePath::acquire_launch_slot(
+    DeviceState& dev) {
+  bool waited = false;
+  auto lease = dev.restores.acquire(&waited);
+  if (waited) launch_waits_.fetch_add(1, std::memory_order_relaxed);
+  return lease;
+}
+
+void CudaDevicePath::hold_until_done(RestoreSlot& slot, std::shared_ptr<const void> keep_alive) {
+  if (!keep_alive) return;
+  // A slot reused without a sweep still holds its previous (finished) restore's pins.
+  if (slot.keep_alive) restores_in_flight_.fetch_sub(1, std::memory_order_relaxed);
+  slot.keep_alive = std::move(keep_alive);
+  restores_in_flight_.fetch_add(1, std::memory_order_relaxed);
+}
 
 size_t CudaDevicePath::release_finished() {
   std::vector<std::shared_ptr<const void>> finished;  // destroyed outside the slot pool's lock

@@ -54,7 +54,6 @@ namespace hss::detail::cuda {
 
 inline constexpr size_t kMaxStagingSlotBytes = size_t{64} << 20;
 inline constexpr size_t kMinStagingSlotBytes = size_t{1} << 20;
-inline constexpr size_t kMaxRestoreSlots = 16;
 /// Descriptors per slot table. A round (store) or launch (restore) ends when its table is full.
 inline constexpr size_t kStoreTilesPerSlot = kMaxStagingSlotBytes / kernels::kTileBytes + 1024;
 inline constexpr size_t kRestoreTilesPerSlot = 16384;
@@ -83,7 +82,7 @@ struct RestoreSlot {
 
 /// Resources of one device, created on its first use.
 struct DeviceState {
-  DeviceState(int index, size_t staging_slot_bytes, size_t staging_slots);
+  DeviceState(int index, size_t staging_slot_bytes, size_t staging_slots, size_t launch_slots);
   /// The copy stream paired with `caller` (created on first use, named "hss/copy/<dev>/<n>").
   cudaStream_t copy_stream_for(cudaStream_t caller);
   void synchronize_copy_streams() noexcept;
@@ -137,6 +136,7 @@ class CudaDevicePath final : public DevicePath {
                      std::span<const FenceRef> after,
                      std::shared_ptr<const void> keep_alive) override;
   [[nodiscard]] uint64_t launches() const override;
+  [[nodiscard]] uint64_t launch_waits() const override;
   size_t release_finished() override;
   void poll() override;
   [[nodiscard]] size_t restores_in_flight() const override;
@@ -171,10 +171,16 @@ class CudaDevicePath final : public DevicePath {
   /// the caller's stream after it waited (on the device) for every job's copies.
   FenceRef store_batch_unmapped(std::span<const StoreJob> jobs, int device_index, Stream stream);
   void count_launches(uint64_t n = 1) { launches_.fetch_add(n, std::memory_order_relaxed); }
+  /// A launch slot of `dev`; counts a host wait when every slot was in flight.
+  std::unique_ptr<SlotPool<RestoreSlot>::Lease> acquire_launch_slot(DeviceState& dev);
+  /// Keeps `keep_alive` in the slot until its launch finished (release_finished drops it).
+  void hold_until_done(RestoreSlot& slot, std::shared_ptr<const void> keep_alive);
 
   const RestoreImpl restore_impl_;
   const size_t staging_slot_bytes_;
   const size_t staging_slots_;
+  const size_t launch_slots_;
+  std::atomic<uint64_t> launch_waits_{0};
   std::atomic<uint64_t> staging_waits_{0};
   std::atomic<size_t> restores_in_flight_{0};
   std::atomic<uint64_t> launches_{0};

@@ -98,25 +98,21 @@ void CudaDevicePath::restore(std::span<const GatherSegment> segments,
     HSS_RANGE("restore/copy_engine");
     restore_copy_engine(segments, out, stream);
     if (keep_alive) {  // the copies read the pool: keep the entries until they are done
-      auto lease = dev.restores.acquire();
+      auto lease = acquire_launch_slot(dev);
       lease->touch(stream);
       lease->record(stream);
-      (*lease)->keep_alive = std::move(keep_alive);
-      restores_in_flight_.fetch_add(1, std::memory_order_relaxed);
+      hold_until_done(**lease, std::move(keep_alive));
     }
     return;
   }
   size_t first = 0;
   int64_t consumed = 0;  // elements of segments[first] already launched
   while (first < segments.size()) {
-    auto lease = dev.restores.acquire();
+    auto lease = acquire_launch_slot(dev);
     lease->touch(stream);
     restore_launch(**lease, segments, first, consumed, out, stream);
     lease->record(stream);
-    if (keep_alive) {
-      (*lease)->keep_alive = keep_alive;
-      restores_in_flight_.fetch_add(1, std::memory_order_relaxed);
-    }
+    hold_until_done(**lease, keep_alive);
   }
 }
 
@@ -141,7 +137,7 @@ void CudaDevicePath::restore_batch(std::span<const RestoreJob> jobs, int device_
   HSS_RANGE("restore/batch");
   TileCursor cursor;
   for (;;) {
-    auto lease = dev.restores.acquire();
+    auto lease = acquire_launch_slot(dev);
     auto* table = static_cast<kernels::BatchRestoreTile*>((**lease).table.host());
     const size_t n = fill_restore_tiles(jobs, cursor, std::span(table, kBatchTilesPerTable));
     if (n == 0) break;
@@ -151,10 +147,7 @@ void CudaDevicePath::restore_batch(std::span<const RestoreJob> jobs, int device_
         static_cast<int64_t>(n), stream);
     count_launches();
     lease->record(stream);
-    if (keep_alive) {
-      (*lease)->keep_alive = keep_alive;
-      restores_in_flight_.fetch_add(1, std::memory_order_relaxed);
-    }
+    hold_until_done(**lease, keep_alive);
   }
 }
 
