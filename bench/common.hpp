@@ -88,6 +88,7 @@ void run_mixed(Context& ctx);
 void run_threads(Context& ctx);
 void run_pressure(Context& ctx);
 void run_gpu_store(Context& ctx);
+void run_gpu_store_mapped(Context& ctx);
 void run_gpu_retrieve(Context& ctx);
 void run_gpu_small(Context& ctx);
 void run_gpu_overlap(Context& ctx);

@@ -15,7 +15,7 @@
 # builds with all cores, then runs, each stage under its own timeout and all of them within
 # $HSS_GPU_CHECK_BUDGET_S (default 470 s): the `gpu` ctest tests; compute-sanitizer memcheck,
 # racecheck and synccheck over the GPU test binary; the GPU benchmarks (hss-bench gpu_store
-# gpu_retrieve gpu_small gpu_overlap, and gpu_batch when hss-bench has it); the kernels'
+# gpu_store_mapped gpu_retrieve gpu_small gpu_overlap, and gpu_batch when hss-bench has it); the kernels'
 # resource usage; the Python binding's CUDA tests when python/CMakeLists.txt exists. It prints a
 # short table last and writes the log, the table and the benchmark JSON into $OUT when set
 # (else into BUILD_DIR/gpu-check-out). Exit status 1 when no CUDA device was used, when any GPU
@@ -449,8 +449,8 @@ stage_python() {
 # The benchmark figures, one line each: median time, GB/s, ratio to each reference.
 bench_table() {
   local json
-  for json in "$out"/gpu_store.json "$out"/gpu_retrieve.json "$out"/gpu_small_overlap.json \
-    "$out"/gpu_batch.json; do
+  for json in "$out"/gpu_store.json "$out"/gpu_store_mapped.json "$out"/gpu_retrieve.json \
+    "$out"/gpu_small_overlap.json "$out"/gpu_batch.json; do
     [[ -s $json ]] || continue
     python3 - "$json" <<'EOF' 2>/dev/null || echo "  (cannot read $json)"
 import json, sys
@@ -528,6 +528,7 @@ cmd_run() {
     stage_sanitizer synccheck "$sfilter" 60
     # One hss-bench call (and JSON) per workload group: a timeout loses only its own figures.
     stage_bench gpu_store 110 gpu_store
+    stage_bench gpu_store_mapped 40 gpu_store_mapped
     stage_bench gpu_retrieve 110 gpu_retrieve
     stage_bench gpu_small_overlap 60 gpu_small gpu_overlap
     # Batches of one-chunk items (store_batch): only once hss-bench has that workload.

@@ -34,6 +34,8 @@ constexpr Workload kWorkloads[] = {
     {"threads", run_threads, "1..N threads storing and retrieving disjoint prefixes"},
     {"pressure", run_pressure, "stores into a full pool: every write evicts"},
     {"gpu_store", run_gpu_store, "device rows stored + flush vs cudaMemcpyAsync D2H"},
+    {"gpu_store_mapped", run_gpu_store_mapped,
+     "device stores, hidden_state_store_impl staging vs mapped, vs cudaMemcpyAsync D2H"},
     {"gpu_retrieve", run_gpu_retrieve, "restore strategies into device memory vs H2D memcpy"},
     {"gpu_small", run_gpu_small, "one 256 x 1024 chunk: device store, restore vs cudaMemcpyAsync"},
     {"gpu_overlap", run_gpu_overlap,
