@@ -13,6 +13,8 @@ Workloads (float32 rows, chunk 256):
   retrieve  bulk retrieve of the same
   tail8     the last 8 rows of the cached prefix (hsstore: row_begin; LMCache: retrieve + [-8:])
   keys      chunk keys of `tokens` token ids (process_tokens)
+  batch     an engine step (256 requests x 3 layers, 32 tokens, hidden 16) as store_batch /
+            retrieve_batch_into against the same 768 calls
 Every figure is the median (and min/max/p25/p75) over --reps repetitions after one warm-up;
 Python-side references are interleaved with the candidate rep by rep and their ratio is the median
 of per-rep ratios; the C++ reference is timed just before (ratio of medians).
@@ -305,6 +307,51 @@ def main() -> int:
     report.measure("keys", f"keys of {bulk} tokens (python)", {"tokens": bulk},
                    Timed("python", timed(lambda: db.process_tokens(bids))), key_refs,
                    _hsstore._cpp_bench("keys", CHUNK, hidden, bulk, reps))
+
+    # batch: an engine step (256 requests x 3 layers, 32 tokens of chunk 16, hidden 16: copies
+    # negligible) as one store_batch / retrieve_batch_into against the same 768 calls from Python.
+    bcfg = hsstore.Config({"chunk_size": 16, "enable_hidden_state_cache": True,
+                           "max_hidden_state_cpu_size": 8 / 1024, "hidden_state_block_bytes": 1024})
+    bdb = hsstore.ChunkedTokenDatabase(bcfg)
+    step = hsstore.HiddenStateStore(bcfg, bdb)
+    prompts = [np.arange(1000 * r, 1000 * r + 32, dtype=np.int64) for r in range(256)]
+    step_keys = [k for p in prompts for *_, k in bdb.process_tokens(p)]
+    # One tensor per item (an engine passes a slice per request and layer).
+    step_rows = np.random.default_rng(3).standard_normal((768, 32, 16)).astype(np.float32)
+    store_items = [(p, step_rows[layer * 256 + r], layer) for layer in range(3)
+                   for r, p in enumerate(prompts)]
+    outs = [np.empty((32, 16), np.float32) for _ in store_items]
+    read_items = [(p, o, layer) for (p, _, layer), o in zip(store_items, outs)]
+
+    def store_singles():
+        for p, h, layer in store_items:
+            step.store_hidden_states(p, h, layer_idx=layer)
+
+    def read_singles():
+        for p, o, layer in read_items:
+            step.retrieve_hidden_states_into(p, o, layer_idx=layer)
+
+    step_bytes = float(len(store_items) * 32 * 16 * 4)
+    reset = lambda: drop_all(step, step_keys)  # noqa: E731
+    figs = [report.measure("batch", "store_batch 768 items (python)",
+                           {"hidden_dim": 16, "tokens": 32},
+                           Timed("python", timed(lambda: step.store_batch(store_items), reset),
+                                 step_bytes),
+                           [Timed("768 store_hidden_states calls", timed(store_singles, reset),
+                                  step_bytes)])]
+    step.store_batch(store_items)
+    figs.append(report.measure("batch", "retrieve_batch_into 768 items (python)",
+                               {"hidden_dim": 16, "tokens": 32},
+                               Timed("python", timed(lambda: step.retrieve_batch_into(read_items)),
+                                     step_bytes),
+                               [Timed("768 retrieve_hidden_states_into calls", timed(read_singles),
+                                      step_bytes)]))
+    for f in figs:
+        text = (f"{f['name']}: {f['seconds']['median'] / 768 * 1e6:.2f} us per item in one batch, "
+                f"{f['refs'][0]['seconds']['median'] / 768 * 1e6:.2f} us per single call, batch "
+                f"{f['refs'][0]['ratio']['median']:.2f}x faster")
+        report.notes.append({"workload": "batch", "text": text})
+        print(f"batch     {text}", flush=True)
 
     for t in report.targets:
         print(f"target: {t['text']}: measured {t['measured'] * 1e6:.1f} us, limit "

@@ -12,6 +12,14 @@ Tensor = Any  # anything with __dlpack__: NumPy array, torch tensor (CPU/CUDA), 
 Like = Optional[Literal["torch", "numpy"]]
 Kind = Union["ActivationKind", str]
 Chunk = Tuple[int, int, "CacheEngineKey"]
+# store_batch: (token_ids, hidden_states[, layer_idx[, token_offset[, kind]]]);
+# retrieve_batch_into: (token_ids, out[, layer_idx[, row_begin[, kind]]]).
+BatchItem = Union[
+    Tuple[TokenIds, Tensor],
+    Tuple[TokenIds, Tensor, int],
+    Tuple[TokenIds, Tensor, int, int],
+    Tuple[TokenIds, Tensor, int, int, Kind],
+]
 
 class Error(RuntimeError): ...
 class ConfigError(Error, ValueError): ...
@@ -180,6 +188,24 @@ class HiddenStateStore:
         row_begin: int = 0,
         kind: Kind = "hidden",
     ) -> int: ...
+    def store_batch(
+        self,
+        items: Sequence[
+            Tuple[TokenIds, Tensor]
+            | tuple[TokenIds, Tensor, int]
+            | tuple[TokenIds, Tensor, int, int]
+            | tuple[TokenIds, Tensor, int, int, Kind]
+        ],
+    ) -> list[int]: ...
+    def retrieve_batch_into(
+        self,
+        items: Sequence[
+            Tuple[TokenIds, Tensor]
+            | tuple[TokenIds, Tensor, int]
+            | tuple[TokenIds, Tensor, int, int]
+            | tuple[TokenIds, Tensor, int, int, Kind]
+        ],
+    ) -> list[int]: ...
     def retrieve_layers(
         self,
         token_ids: TokenIds,

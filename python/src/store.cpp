@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "batch_py.hpp"
 #include "bindings.hpp"
 #include "config_source.hpp"
 #include "hss/activation.hpp"
@@ -129,6 +130,8 @@ nb::dict stats_dict(const hss::HiddenStateStats& st) {
   return d;
 }
 
+}  // namespace
+
 hss::ActivationKind kind_from(nb::handle kind) {
   if (nb::isinstance<hss::ActivationKind>(kind)) return nb::cast<hss::ActivationKind>(kind);
   if (nb::isinstance<nb::str>(kind)) {
@@ -139,6 +142,8 @@ hss::ActivationKind kind_from(nb::handle kind) {
       "'mlp_intermediate', got " +
       nb::cast<std::string>(nb::repr(kind)));
 }
+
+namespace {
 
 // Layer indices (kind hidden) or (kind, layer) tuples, mixed freely.
 std::vector<hss::Slot> slots_from(nb::handle items, const char* name) {
@@ -314,6 +319,16 @@ void bind_store(nb::module_& m) {
           "Writes the cached prefix into out (float32, float16 or bfloat16, CPU or CUDA); returns "
           "the "
           "rows written.")
+      .def("store_batch", &store_batch, nb::arg("items"),
+           "An engine step as one call: items are tuples (token_ids, hidden_states[, layer_idx[, "
+           "token_offset[, kind]]]). Returns the chunks newly written per item, as "
+           "store_hidden_states would in item order. One key pass per distinct token_ids object, "
+           "one index lock, one device launch per CUDA stream. A bad item raises "
+           "InvalidArgument naming items[i], and nothing is stored.")
+      .def("retrieve_batch_into", &retrieve_batch_into, nb::arg("items"),
+           "Batched retrieve_hidden_states_into: items are tuples (token_ids, out[, layer_idx[, "
+           "row_begin[, kind]]]). Returns the rows written per item. A bad item raises "
+           "InvalidArgument naming items[i], and nothing is written.")
       .def(
           "retrieve_layers",
           [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle layer_idxs, int64_t row_begin,

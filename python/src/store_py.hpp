@@ -55,6 +55,9 @@ struct PyHiddenStateStore {
   void bind(nb::handle manager);
 };
 
+/// An ActivationKind or its name ('hidden', ...); InvalidArgument otherwise.
+[[nodiscard]] hss::ActivationKind kind_from(nb::handle kind);
+
 /// tp_traverse / tp_clear of hsstore.HiddenStateStore, so a storage manager or token database
 /// that refers back to the store does not make an uncollectable cycle.
 int store_traverse(PyObject* self, visitproc visit, void* arg);

@@ -4,10 +4,12 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "bindings.hpp"
 #include "hss/error.hpp"
@@ -174,6 +176,47 @@ std::optional<BorrowedTensor> borrow_torch_cpu(nb::handle obj) {
   return out;
 }
 
+/// A writable 2-D float32/float16 NumPy array read through the buffer protocol (a C call, where
+/// __dlpack__ costs a Python call, a capsule and a deleter). Anything else (bfloat16, read-only,
+/// odd strides, other types): nullopt, and the DLPack path decides.
+std::optional<BorrowedTensor> borrow_numpy(nb::handle obj) {
+  if (std::strcmp(Py_TYPE(obj.ptr())->tp_name, "numpy.ndarray") != 0) return std::nullopt;
+  Py_buffer buffer;
+  if (PyObject_GetBuffer(obj.ptr(), &buffer, PyBUF_RECORDS) != 0) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  BorrowedTensor out;
+  bool taken = false;
+  const std::string_view format = buffer.format != nullptr ? buffer.format : "";
+  const bool f32 = format == "f" || format == "<f" || format == "=f";
+  const bool f16 = format == "e" || format == "<e" || format == "=e";
+  const bool usable = buffer.ndim == 2 && (f32 || f16) && buffer.strides != nullptr &&
+                      buffer.strides[0] % buffer.itemsize == 0 &&
+                      buffer.strides[1] % buffer.itemsize == 0;
+  if (usable) {
+    const int64_t rows = buffer.shape[0];
+    const int64_t cols = buffer.shape[1];
+    const int64_t row_stride = buffer.strides[0] / buffer.itemsize;
+    const int64_t col_stride = buffer.strides[1] / buffer.itemsize;
+    if ((col_stride == 1 || cols <= 1) && (rows <= 1 || row_stride >= cols)) {
+      out.view = {buffer.buf,
+                  f32 ? DType::kFloat32 : DType::kFloat16,
+                  rows,
+                  cols,
+                  rows <= 1 ? 0 : row_stride,
+                  Device::kHost,
+                  0};
+      out.keep_alive =
+          nb::borrow(obj);  // the array (not resizable while referenced) holds its data
+      taken = true;
+    }
+  }
+  PyBuffer_Release(&buffer);
+  if (!taken) return std::nullopt;
+  return out;
+}
+
 }  // namespace
 
 // torch's negated/conjugated views share their storage with a flag that __dlpack__ ignores (the
@@ -192,6 +235,7 @@ nb::object resolved_torch_view(nb::handle obj) {
 BorrowedTensor borrow_tensor(nb::handle obj_in, const char* name) {
   const nb::object obj = resolved_torch_view(obj_in);
   if (std::optional<BorrowedTensor> fast = borrow_torch_cpu(obj)) return std::move(*fast);
+  if (std::optional<BorrowedTensor> fast = borrow_numpy(obj)) return std::move(*fast);
   BorrowedTensor out;
   out.owner = import_dlpack(obj, name, &out.stream);
   const dlpack::Tensor& t = out.owner.tensor();

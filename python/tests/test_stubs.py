@@ -7,7 +7,7 @@ import pathlib
 from hsstore import _hsstore
 
 STUB = pathlib.Path(__file__).resolve().parents[1] / "hsstore" / "_hsstore.pyi"
-STUB_ONLY = {"TokenIds", "Tensor", "Like", "Kind", "Chunk", "StorageManagerLike"}
+STUB_ONLY = {"TokenIds", "Tensor", "Like", "Kind", "Chunk", "BatchItem", "StorageManagerLike"}
 
 
 def stub_names():
