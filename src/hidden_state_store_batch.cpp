@@ -101,7 +101,17 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
     copy_batch_rows(plans, items);
   } catch (...) {
     std::lock_guard lock(mutex_);
-    for (StorePlan& plan : plans) withdraw_locked(plan);
+    for (StorePlan& plan : plans) {
+      // Groups enqueued before the failure may still be writing these granules: the entries
+      // carry their fence, so withdrawing defers the granules' return until it landed.
+      if (plan.fence) {
+        for (const Write& w : plan.writes) {
+          w.entry->fence = plan.fence;
+          w.entry->deferred = &deferred_;
+        }
+      }
+      withdraw_locked(plan);
+    }
     throw;
   }
 

@@ -60,6 +60,7 @@ class SimDataPath::Core {
   uint64_t launches = 0;          // counted as the CUDA path enqueues them (DevicePath::launches)
   size_t launches_in_flight = 0;  // launch slots held by queued restores and batch launches
   uint64_t launch_waits = 0;
+  std::optional<size_t> store_calls_until_failure;  // fail_store_call()
   size_t host_waiters = 0;
   bool stopping = false;
   struct PendingRestore {
@@ -116,6 +117,14 @@ class SimDataPath::Core {
       if (!due || t < *due) due = t;
     }
     return due;
+  }
+
+  /// Throws when the failure fail_store_call() planted is due.
+  void maybe_fail_store() {
+    if (!store_calls_until_failure) return;
+    if ((*store_calls_until_failure)-- > 0) return;
+    store_calls_until_failure.reset();
+    throw Error("simulated launch failure (fail_store_call)");
   }
 
   /// Takes `n` launch slots for operations about to be enqueued (each gives its slot back once it
@@ -276,6 +285,7 @@ FenceRef SimDataPath::store(const kernels::SourceView& src, int device_index,
   const uint64_t caller = id_of(stream);
 
   std::unique_lock lock(core_->mutex);
+  core_->maybe_fail_store();
   if (charge > 0 && core_->staging_in_flight > 0 &&
       core_->staging_in_flight + charge > core_->options.staging_bytes) {
     ++core_->staging_waits;
@@ -401,6 +411,7 @@ FenceRef SimDataPath::store_batch(std::span<const StoreJob> jobs, int device_ind
   if (tables.empty()) return nullptr;
   auto fence_event = std::make_shared<SimEvent>();
   std::unique_lock lock(core_->mutex);
+  core_->maybe_fail_store();
   core_->take_launch_slots(lock, tables.size());
   // Launches on the caller's stream writing the pool directly: no staging, no copy stream.
   for (size_t t = 0; t < tables.size(); ++t) {
@@ -451,6 +462,11 @@ void SimDataPath::restore_batch(std::span<const RestoreJob> jobs, int device_ind
   core_->launches += tables.size();
   core_->restores.push_back({done, std::move(keep_alive)});
   core_->pump();
+}
+
+void SimDataPath::fail_store_call(size_t index) {
+  std::lock_guard lock(core_->mutex);
+  core_->store_calls_until_failure = index;
 }
 
 uint64_t SimDataPath::launch_waits() const {

@@ -91,6 +91,9 @@ class SimDataPath final : public DevicePath {
   /// Blocks until `count` host threads are waiting inside the path (staging or a fence).
   void wait_for_host_waiters(size_t count) const;
   [[nodiscard]] uint64_t host_waits() const;
+  /// Makes store call number `index` from now (0: the next store() or store_batch()) throw
+  /// hss::Error before it enqueues anything, as a failed launch would.
+  void fail_store_call(size_t index);
   [[nodiscard]] uint64_t staging_in_flight() const;
 
   class Core;

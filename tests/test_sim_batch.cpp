@@ -13,6 +13,7 @@
 
 #include "batch_tiles.hpp"
 #include "data_path.hpp"
+#include "hss/error.hpp"
 #include "hss/hidden_state_store.hpp"
 #include "hss/kernels/convert.hpp"
 #include "hss/kernels/tiling.hpp"
@@ -256,6 +257,38 @@ TEST_F(SimBatch, ABatchRestoreHoldsItsEntriesUntilItsLaunchRan) {
   store_->flush();
   EXPECT_EQ(sim_->restores_in_flight(), 0u);
   store_->check_invariants();
+}
+
+TEST_F(SimBatch, AFailedGroupWithdrawsTheBatchWithoutFreeingGranulesStillBeingWritten) {
+  const Stream a = sim_->create_stream(), b = sim_->create_stream();
+  const auto t1 = tokens64(2 * kChunk, 14), t2 = tokens64(2 * kChunk, 15);
+  const Source s1 = make_source(*sim_, rows_of(t1, 0), DType::kFloat32, kCols);
+  const Source s2 = make_source(*sim_, rows_of(t2, 0), DType::kFloat32, kCols);
+  StoreOptions on_a, on_b;
+  on_a.stream = a;
+  on_b.stream = b;
+  const StoreItem items[] = {{t1, s1.view(Device::kCuda), on_a},
+                             {t2, s2.view(Device::kCuda), on_b}};
+  const uint64_t capacity = store_->stats().pool_capacity_bytes;
+  sim_->hold(a);             // stream a's launch is queued and will write its granules later
+  sim_->fail_store_call(1);  // stream b's launch fails
+  EXPECT_THROW((void)store_->store_batch(items), Error);
+  EXPECT_EQ(store_->num_entries(), 0u);
+  store_->check_invariants();
+  // The granules under stream a's queued launch are not back in the pool yet...
+  EXPECT_LT(store_->stats().pool_free_bytes, capacity);
+  sim_->release(a);
+  store_->flush();
+  // ...and return once it ran: nothing leaked, nothing reused while being written.
+  EXPECT_EQ(store_->stats().pool_free_bytes, capacity);
+  const auto t3 = tokens64(4 * kChunk, 16);
+  const auto r3 = rows_of(t3, 0);
+  EXPECT_EQ(store_->store_hidden_states(t3, test::view_of(r3, kCols)), (StoreResult{4, 4}));
+  std::vector<float> got(r3.size());
+  EXPECT_EQ(
+      store_->retrieve_hidden_states_into(t3, {got.data(), DType::kFloat32, 4 * kChunk, kCols}),
+      4 * kChunk);
+  EXPECT_EQ(got, r3);
 }
 
 TEST(SimMappedStore, ASingleCastingStoreIsOneLaunchWithoutStaging) {
