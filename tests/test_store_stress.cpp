@@ -161,7 +161,7 @@ void stress_op(StressWorld& w, std::mt19937_64& rng) {
     if (!ok) w.mismatches.fetch_add(1);
     w.rows_checked.fetch_add(rows);
   };
-  switch (rng() % 9) {
+  switch (rng() % 11) {
     case 0:
     case 1: {
       std::vector<uint16_t> kv(static_cast<size_t>(len * 8), static_cast<uint16_t>(len));
@@ -219,6 +219,41 @@ void stress_op(StressWorld& w, std::mt19937_64& rng) {
     case 7:
       (void)store.evict_one_lru();
       break;
+    case 8: {  // a batch: the three layers of the prefix, one token list
+      std::vector<uint16_t> kv(static_cast<size_t>(len * 8), static_cast<uint16_t>(len));
+      (void)w.engine->store(tokens, test::view_of(kv, 8, DType::kBFloat16));
+      const std::vector<int64_t> ids(tokens.begin(), tokens.end());
+      std::vector<std::vector<float>> rows;
+      std::vector<StoreItem> items;
+      for (const int64_t l : kStressLayers) rows.push_back(stress_rows(tokens, kind, l));
+      for (size_t i = 0; i < rows.size(); ++i) {
+        StoreOptions opt;
+        opt.layer_idx = kStressLayers[i];
+        opt.kind = kind;
+        items.push_back({ids, test::view_of(rows[i], kCols), opt});
+      }
+      (void)store.store_batch(items);
+      break;
+    }
+    case 9: {  // a batch of reads: every layer of the prefix, each checked
+      const std::vector<int64_t> ids(tokens.begin(), tokens.end());
+      std::vector<std::vector<float>> outs;
+      outs.reserve(std::size(kStressLayers));  // items point into them
+      std::vector<RetrieveItem> items;
+      for (const int64_t l : kStressLayers) {
+        outs.emplace_back(static_cast<size_t>(len * kCols), -7.0f);
+        RetrieveOptions opt;
+        opt.layer_idx = l;
+        opt.kind = kind;
+        items.push_back(
+            {ids, {outs.back().data(), DType::kFloat32, len, kCols, 0, Device::kHost, 0}, opt});
+      }
+      const std::vector<int64_t> rows = store.retrieve_batch_into(items);
+      for (size_t i = 0; i < items.size(); ++i) {
+        check(outs[i].data(), rows[i], 0, kCols, kind, kStressLayers[i]);
+      }
+      break;
+    }
     default:
       (void)store.has_chunk(w.engine->token_database().process_tokens(tokens)[0].key, layer, kind);
       (void)store.stats();
