@@ -197,6 +197,24 @@ class SimFence final : public CopyFence {
   std::string error_;                // guarded by core_->mutex
 };
 
+/// Restores take fences of this path only (before anything is enqueued).
+void check_sim_fences(std::span<const FenceRef> after) {
+  for (const FenceRef& fence : after) {
+    if (dynamic_cast<const SimFence*>(fence.get()) == nullptr) {
+      throw Error("simulated restore: a fence from another data path");
+    }
+  }
+}
+
+/// The caller's queue waits (a device-side barrier) for every fence not seen landed. Lock held.
+void enqueue_fence_waits(SimDataPath::Core& core, uint64_t caller,
+                         std::span<const FenceRef> after) {
+  for (const FenceRef& fence : after) {
+    const auto* sim = static_cast<const SimFence*>(fence.get());
+    if (!sim->landed()) core.enqueue(caller, Op{nullptr, sim->event(), nullptr, nullptr, {}});
+  }
+}
+
 }  // namespace
 
 SimDataPath::SimDataPath(Options options) : core_(std::make_shared<Core>(options)) {
@@ -364,16 +382,9 @@ void SimDataPath::restore(std::span<const kernels::GatherSegment> segments,
   const uint64_t caller = id_of(stream);
   auto done = std::make_shared<SimEvent>();
   std::unique_lock lock(core_->mutex);
-  for (const FenceRef& fence : after) {
-    if (dynamic_cast<const SimFence*>(fence.get()) == nullptr) {
-      throw Error("simulated restore: a fence from another data path");
-    }
-  }
+  check_sim_fences(after);
   core_->take_launch_slots(lock, 1);
-  for (const FenceRef& fence : after) {
-    const auto* sim = static_cast<const SimFence*>(fence.get());
-    if (!sim->landed()) core_->enqueue(caller, Op{nullptr, sim->event(), nullptr, nullptr, {}});
-  }
+  enqueue_fence_waits(*core_, caller, after);
   core_->enqueue(caller, Op{[planned, out] { host_restore(*planned, out); },
                             nullptr,
                             done,
@@ -440,16 +451,9 @@ void SimDataPath::restore_batch(std::span<const RestoreJob> jobs, int device_ind
   const uint64_t caller = id_of(stream);
   auto done = std::make_shared<SimEvent>();
   std::unique_lock lock(core_->mutex);
-  for (const FenceRef& fence : after) {
-    if (dynamic_cast<const SimFence*>(fence.get()) == nullptr) {
-      throw Error("simulated restore: a fence from another data path");
-    }
-  }
+  check_sim_fences(after);
   core_->take_launch_slots(lock, tables.size());
-  for (const FenceRef& fence : after) {
-    const auto* sim = static_cast<const SimFence*>(fence.get());
-    if (!sim->landed()) core_->enqueue(caller, Op{nullptr, sim->event(), nullptr, nullptr, {}});
-  }
+  enqueue_fence_waits(*core_, caller, after);
   for (size_t t = 0; t < tables.size(); ++t) {
     Op op{[table = tables[t]] { run_restore_tiles_on_host(*table); },
           nullptr,

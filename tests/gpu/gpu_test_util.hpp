@@ -4,8 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
 
 #include "hss/build_info.hpp"
+#include "hss/kernels/convert.hpp"
+#include "hss/tensor.hpp"
 
 #if HSS_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -25,6 +31,40 @@
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
 namespace hss::test {
+
+/// n random token ids (seeded).
+inline std::vector<int64_t> tokens_of(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int64_t> t(static_cast<size_t>(n));
+  for (auto& v : t) v = static_cast<int64_t>(rng() % 50000);
+  return t;
+}
+
+/// rows x cols random finite values of `dtype` (seeded) at row stride `stride` elements (0: cols),
+/// after `offset` bytes of padding (0x5a bytes fill the padding and the gaps between rows).
+inline std::vector<unsigned char> random_rows(DType dtype, int64_t rows, int64_t cols,
+                                              uint32_t seed, int64_t stride = 0,
+                                              size_t offset = 0) {
+  if (stride == 0) stride = cols;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  const size_t esize = element_size(dtype);
+  std::vector<unsigned char> out(offset + static_cast<size_t>(rows * stride) * esize, 0x5a);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float f = dist(rng);
+      unsigned char* dst = out.data() + offset + static_cast<size_t>(r * stride + c) * esize;
+      if (dtype == DType::kFloat32) {
+        std::memcpy(dst, &f, 4);
+      } else {
+        const uint16_t h =
+            dtype == DType::kBFloat16 ? kernels::float_to_bf16(f) : kernels::float_to_f16(f);
+        std::memcpy(dst, &h, 2);
+      }
+    }
+  }
+  return out;
+}
 
 /// Device memory of n bytes, freed at scope exit (ptr is null when the allocation failed).
 struct DeviceBytes {

@@ -41,35 +41,6 @@ using test::StreamHolder;
 constexpr int64_t kChunk = 16;
 constexpr int64_t kCols = 2051;  // odd: no row is 16-byte aligned throughout
 
-std::vector<int64_t> prompt(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int64_t> t(static_cast<size_t>(n));
-  for (auto& v : t) v = static_cast<int64_t>(rng() % 50000);
-  return t;
-}
-
-/// rows x kCols of `dtype` at row stride `stride`, random finite values, 2 bytes of offset.
-std::vector<unsigned char> random_source(DType dtype, int64_t rows, int64_t stride, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
-  const size_t esize = element_size(dtype);
-  std::vector<unsigned char> out(2 + static_cast<size_t>(rows * stride) * esize);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < kCols; ++c) {
-      const float f = dist(rng);
-      unsigned char* dst = out.data() + 2 + static_cast<size_t>(r * stride + c) * esize;
-      if (dtype == DType::kFloat32) {
-        std::memcpy(dst, &f, 4);
-      } else {
-        const uint16_t h =
-            dtype == DType::kBFloat16 ? kernels::float_to_bf16(f) : kernels::float_to_f16(f);
-        std::memcpy(dst, &h, 2);
-      }
-    }
-  }
-  return out;
-}
-
 class DeviceBatch : public ::testing::TestWithParam<StorageDType> {};
 
 TEST_P(DeviceBatch, OneLaunchPerStreamAndBitIdenticalToHostSingleCalls) {
@@ -101,8 +72,9 @@ TEST_P(DeviceBatch, OneLaunchPerStreamAndBitIdenticalToHostSingleCalls) {
       const int64_t rows = (r % 3 + 1) * kChunk + (r % 2 == 0 ? 0 : 7);
       const int64_t stride = r % 4 == 3 ? kCols + 5 : kCols;
       // The prompts of a request are the same across layers.
-      items.push_back(std::make_unique<Item>(prompt(rows, 50 + r), dtype, stride,
-                                             random_source(dtype, rows, stride, 100 * layer + r)));
+      items.push_back(std::make_unique<Item>(
+          test::tokens_of(rows, 50 + r), dtype, stride,
+          test::random_rows(dtype, rows, kCols, 100 * layer + r, stride, 2)));
       Item& item = *items.back();
       ASSERT_NE(item.device.ptr, nullptr);
       CUDA_OK(

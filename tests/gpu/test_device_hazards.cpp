@@ -40,7 +40,9 @@ namespace hss {
 namespace {
 
 using test::DeviceBytes;
+using test::random_rows;
 using test::StreamHolder;
+using test::tokens_of;
 
 using Clock = std::chrono::steady_clock;
 
@@ -53,34 +55,8 @@ Config config_for(int64_t chunk, double pool_gib, StorageDType storage = Storage
   return c;
 }
 
-std::vector<int64_t> tokens_of(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int64_t> t(static_cast<size_t>(n));
-  for (auto& v : t) v = static_cast<int64_t>(rng() % 50000);
-  return t;
-}
-
 void sleep_host_func(void* ms) {
   std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms)));
-}
-
-/// Random finite values of `dtype`, rows x cols.
-std::vector<unsigned char> random_rows(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const auto n = static_cast<size_t>(rows * cols);
-  std::vector<unsigned char> out(n * element_size(dtype));
-  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
-  for (size_t i = 0; i < n; ++i) {
-    const float f = dist(rng);
-    if (dtype == DType::kFloat32) {
-      std::memcpy(out.data() + 4 * i, &f, 4);
-    } else {
-      const uint16_t h =
-          dtype == DType::kBFloat16 ? kernels::float_to_bf16(f) : kernels::float_to_f16(f);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
-  }
-  return out;
 }
 
 TEST(DeviceHazards, StoreOnAStreamBlockedFor500msReturnsInUnder50ms) {
