@@ -64,15 +64,8 @@ Source make_source(SimDataPath& sim, const std::vector<float>& rows, DType dtype
   s.host.assign(static_cast<size_t>(s.rows * row_stride) * esize, std::byte{0x5a});
   for (int64_t r = 0; r < s.rows; ++r) {
     for (int64_t c = 0; c < kCols; ++c) {
-      const float f = rows[static_cast<size_t>(r * kCols + c)];
-      std::byte* dst = s.host.data() + static_cast<size_t>(r * row_stride + c) * esize;
-      if (dtype == DType::kFloat32) {
-        std::memcpy(dst, &f, 4);
-      } else {
-        const uint16_t h =
-            dtype == DType::kBFloat16 ? kernels::float_to_bf16(f) : kernels::float_to_f16(f);
-        std::memcpy(dst, &h, 2);
-      }
+      test::write_as(dtype, rows[static_cast<size_t>(r * kCols + c)],
+                     s.host.data() + static_cast<size_t>(r * row_stride + c) * esize);
     }
   }
   s.device = sim.allocate(s.host.size());

@@ -105,6 +105,17 @@ inline std::vector<uint16_t> to_f16(std::span<const float> values) {
   return out;
 }
 
+/// Writes `f` at `dst` as `dtype`: float32 bits, or float16/bfloat16 rounded to nearest-even.
+inline void write_as(DType dtype, float f, void* dst) {
+  if (dtype == DType::kFloat32) {
+    std::memcpy(dst, &f, 4);
+    return;
+  }
+  const uint16_t h =
+      dtype == DType::kBFloat16 ? kernels::float_to_bf16(f) : kernels::float_to_f16(f);
+  std::memcpy(dst, &h, 2);
+}
+
 inline TensorView view_of(const std::vector<float>& v, int64_t cols) {
   return {v.data(), DType::kFloat32, static_cast<int64_t>(v.size()) / cols, cols, 0, Device::kHost,
           0};

@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "../test_util.hpp"
 #include "hss/build_info.hpp"
-#include "hss/kernels/convert.hpp"
 #include "hss/tensor.hpp"
 
 #if HSS_WITH_CUDA
@@ -53,14 +53,7 @@ inline std::vector<unsigned char> random_rows(DType dtype, int64_t rows, int64_t
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
       const float f = dist(rng);
-      unsigned char* dst = out.data() + offset + static_cast<size_t>(r * stride + c) * esize;
-      if (dtype == DType::kFloat32) {
-        std::memcpy(dst, &f, 4);
-      } else {
-        const uint16_t h =
-            dtype == DType::kBFloat16 ? kernels::float_to_bf16(f) : kernels::float_to_f16(f);
-        std::memcpy(dst, &h, 2);
-      }
+      write_as(dtype, f, out.data() + offset + static_cast<size_t>(r * stride + c) * esize);
     }
   }
   return out;
