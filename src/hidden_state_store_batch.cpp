@@ -11,8 +11,9 @@
 // Results equal the single calls made in item order (a store batch larger than the free pool
 // may evict differently: items of the batch are not evicted by later items of the same batch).
 
-#include <map>
+#include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "hidden_state_store_impl.hpp"
@@ -36,24 +37,58 @@ void check_item(size_t index, Fn&& check) {
   }
 }
 
-/// One key pass per distinct token list: items passing the same span share the chunks.
+/// One key pass per distinct token list: items passing the same span share the chunks, and the
+/// index lookups of those chunks (one RecordLookups per list).
 class ChunkCache {
  public:
-  explicit ChunkCache(const TokenDatabase& db) : db_(db) {}
-  const std::vector<Chunk>& chunks_of(size_t index, std::span<const int64_t> tokens) {
-    const auto key = std::make_pair(tokens.data(), tokens.size());
-    auto it = lists_.find(key);
-    if (it == lists_.end()) {
-      std::vector<Chunk> chunks;
-      check_item(index, [&] { chunks = db_.process_tokens(tokens); });
-      it = lists_.emplace(key, std::move(chunks)).first;
+  ChunkCache(const TokenDatabase& db, size_t items) : db_(db) {
+    lists_.reserve(items);
+    by_span_.reserve(items);
+  }
+  /// The list of item `index`'s tokens: its position in lists().
+  size_t list_of(size_t index, std::span<const int64_t> tokens) {
+    const SpanKey key{tokens.data(), tokens.size()};
+    if (last_ < lists_.size() && lists_[last_].span == key) return last_;
+    auto [it, inserted] = by_span_.try_emplace(key, lists_.size());
+    if (inserted) {
+      List list;
+      list.span = key;
+      try {
+        check_item(index, [&] { list.chunks = db_.process_tokens(tokens); });
+        list.lookups = detail::RecordLookups(list.chunks.size());
+        lists_.push_back(std::move(list));
+      } catch (...) {
+        by_span_.erase(it);
+        throw;
+      }
     }
-    return it->second;
+    ++lists_[it->second].items;
+    return last_ = it->second;
   }
 
+  struct SpanKey {
+    const int64_t* data;
+    size_t size;
+    bool operator==(const SpanKey&) const = default;
+  };
+  struct List {
+    SpanKey span{nullptr, 0};
+    std::vector<Chunk> chunks;
+    detail::RecordLookups lookups;
+    size_t items = 0;  // items of the batch passing this list
+  };
+  [[nodiscard]] std::vector<List>& lists() { return lists_; }
+
  private:
+  struct SpanHash {
+    size_t operator()(const SpanKey& k) const noexcept {
+      return std::hash<const void*>{}(k.data) ^ (k.size * 0x9e3779b97f4a7c15ULL);
+    }
+  };
   const TokenDatabase& db_;
-  std::map<std::pair<const int64_t*, size_t>, std::vector<Chunk>> lists_;
+  std::vector<List> lists_;
+  std::unordered_map<SpanKey, size_t, SpanHash> by_span_;
+  size_t last_ = SIZE_MAX;
 };
 
 }  // namespace
@@ -61,8 +96,8 @@ class ChunkCache {
 std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const StoreItem> items) {
   HSS_RANGE("store_batch");
   // 1. Every check first (and the key pass, which validates token ids): nothing done yet.
-  ChunkCache cache(token_database_);
-  std::vector<const std::vector<Chunk>*> chunks(items.size());
+  ChunkCache cache(token_database_, items.size());
+  std::vector<size_t> list_of(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const StoreItem& item = items[i];
     check_item(i, [&] {
@@ -71,25 +106,46 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
       check_pointer(item.hidden_states.data, item.hidden_states.device,
                     item.hidden_states.device_index, "hidden_states");
     });
-    chunks[i] = &cache.chunks_of(i, item.token_ids);
+    list_of[i] = cache.list_of(i, item.token_ids);
   }
+  auto& lists = cache.lists();
+  // At most one new key per chunk of each distinct list: the map and the prepared keys are
+  // sized once for the whole batch, so no item rehashes or grows them.
+  size_t distinct_chunks = 0;
+  for (const auto& list : lists) distinct_chunks += list.chunks.size();
 
-  // 2. One lock for every reservation.
+  // 2. One lock for every reservation. Each item plans and applies in item order (its own
+  //    eviction guard), sharing the chunk lookups of its list with the items before it.
   std::vector<StorePlan> plans(items.size());
   std::vector<bool> allowed(items.size());
+  PlanContext context;
+  context.prepared.reserve(distinct_chunks);
   reclaim_device_resources();
   {
     HSS_RANGE("store/alloc");
     std::lock_guard lock(mutex_);
     check_open_locked();
-    for (size_t i = 0; i < items.size(); ++i) {
-      const StoreItem& item = items[i];
-      allowed[i] = config_.slot_allowed(item.options.kind, item.options.layer_idx);
-      if (!allowed[i]) continue;
-      const ElemType storage = storage_for(item.hidden_states);
-      plans[i].chunks = *chunks[i];
-      plans[i].esize = static_cast<int64_t>(kernels::elem_bytes(storage));
-      reserve_and_apply_locked(item.hidden_states, item.options, storage, plans[i]);
+    index_.reserve_keys(distinct_chunks);
+    context.keys_reserved = true;
+    size_t i = 0;
+    try {
+      for (; i < items.size(); ++i) {
+        const StoreItem& item = items[i];
+        allowed[i] = config_.slot_allowed(item.options.kind, item.options.layer_idx);
+        if (!allowed[i]) continue;
+        auto& list = lists[list_of[i]];
+        const ElemType storage = storage_for(item.hidden_states);
+        plans[i].chunks = list.chunks;
+        plans[i].esize = static_cast<int64_t>(kernels::elem_bytes(storage));
+        context.lookups = &list.lookups;
+        context.slot_hint = std::min<size_t>(list.items, 64);
+        reserve_and_apply_locked(item.hidden_states, item.options, storage, plans[i], context);
+      }
+    } catch (...) {
+      // Out of memory planning item i (nothing of it applied): the items before it withdraw
+      // their pending entries, so none stays unpublished. Their evictions stand.
+      for (size_t j = 0; j < i; ++j) withdraw_locked(plans[j]);
+      throw;
     }
   }
   counters_.stores.fetch_add(items.size(), std::memory_order_relaxed);
@@ -131,8 +187,8 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
 std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
     std::span<const RetrieveItem> items) {
   HSS_RANGE("retrieve_batch");
-  ChunkCache cache(token_database_);
-  std::vector<const std::vector<Chunk>*> chunks(items.size());
+  ChunkCache cache(token_database_, items.size());
+  std::vector<size_t> list_of(items.size());
   std::vector<Slot> slots(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const RetrieveItem& item = items[i];
@@ -142,21 +198,25 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
       check_outputs(std::span<const Slot>(&slots[i], 1),
                     std::span<const MutableTensorView>(&item.out, 1));
     });
-    chunks[i] = &cache.chunks_of(i, item.token_ids);
+    list_of[i] = cache.list_of(i, item.token_ids);
   }
+  auto& lists = cache.lists();
+  auto chunks_of = [&](size_t i) -> std::span<const Chunk> { return lists[list_of[i]].chunks; };
 
   // The remote tier fills the pool where a walk would stop (no-op without one), before the lock.
   for (size_t i = 0; i < items.size(); ++i) {
-    (void)read_through(*chunks[i], std::span<const Slot>(&slots[i], 1));
+    (void)read_through(chunks_of(i), std::span<const Slot>(&slots[i], 1));
   }
-  // One lock for every walk's index part; KV checks and fence waits outside it.
+  // One lock for every walk's index part (one lookup per chunk of each distinct token list);
+  // KV checks and fence waits outside it.
   std::vector<Walk> walks(items.size());
   {
     HSS_RANGE("retrieve/walk");
     std::lock_guard lock(mutex_);
     check_open_locked();
     for (size_t i = 0; i < items.size(); ++i) {
-      walk_index_locked(walks[i], *chunks[i], std::span<const Slot>(&slots[i], 1));
+      walk_index_locked(walks[i], chunks_of(i), std::span<const Slot>(&slots[i], 1),
+                        &lists[list_of[i]].lookups);
     }
   }
   for (size_t i = 0; i < items.size(); ++i) {
@@ -173,12 +233,21 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
                                 items[i].options.row_begin, items[i].options.stream);
   }
   {
+    // The lookups of the walks stay valid unless a key was erased meanwhile (they look again).
     std::lock_guard lock(mutex_);
-    for (const Walk& w : walks) apply_walk_locked(w);
+    for (size_t i = 0; i < items.size(); ++i)
+      apply_walk_locked(walks[i], &lists[list_of[i]].lookups);
   }
+  uint64_t hit_tokens = 0, miss_tokens = 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    count_walk(walks[i], static_cast<int64_t>(items[i].token_ids.size()));
+    const auto prefix = static_cast<uint64_t>(walks[i].prefix_tokens);
+    hit_tokens += prefix;
+    miss_tokens += items[i].token_ids.size() - prefix;
   }
+  // The counts of the single calls, added once.
+  counters_.retrieves.fetch_add(items.size(), std::memory_order_relaxed);
+  counters_.hit_tokens.fetch_add(hit_tokens, std::memory_order_relaxed);
+  counters_.miss_tokens.fetch_add(miss_tokens, std::memory_order_relaxed);
   return rows;
 }
 

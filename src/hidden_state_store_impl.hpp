@@ -109,10 +109,12 @@ class HiddenStateStore::Impl {
   Walk plan_walk(std::span<const Chunk> chunks, std::span<const Slot> slots,
                  bool wait_for_copies = true) const;
   /// plan_walk in two parts: the index part (caller holds mutex_), then KV and fences (no lock).
-  void walk_index_locked(Walk& w, std::span<const Chunk> chunks, std::span<const Slot> slots) const;
+  /// `lookups` (optional): the chunk list's record lookups, shared by the items of a batch.
+  void walk_index_locked(Walk& w, std::span<const Chunk> chunks, std::span<const Slot> slots,
+                         detail::RecordLookups* lookups = nullptr) const;
   void walk_finish(Walk& w, bool wait_for_copies) const;
   /// apply_walk with mutex_ held by the caller, and its counting part (no lock).
-  void apply_walk_locked(const Walk& w) noexcept;
+  void apply_walk_locked(const Walk& w, detail::RecordLookups* lookups = nullptr) noexcept;
   void count_walk(const Walk& w, int64_t n_tokens) noexcept;
   /// restore_walk_into's checks alone (InvalidArgument, nothing changed).
   /// `item`: the batch index to name in a message (none for a single call).
@@ -139,6 +141,7 @@ class HiddenStateStore::Impl {
   /// Store phases (hidden_state_store_write.cpp).
   struct Write;
   struct StorePlan;
+  struct PlanContext;
   /// Arguments already validated: the allowlists, then the three phases.
   StoreResult store_validated(std::span<const Chunk> chunks, const TensorView& hidden,
                               const StoreOptions& opt);
@@ -148,8 +151,9 @@ class HiddenStateStore::Impl {
   void publish(StorePlan& plan) noexcept;
   void withdraw(StorePlan& plan) noexcept;
   // The same with mutex_ held by the caller (the batch takes it once for every item).
+  // `context`: what the items of one call share (prepared keys, the lookups of plan.chunks).
   void reserve_and_apply_locked(const TensorView& hidden, const StoreOptions& opt,
-                                kernels::ElemType storage, StorePlan& plan);
+                                kernels::ElemType storage, StorePlan& plan, PlanContext& context);
   void publish_locked(StorePlan& plan) noexcept;
   void withdraw_locked(StorePlan& plan) noexcept;
   /// The storage type of a store of `hidden` under this config.
@@ -202,6 +206,7 @@ struct HiddenStateStore::Impl::Write {
   size_t chunk = 0;
   detail::EntryRef entry;
   const detail::Entry* replaces = nullptr;  // an entry of the slot with another shape
+  detail::KeyRecord* record = nullptr;      // where phase 1 put it (valid while plan.epoch holds)
 };
 
 struct HiddenStateStore::Impl::StorePlan {
@@ -211,6 +216,15 @@ struct HiddenStateStore::Impl::StorePlan {
   detail::FenceRef fence;
   int64_t cached = 0;
   int64_t esize = 0;
+  uint64_t epoch = 0;  // index_.erasures() after phase 1: Write::record is valid while it holds
+};
+
+// What the store phase 1 of the items of one call share under the index lock.
+struct HiddenStateStore::Impl::PlanContext {
+  detail::StoreIndex::Prepared prepared;
+  detail::RecordLookups* lookups = nullptr;  // of the plan's chunk list
+  size_t slot_hint = 1;        // slot vector capacity for a new key (items sharing the list)
+  bool keys_reserved = false;  // index_.reserve_keys already covers every key of the call
 };
 
 }  // namespace hss
