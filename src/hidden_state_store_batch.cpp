@@ -12,8 +12,8 @@
 // may evict differently: items of the batch are not evicted by later items of the same batch).
 
 #include <cstdint>
+#include <memory_resource>
 #include <string>
-#include <unordered_map>
 #include <utility>
 
 #include "hidden_state_store_impl.hpp"
@@ -38,56 +38,61 @@ void check_item(size_t index, Fn&& check) {
 }
 
 /// One key pass per distinct token list: items passing the same span share the chunks, and the
-/// index lookups of those chunks (one RecordLookups per list).
+/// index lookups of those chunks (one RecordLookups per list). Spans are found in an open-
+/// addressing table sized once for the batch (no node per list).
 class ChunkCache {
  public:
-  ChunkCache(const TokenDatabase& db, size_t items) : db_(db) {
-    lists_.reserve(items);
-    by_span_.reserve(items);
-  }
-  /// The list of item `index`'s tokens: its position in lists().
-  size_t list_of(size_t index, std::span<const int64_t> tokens) {
-    const SpanKey key{tokens.data(), tokens.size()};
-    if (last_ < lists_.size() && lists_[last_].span == key) return last_;
-    auto [it, inserted] = by_span_.try_emplace(key, lists_.size());
-    if (inserted) {
-      List list;
-      list.span = key;
-      try {
-        check_item(index, [&] { list.chunks = db_.process_tokens(tokens); });
-        list.lookups = detail::RecordLookups(list.chunks.size());
-        lists_.push_back(std::move(list));
-      } catch (...) {
-        by_span_.erase(it);
-        throw;
-      }
-    }
-    ++lists_[it->second].items;
-    return last_ = it->second;
-  }
-
   struct SpanKey {
-    const int64_t* data;
-    size_t size;
+    const int64_t* data = nullptr;
+    size_t size = 0;
     bool operator==(const SpanKey&) const = default;
   };
   struct List {
-    SpanKey span{nullptr, 0};
+    SpanKey span;
     std::vector<Chunk> chunks;
     detail::RecordLookups lookups;
     size_t items = 0;  // items of the batch passing this list
   };
+
+  ChunkCache(const TokenDatabase& db, size_t items) : db_(db) {
+    lists_.reserve(items);
+    size_t buckets = 16;
+    while (buckets < 2 * items) buckets *= 2;
+    table_.assign(buckets, kEmpty);
+  }
+  /// The list of item `index`'s tokens: its position in lists().
+  size_t list_of(size_t index, std::span<const int64_t> tokens) {
+    const SpanKey key{tokens.data(), tokens.size()};
+    if (last_ < lists_.size() && lists_[last_].span == key) return found(last_);
+    const size_t mask = table_.size() - 1;
+    size_t bucket = hash(key) & mask;
+    for (; table_[bucket] != kEmpty; bucket = (bucket + 1) & mask) {
+      if (lists_[table_[bucket]].span == key) return found(table_[bucket]);
+    }
+    List list;
+    list.span = key;
+    check_item(index, [&] { list.chunks = db_.process_tokens(tokens); });
+    list.lookups = detail::RecordLookups(list.chunks.size());
+    lists_.push_back(std::move(list));  // capacity reserved: no reallocation, spans stay valid
+    table_[bucket] = lists_.size() - 1;
+    return found(lists_.size() - 1);
+  }
   [[nodiscard]] std::vector<List>& lists() { return lists_; }
 
  private:
-  struct SpanHash {
-    size_t operator()(const SpanKey& k) const noexcept {
-      return std::hash<const void*>{}(k.data) ^ (k.size * 0x9e3779b97f4a7c15ULL);
-    }
-  };
+  static constexpr size_t kEmpty = SIZE_MAX;
+  static size_t hash(const SpanKey& k) noexcept {
+    const auto bits = reinterpret_cast<uintptr_t>(k.data) ^ (k.size * 0x9e3779b97f4a7c15ULL);
+    return static_cast<size_t>((bits * 0xff51afd7ed558ccdULL) >> 17);
+  }
+  size_t found(size_t list) {
+    ++lists_[list].items;
+    return last_ = list;
+  }
+
   const TokenDatabase& db_;
   std::vector<List> lists_;
-  std::unordered_map<SpanKey, size_t, SpanHash> by_span_;
+  std::vector<size_t> table_;  // list index per bucket, kEmpty when free
   size_t last_ = SIZE_MAX;
 };
 
@@ -116,7 +121,15 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
 
   // 2. One lock for every reservation. Each item plans and applies in item order (its own
   //    eviction guard), sharing the chunk lookups of its list with the items before it.
-  std::vector<StorePlan> plans(items.size());
+  // Every item's writes and segments from one arena sized for the batch (a chunk needs at most
+  // one write and, with granules of a chunk or more, one segment; more only grows the arena).
+  size_t item_chunks = 0;
+  for (size_t i = 0; i < items.size(); ++i) item_chunks += lists[list_of[i]].chunks.size();
+  std::pmr::monotonic_buffer_resource arena(
+      item_chunks * (sizeof(Write) + sizeof(kernels::WriteSegment)) + 64 * sizeof(Write));
+  std::vector<StorePlan> plans;
+  plans.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) plans.emplace_back(&arena);
   std::vector<bool> allowed(items.size());
   PlanContext context;
   context.prepared.reserve(distinct_chunks);

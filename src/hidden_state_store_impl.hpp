@@ -9,6 +9,7 @@
 // backend's lock or a copy under the index mutex.
 
 #include <atomic>
+#include <memory_resource>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -210,9 +211,14 @@ struct HiddenStateStore::Impl::Write {
 };
 
 struct HiddenStateStore::Impl::StorePlan {
+  // A batch gives every item's vectors one arena (one allocation for the batch instead of two
+  // per item); a single store uses the heap.
+  explicit StorePlan(std::pmr::memory_resource* memory = std::pmr::get_default_resource())
+      : writes(memory), segments(memory) {}
+
   std::span<const Chunk> chunks;
-  std::vector<Write> writes;  // planned; after phase 1: the granted ones, in chunk order
-  std::vector<kernels::WriteSegment> segments;
+  std::pmr::vector<Write> writes;  // planned; after phase 1: the granted ones, in chunk order
+  std::pmr::vector<kernels::WriteSegment> segments;
   detail::FenceRef fence;
   int64_t cached = 0;
   int64_t esize = 0;

@@ -236,9 +236,11 @@ void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
                           std::to_string(slots.size()) + " slots");
   }
   for (size_t s = 0; s < outs.size(); ++s) {
-    const std::string name = outs.size() == 1 ? "out" : "outs[" + std::to_string(s) + "]";
-    detail::check_view(outs[s].as_const(), name.c_str(), device_path_ != nullptr);
-    check_pointer(outs[s].data, outs[s].device, outs[s].device_index, name.c_str());
+    // The name is only spelled out for several views (a single view is the common, hot case).
+    const std::string many = outs.size() == 1 ? std::string() : "outs[" + std::to_string(s) + "]";
+    const char* name = outs.size() == 1 ? "out" : many.c_str();
+    detail::check_view(outs[s].as_const(), name, device_path_ != nullptr);
+    check_pointer(outs[s].data, outs[s].device, outs[s].device_index, name);
   }
 }
 

@@ -107,7 +107,7 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
                                                       StorePlan& plan, PlanContext& context) {
   const std::span<const Chunk> chunks = plan.chunks;
   const Slot slot{opt.kind, opt.layer_idx};
-  std::vector<Write>& writes = plan.writes;
+  auto& writes = plan.writes;
   detail::StoreIndex::Prepared& prepared = context.prepared;
   detail::RecordLookups& lookups = *context.lookups;
   size_t max_segments = 0;

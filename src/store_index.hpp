@@ -283,35 +283,47 @@ class StoreIndex {
 /// inserted meanwhile is found. Used under the index lock only.
 class RecordLookups {
  public:
-  explicit RecordLookups(size_t chunks = 0) : records_(chunks, nullptr) {}
+  explicit RecordLookups(size_t chunks = 0) : size_(chunks) {
+    if (chunks > kInline) heap_.assign(chunks, nullptr);
+  }
 
   [[nodiscard]] KeyRecord* find(StoreIndex& index, size_t chunk,
                                 const CacheEngineKey& key) noexcept {
     sync(index);
-    if (records_[chunk] == nullptr) records_[chunk] = index.find(key);
-    return records_[chunk];
+    KeyRecord*& cached = records()[chunk];
+    if (cached == nullptr) cached = index.find(key);
+    return cached;
   }
   [[nodiscard]] const KeyRecord* find(const StoreIndex& index, size_t chunk,
                                       const CacheEngineKey& key) noexcept {
     sync(index);
+    KeyRecord*& cached = records()[chunk];
     // The cache holds what a non-const caller may modify; a const caller only reads through it.
-    if (records_[chunk] == nullptr) records_[chunk] = const_cast<KeyRecord*>(index.find(key));
-    return records_[chunk];
+    if (cached == nullptr) cached = const_cast<KeyRecord*>(index.find(key));
+    return cached;
   }
   /// Records `record` as chunk `chunk`'s (just inserted, or found by the caller).
   void remember(const StoreIndex& index, size_t chunk, KeyRecord& record) noexcept {
     sync(index);
-    records_[chunk] = &record;
+    records()[chunk] = &record;
   }
 
  private:
+  static constexpr size_t kInline = 8;  // a short prompt's chunks: no allocation
+
+  // Computed, not stored: a moved RecordLookups must not point into its old inline array.
+  [[nodiscard]] KeyRecord** records() noexcept {
+    return size_ > kInline ? heap_.data() : inline_.data();
+  }
   void sync(const StoreIndex& index) noexcept {
     if (epoch_ == index.erasures()) return;
-    std::fill(records_.begin(), records_.end(), nullptr);
+    std::fill_n(records(), size_, nullptr);
     epoch_ = index.erasures();
   }
 
-  std::vector<KeyRecord*> records_;
+  size_t size_;
+  std::array<KeyRecord*, kInline> inline_{};
+  std::vector<KeyRecord*> heap_;
   uint64_t epoch_ = 0;
 };
 
