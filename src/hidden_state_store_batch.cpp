@@ -11,6 +11,7 @@
 // Results equal the single calls made in item order (a store batch larger than the free pool
 // may evict differently: items of the batch are not evicted by later items of the same batch).
 
+#include <algorithm>
 #include <cstdint>
 #include <memory_resource>
 #include <string>
@@ -245,11 +246,24 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
     rows[i] = restore_walk_into(walks[i], std::span<const MutableTensorView>(&items[i].out, 1),
                                 items[i].options.row_begin, items[i].options.stream);
   }
+  // One touch per key and list: the LRU order after a run of touches depends only on each
+  // key's last touch, so an item skips the chunks a later item of its list touches again (a
+  // key erased in between is gone either way).
+  std::vector<int64_t> touch_from(items.size());
+  {
+    std::vector<int64_t> later_hits(lists.size(), 0);
+    for (size_t i = items.size(); i-- > 0;) {
+      int64_t& later = later_hits[list_of[i]];
+      touch_from[i] = std::min(later, walks[i].hits);
+      later = std::max(later, walks[i].hits);
+    }
+  }
   {
     // The lookups of the walks stay valid unless a key was erased meanwhile (they look again).
     std::lock_guard lock(mutex_);
-    for (size_t i = 0; i < items.size(); ++i)
-      apply_walk_locked(walks[i], &lists[list_of[i]].lookups);
+    for (size_t i = 0; i < items.size(); ++i) {
+      apply_walk_locked(walks[i], &lists[list_of[i]].lookups, touch_from[i]);
+    }
   }
   uint64_t hit_tokens = 0, miss_tokens = 0;
   for (size_t i = 0; i < items.size(); ++i) {

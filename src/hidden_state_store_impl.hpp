@@ -115,7 +115,10 @@ class HiddenStateStore::Impl {
                          detail::RecordLookups* lookups = nullptr) const;
   void walk_finish(Walk& w, bool wait_for_copies) const;
   /// apply_walk with mutex_ held by the caller, and its counting part (no lock).
-  void apply_walk_locked(const Walk& w, detail::RecordLookups* lookups = nullptr) noexcept;
+  /// `touch_from`: the chunks before it are touched again later in the same locked section (a
+  /// batch's later item of the same list), so touching them here would not change the order.
+  void apply_walk_locked(const Walk& w, detail::RecordLookups* lookups = nullptr,
+                         int64_t touch_from = 0) noexcept;
   void count_walk(const Walk& w, int64_t n_tokens) noexcept;
   /// restore_walk_into's checks alone (InvalidArgument, nothing changed).
   /// `item`: the batch index to name in a message (none for a single call).

@@ -111,8 +111,8 @@ void HiddenStateStore::Impl::apply_walk(const Walk& w, int64_t n_tokens) noexcep
   count_walk(w, n_tokens);
 }
 
-void HiddenStateStore::Impl::apply_walk_locked(const Walk& w,
-                                               detail::RecordLookups* lookups) noexcept {
+void HiddenStateStore::Impl::apply_walk_locked(const Walk& w, detail::RecordLookups* lookups,
+                                               int64_t touch_from) noexcept {
   if (w.orphan) {
     // KV evicted => hidden states evicted (every slot of the key).
     if (index_.find(w.chunks[*w.orphan].key) != nullptr) {
@@ -122,7 +122,7 @@ void HiddenStateStore::Impl::apply_walk_locked(const Walk& w,
   }
   if (w.failed_copy) (void)index_.erase(w.chunks[*w.failed_copy].key);
   // Reverse order: chunk 0 ends most recent, so pressure evicts the suffix first.
-  for (int64_t i = w.hits - 1; i >= 0; --i) {
+  for (int64_t i = w.hits - 1; i >= touch_from; --i) {
     const auto chunk = static_cast<size_t>(i);
     const CacheEngineKey& key = w.chunks[chunk].key;
     if (detail::KeyRecord* record =

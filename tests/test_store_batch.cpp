@@ -218,5 +218,32 @@ TEST_F(BatchVsSingles, RetrieveBatchWithCoupledEvictionsMatchesSingles) {
   expect_same_state();
 }
 
+TEST_F(BatchVsSingles, RetrieveBatchTouchesEachKeyOnceYetEndsInTheSingleCallsLruOrder) {
+  make(64);
+  const auto a = wide(make_tokens(3 * kChunk, 50)), b = wide(make_tokens(2 * kChunk, 51));
+  const std::vector<int64_t> a_head(a.begin(), a.begin() + kChunk);
+  // a: layer 0 on three chunks, layer 1 on the first only (items of one list with other hits).
+  (void)store_both({item(a, 0), item(b, 0), item(a_head, 1), item(b, 1)});
+  std::vector<float> sink(3 * kChunk * kCols);
+  auto read = [&](const std::vector<int64_t>& t, int64_t layer) {
+    RetrieveOptions o;
+    o.layer_idx = layer;
+    return RetrieveItem{t, {sink.data(), DType::kFloat32, 3 * kChunk, kCols}, o};
+  };
+  for (const std::vector<RetrieveItem>& reads :
+       {std::vector<RetrieveItem>{read(a, 0), read(b, 1), read(a, 1), read(b, 0)},
+        std::vector<RetrieveItem>{read(a, 1), read(b, 0), read(a, 0), read(b, 1), read(b, 0)},
+        std::vector<RetrieveItem>{read(b, 0), read(a, 0), read(a, 1), read(a, 0)}}) {
+    const auto rows = batch_->retrieve_batch_into(reads);
+    for (size_t i = 0; i < reads.size(); ++i) {
+      EXPECT_EQ(
+          single_->retrieve_hidden_states_into(reads[i].token_ids, reads[i].out, reads[i].options),
+          rows[i])
+          << i;
+    }
+    expect_same_state();
+  }
+}
+
 }  // namespace
 }  // namespace hss
