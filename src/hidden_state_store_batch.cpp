@@ -12,6 +12,7 @@
 // may evict differently: items of the batch are not evicted by later items of the same batch).
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory_resource>
 #include <string>
@@ -181,20 +182,29 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
     std::lock_guard lock(mutex_);
     for (StorePlan& plan : plans) publish_locked(plan);
   }
-  // Write-behind to the remote tier, as the single store does (no-op without one).
-  for (const StorePlan& plan : plans) {
-    for (const Write& w : plan.writes)
-      remote_.write_behind(plan.chunks[w.chunk].key, w.entry, pool_);
+  // Write-behind to the remote tier, as the single store does (nothing to do without one).
+  if (remote_.enabled()) {
+    for (const StorePlan& plan : plans) {
+      for (const Write& w : plan.writes)
+        remote_.write_behind(plan.chunks[w.chunk].key, w.entry, pool_);
+    }
   }
   std::vector<StoreResult> results(items.size());
+  std::array<uint64_t, kNumActivationKinds> kind_written{};
   for (size_t i = 0; i < items.size(); ++i) {
     const auto written = static_cast<int64_t>(plans[i].writes.size());
     results[i] = {written, plans[i].cached};
-    if (written == 0) continue;
-    counters_.chunks_written.fetch_add(plans[i].writes.size(), std::memory_order_relaxed);
-    counters_.kind_chunks_written[static_cast<size_t>(items[i].options.kind)].fetch_add(
-        plans[i].writes.size(), std::memory_order_relaxed);
+    kind_written[static_cast<size_t>(items[i].options.kind)] += plans[i].writes.size();
   }
+  // The single calls' counts, added once per counter.
+  uint64_t written = 0;
+  for (size_t k = 0; k < kNumActivationKinds; ++k) {
+    written += kind_written[k];
+    if (kind_written[k] != 0) {
+      counters_.kind_chunks_written[k].fetch_add(kind_written[k], std::memory_order_relaxed);
+    }
+  }
+  counters_.chunks_written.fetch_add(written, std::memory_order_relaxed);
   return results;
 }
 
