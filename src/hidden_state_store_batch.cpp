@@ -10,6 +10,16 @@
 //                       one index lock to apply every walk (touches, orphan drops) in item order.
 // Results equal the single calls made in item order (a store batch larger than the free pool
 // may evict differently: items of the batch are not evicted by later items of the same batch).
+//
+// What the items share beyond the lock: the chunks of a token list and one index lookup per
+// chunk of it (detail::RecordLookups, valid until a key is erased), one map reserve and one
+// prepared-key map for the batch, one arena for every plan's writes and segments, one touch per
+// key and list on the read side, counters added once. What they cannot share (an entry and its
+// granules per chunk and slot, the slot scan, the copy, the pins) is most of an item's cost:
+// docs/perf.md, "Batch calls".
+// Out of memory while planning item i: the items before it withdraw their pending entries (none
+// stays unpublished), but their evictions and touches stand, so the batch as a whole has the
+// basic guarantee where a single store has the strong one.
 
 #include <algorithm>
 #include <array>
