@@ -136,9 +136,13 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
   // Every item's writes and segments from one arena sized for the batch (a chunk needs at most
   // one write and, with granules of a chunk or more, one segment; more only grows the arena).
   size_t item_chunks = 0;
-  for (size_t i = 0; i < items.size(); ++i) item_chunks += lists[list_of[i]].chunks.size();
+  for (size_t i = 0; i < items.size(); ++i) {
+    item_chunks += chunks_to_write(lists[list_of[i]].chunks, items[i].options.token_offset);
+  }
+  // Upstream: the heap, never the process-wide default resource an application may have set.
   std::pmr::monotonic_buffer_resource arena(
-      item_chunks * (sizeof(Write) + sizeof(kernels::WriteSegment)) + 64 * sizeof(Write));
+      item_chunks * (sizeof(Write) + sizeof(kernels::WriteSegment)) + 64 * sizeof(Write),
+      std::pmr::new_delete_resource());
   std::vector<StorePlan> plans;
   plans.reserve(items.size());
   for (size_t i = 0; i < items.size(); ++i) plans.emplace_back(&arena);

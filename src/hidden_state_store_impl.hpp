@@ -160,6 +160,8 @@ class HiddenStateStore::Impl {
                                 kernels::ElemType storage, StorePlan& plan, PlanContext& context);
   void publish_locked(StorePlan& plan) noexcept;
   void withdraw_locked(StorePlan& plan) noexcept;
+  /// The chunks a store with `token_offset` may write (those starting at or after it).
+  [[nodiscard]] static size_t chunks_to_write(std::span<const Chunk> chunks, int64_t token_offset);
   /// The storage type of a store of `hidden` under this config.
   [[nodiscard]] kernels::ElemType storage_for(const TensorView& hidden) const;
   /// Evicts one LRU key for pool pressure, skipping keys guarded by store call `guard`. False
@@ -216,7 +218,7 @@ struct HiddenStateStore::Impl::Write {
 struct HiddenStateStore::Impl::StorePlan {
   // A batch gives every item's vectors one arena (one allocation for the batch instead of two
   // per item); a single store uses the heap.
-  explicit StorePlan(std::pmr::memory_resource* memory = std::pmr::get_default_resource())
+  explicit StorePlan(std::pmr::memory_resource* memory = std::pmr::new_delete_resource())
       : writes(memory), segments(memory) {}
 
   std::span<const Chunk> chunks;

@@ -112,7 +112,7 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
   detail::RecordLookups& lookups = *context.lookups;
   size_t max_segments = 0;
   const uint64_t guard = ++next_guard_;
-  writes.reserve(chunks.size());
+  writes.reserve(chunks_to_write(chunks, opt.token_offset));
 
   // Plan: which chunks need writing. Allocation is fine here: nothing has changed yet.
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -180,6 +180,13 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
   }
   writes.erase(writes.begin() + static_cast<ptrdiff_t>(granted), writes.end());
   plan.epoch = index_.erasures();
+}
+
+size_t HiddenStateStore::Impl::chunks_to_write(std::span<const Chunk> chunks,
+                                               int64_t token_offset) {
+  const auto first = std::partition_point(chunks.begin(), chunks.end(),
+                                          [&](const Chunk& c) { return c.start < token_offset; });
+  return static_cast<size_t>(chunks.end() - first);
 }
 
 bool HiddenStateStore::Impl::evict_for_space(uint64_t guard) noexcept {
