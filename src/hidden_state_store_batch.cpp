@@ -10,9 +10,21 @@
 //                       one index lock to apply every walk (touches, orphan drops) in item order.
 // Results equal the single calls made in item order (a store batch larger than the free pool
 // may evict differently: items of the batch are not evicted by later items of the same batch).
+//
+// What the items share beyond the lock: the chunks of a token list and one index lookup per
+// chunk of it (detail::RecordLookups, valid until a key is erased), one map reserve and one
+// prepared-key map for the batch, one arena for every plan's writes and segments, one touch per
+// key and list on the read side, counters added once. What they cannot share (an entry and its
+// granules per chunk and slot, the slot scan, the copy, the pins) is most of an item's cost:
+// docs/perf.md, "Batch calls".
+// Out of memory while planning item i: the items before it withdraw their pending entries (none
+// stays unpublished), but their evictions and touches stand, so the batch as a whole has the
+// basic guarantee where a single store has the strong one.
 
 #include <algorithm>
-#include <map>
+#include <array>
+#include <cstdint>
+#include <memory_resource>
 #include <string>
 #include <utility>
 
@@ -37,24 +49,63 @@ void check_item(size_t index, Fn&& check) {
   }
 }
 
-/// One key pass per distinct token list: items passing the same span share the chunks.
+/// One key pass per distinct token list: items passing the same span share the chunks, and the
+/// index lookups of those chunks (one RecordLookups per list). Spans are found in an open-
+/// addressing table sized once for the batch (no node per list).
 class ChunkCache {
  public:
-  explicit ChunkCache(const TokenDatabase& db) : db_(db) {}
-  const std::vector<Chunk>& chunks_of(size_t index, std::span<const int64_t> tokens) {
-    const auto key = std::make_pair(tokens.data(), tokens.size());
-    auto it = lists_.find(key);
-    if (it == lists_.end()) {
-      std::vector<Chunk> chunks;
-      check_item(index, [&] { chunks = db_.process_tokens(tokens); });
-      it = lists_.emplace(key, std::move(chunks)).first;
-    }
-    return it->second;
+  struct SpanKey {
+    const int64_t* data = nullptr;
+    size_t size = 0;
+    bool operator==(const SpanKey&) const = default;
+  };
+  struct List {
+    SpanKey span;
+    std::vector<Chunk> chunks;
+    detail::RecordLookups lookups;
+    size_t items = 0;  // items of the batch passing this list
+  };
+
+  ChunkCache(const TokenDatabase& db, size_t items) : db_(db) {
+    lists_.reserve(items);
+    size_t buckets = 16;
+    while (buckets < 2 * items) buckets *= 2;
+    table_.assign(buckets, kEmpty);
   }
+  /// The list of item `index`'s tokens: its position in lists().
+  size_t list_of(size_t index, std::span<const int64_t> tokens) {
+    const SpanKey key{tokens.data(), tokens.size()};
+    if (last_ < lists_.size() && lists_[last_].span == key) return found(last_);
+    const size_t mask = table_.size() - 1;
+    size_t bucket = hash(key) & mask;
+    for (; table_[bucket] != kEmpty; bucket = (bucket + 1) & mask) {
+      if (lists_[table_[bucket]].span == key) return found(table_[bucket]);
+    }
+    List list;
+    list.span = key;
+    check_item(index, [&] { list.chunks = db_.process_tokens(tokens); });
+    list.lookups = detail::RecordLookups(list.chunks.size());
+    lists_.push_back(std::move(list));  // capacity reserved: no reallocation, spans stay valid
+    table_[bucket] = lists_.size() - 1;
+    return found(lists_.size() - 1);
+  }
+  [[nodiscard]] std::vector<List>& lists() { return lists_; }
 
  private:
+  static constexpr size_t kEmpty = SIZE_MAX;
+  static size_t hash(const SpanKey& k) noexcept {
+    const auto bits = reinterpret_cast<uintptr_t>(k.data) ^ (k.size * 0x9e3779b97f4a7c15ULL);
+    return static_cast<size_t>((bits * 0xff51afd7ed558ccdULL) >> 17);
+  }
+  size_t found(size_t list) {
+    ++lists_[list].items;
+    return last_ = list;
+  }
+
   const TokenDatabase& db_;
-  std::map<std::pair<const int64_t*, size_t>, std::vector<Chunk>> lists_;
+  std::vector<List> lists_;
+  std::vector<size_t> table_;  // list index per bucket, kEmpty when free
+  size_t last_ = SIZE_MAX;
 };
 
 }  // namespace
@@ -62,8 +113,8 @@ class ChunkCache {
 std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const StoreItem> items) {
   HSS_RANGE("store_batch");
   // 1. Every check first (and the key pass, which validates token ids): nothing done yet.
-  ChunkCache cache(token_database_);
-  std::vector<const std::vector<Chunk>*> chunks(items.size());
+  ChunkCache cache(token_database_, items.size());
+  std::vector<size_t> list_of(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const StoreItem& item = items[i];
     check_item(i, [&] {
@@ -72,25 +123,58 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
       check_pointer(item.hidden_states.data, item.hidden_states.device,
                     item.hidden_states.device_index, "hidden_states");
     });
-    chunks[i] = &cache.chunks_of(i, item.token_ids);
+    list_of[i] = cache.list_of(i, item.token_ids);
   }
+  auto& lists = cache.lists();
+  // At most one new key per chunk of each distinct list: the map and the prepared keys are
+  // sized once for the whole batch, so no item rehashes or grows them.
+  size_t distinct_chunks = 0;
+  for (const auto& list : lists) distinct_chunks += list.chunks.size();
 
-  // 2. One lock for every reservation.
-  std::vector<StorePlan> plans(items.size());
+  // 2. One lock for every reservation. Each item plans and applies in item order (its own
+  //    eviction guard), sharing the chunk lookups of its list with the items before it.
+  // Every item's writes and segments from one arena sized for the batch (a chunk needs at most
+  // one write and, with granules of a chunk or more, one segment; more only grows the arena).
+  size_t item_chunks = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    item_chunks += chunks_to_write(lists[list_of[i]].chunks, items[i].options.token_offset);
+  }
+  // Upstream: the heap, never the process-wide default resource an application may have set.
+  std::pmr::monotonic_buffer_resource arena(
+      item_chunks * (sizeof(Write) + sizeof(kernels::WriteSegment)) + 64 * sizeof(Write),
+      std::pmr::new_delete_resource());
+  std::vector<StorePlan> plans;
+  plans.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) plans.emplace_back(&arena);
   std::vector<bool> allowed(items.size());
+  PlanContext context;
+  context.prepared.reserve(distinct_chunks);
   reclaim_device_resources();
   {
     HSS_RANGE("store/alloc");
     std::lock_guard lock(mutex_);
     check_open_locked();
-    for (size_t i = 0; i < items.size(); ++i) {
-      const StoreItem& item = items[i];
-      allowed[i] = config_.slot_allowed(item.options.kind, item.options.layer_idx);
-      if (!allowed[i]) continue;
-      const ElemType storage = storage_for(item.hidden_states);
-      plans[i].chunks = *chunks[i];
-      plans[i].esize = static_cast<int64_t>(kernels::elem_bytes(storage));
-      reserve_and_apply_locked(item.hidden_states, item.options, storage, plans[i]);
+    index_.reserve_keys(distinct_chunks);
+    context.keys_reserved = true;
+    size_t i = 0;
+    try {
+      for (; i < items.size(); ++i) {
+        const StoreItem& item = items[i];
+        allowed[i] = config_.slot_allowed(item.options.kind, item.options.layer_idx);
+        if (!allowed[i]) continue;
+        auto& list = lists[list_of[i]];
+        const ElemType storage = storage_for(item.hidden_states);
+        plans[i].chunks = list.chunks;
+        plans[i].esize = static_cast<int64_t>(kernels::elem_bytes(storage));
+        context.lookups = &list.lookups;
+        context.slot_hint = std::min<size_t>(list.items, 64);
+        reserve_and_apply_locked(item.hidden_states, item.options, storage, plans[i], context);
+      }
+    } catch (...) {
+      // Out of memory planning item i (nothing of it applied): the items before it withdraw
+      // their pending entries, so none stays unpublished. Their evictions stand.
+      for (size_t j = 0; j < i; ++j) withdraw_locked(plans[j]);
+      throw;
     }
   }
   counters_.stores.fetch_add(items.size(), std::memory_order_relaxed);
@@ -120,28 +204,37 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
     std::lock_guard lock(mutex_);
     for (StorePlan& plan : plans) publish_locked(plan);
   }
-  // Write-behind to the remote tier, as the single store does (no-op without one).
-  for (const StorePlan& plan : plans) {
-    for (const Write& w : plan.writes)
-      remote_.write_behind(plan.chunks[w.chunk].key, w.entry, pool_);
+  // Write-behind to the remote tier, as the single store does (nothing to do without one).
+  if (remote_.enabled()) {
+    for (const StorePlan& plan : plans) {
+      for (const Write& w : plan.writes)
+        remote_.write_behind(plan.chunks[w.chunk].key, w.entry, pool_);
+    }
   }
   std::vector<StoreResult> results(items.size());
+  std::array<uint64_t, kNumActivationKinds> kind_written{};
   for (size_t i = 0; i < items.size(); ++i) {
     const auto written = static_cast<int64_t>(plans[i].writes.size());
     results[i] = {written, plans[i].cached};
-    if (written == 0) continue;
-    counters_.chunks_written.fetch_add(plans[i].writes.size(), std::memory_order_relaxed);
-    counters_.kind_chunks_written[static_cast<size_t>(items[i].options.kind)].fetch_add(
-        plans[i].writes.size(), std::memory_order_relaxed);
+    kind_written[static_cast<size_t>(items[i].options.kind)] += plans[i].writes.size();
   }
+  // The single calls' counts, added once per counter.
+  uint64_t written = 0;
+  for (size_t k = 0; k < kNumActivationKinds; ++k) {
+    written += kind_written[k];
+    if (kind_written[k] != 0) {
+      counters_.kind_chunks_written[k].fetch_add(kind_written[k], std::memory_order_relaxed);
+    }
+  }
+  counters_.chunks_written.fetch_add(written, std::memory_order_relaxed);
   return results;
 }
 
 std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
     std::span<const RetrieveItem> items) {
   HSS_RANGE("retrieve_batch");
-  ChunkCache cache(token_database_);
-  std::vector<const std::vector<Chunk>*> chunks(items.size());
+  ChunkCache cache(token_database_, items.size());
+  std::vector<size_t> list_of(items.size());
   std::vector<Slot> slots(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const RetrieveItem& item = items[i];
@@ -151,21 +244,25 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
       check_outputs(std::span<const Slot>(&slots[i], 1),
                     std::span<const MutableTensorView>(&item.out, 1));
     });
-    chunks[i] = &cache.chunks_of(i, item.token_ids);
+    list_of[i] = cache.list_of(i, item.token_ids);
   }
+  auto& lists = cache.lists();
+  auto chunks_of = [&](size_t i) -> std::span<const Chunk> { return lists[list_of[i]].chunks; };
 
   // The remote tier fills the pool where a walk would stop (no-op without one), before the lock.
   for (size_t i = 0; i < items.size(); ++i) {
-    (void)read_through(*chunks[i], std::span<const Slot>(&slots[i], 1));
+    (void)read_through(chunks_of(i), std::span<const Slot>(&slots[i], 1));
   }
-  // One lock for every walk's index part; KV checks and fence waits outside it.
+  // One lock for every walk's index part (one lookup per chunk of each distinct token list);
+  // KV checks and fence waits outside it.
   std::vector<Walk> walks(items.size());
   {
     HSS_RANGE("retrieve/walk");
     std::lock_guard lock(mutex_);
     check_open_locked();
     for (size_t i = 0; i < items.size(); ++i) {
-      walk_index_locked(walks[i], *chunks[i], std::span<const Slot>(&slots[i], 1));
+      walk_index_locked(walks[i], chunks_of(i), std::span<const Slot>(&slots[i], 1),
+                        &lists[list_of[i]].lookups);
     }
   }
   for (size_t i = 0; i < items.size(); ++i) {
@@ -178,13 +275,35 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
   }
   std::vector<int64_t> rows(items.size());
   restore_batch_walks(walks, items, rows);
+  // One touch per key and list: the LRU order after a run of touches depends only on each
+  // key's last touch, so an item skips the chunks a later item of its list touches again (a
+  // key erased in between is gone either way).
+  std::vector<int64_t> touch_from(items.size());
   {
+    std::vector<int64_t> later_hits(lists.size(), 0);
+    for (size_t i = items.size(); i-- > 0;) {
+      int64_t& later = later_hits[list_of[i]];
+      touch_from[i] = std::min(later, walks[i].hits);
+      later = std::max(later, walks[i].hits);
+    }
+  }
+  {
+    // The lookups of the walks stay valid unless a key was erased meanwhile (they look again).
     std::lock_guard lock(mutex_);
-    for (const Walk& w : walks) apply_walk_locked(w);
+    for (size_t i = 0; i < items.size(); ++i) {
+      apply_walk_locked(walks[i], &lists[list_of[i]].lookups, touch_from[i]);
+    }
   }
+  uint64_t hit_tokens = 0, miss_tokens = 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    count_walk(walks[i], static_cast<int64_t>(items[i].token_ids.size()));
+    const auto prefix = static_cast<uint64_t>(walks[i].prefix_tokens);
+    hit_tokens += prefix;
+    miss_tokens += items[i].token_ids.size() - prefix;
   }
+  // The counts of the single calls, added once.
+  counters_.retrieves.fetch_add(items.size(), std::memory_order_relaxed);
+  counters_.hit_tokens.fetch_add(hit_tokens, std::memory_order_relaxed);
+  counters_.miss_tokens.fetch_add(miss_tokens, std::memory_order_relaxed);
   return rows;
 }
 

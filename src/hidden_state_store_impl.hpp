@@ -9,6 +9,7 @@
 // backend's lock or a copy under the index mutex.
 
 #include <atomic>
+#include <memory_resource>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -109,10 +110,15 @@ class HiddenStateStore::Impl {
   Walk plan_walk(std::span<const Chunk> chunks, std::span<const Slot> slots,
                  bool wait_for_copies = true) const;
   /// plan_walk in two parts: the index part (caller holds mutex_), then KV and fences (no lock).
-  void walk_index_locked(Walk& w, std::span<const Chunk> chunks, std::span<const Slot> slots) const;
+  /// `lookups` (optional): the chunk list's record lookups, shared by the items of a batch.
+  void walk_index_locked(Walk& w, std::span<const Chunk> chunks, std::span<const Slot> slots,
+                         detail::RecordLookups* lookups = nullptr) const;
   void walk_finish(Walk& w, bool wait_for_copies) const;
   /// apply_walk with mutex_ held by the caller, and its counting part (no lock).
-  void apply_walk_locked(const Walk& w) noexcept;
+  /// `touch_from`: the chunks before it are touched again later in the same locked section (a
+  /// batch's later item of the same list), so touching them here would not change the order.
+  void apply_walk_locked(const Walk& w, detail::RecordLookups* lookups = nullptr,
+                         int64_t touch_from = 0) noexcept;
   void count_walk(const Walk& w, int64_t n_tokens) noexcept;
   /// restore_walk_into's checks alone (InvalidArgument, nothing changed).
   /// `item`: the batch index to name in a message (none for a single call).
@@ -139,6 +145,7 @@ class HiddenStateStore::Impl {
   /// Store phases (hidden_state_store_write.cpp).
   struct Write;
   struct StorePlan;
+  struct PlanContext;
   /// Arguments already validated: the allowlists, then the three phases.
   StoreResult store_validated(std::span<const Chunk> chunks, const TensorView& hidden,
                               const StoreOptions& opt);
@@ -160,10 +167,13 @@ class HiddenStateStore::Impl {
   void publish(StorePlan& plan) noexcept;
   void withdraw(StorePlan& plan) noexcept;
   // The same with mutex_ held by the caller (the batch takes it once for every item).
+  // `context`: what the items of one call share (prepared keys, the lookups of plan.chunks).
   void reserve_and_apply_locked(const TensorView& hidden, const StoreOptions& opt,
-                                kernels::ElemType storage, StorePlan& plan);
+                                kernels::ElemType storage, StorePlan& plan, PlanContext& context);
   void publish_locked(StorePlan& plan) noexcept;
   void withdraw_locked(StorePlan& plan) noexcept;
+  /// The chunks a store with `token_offset` may write (those starting at or after it).
+  [[nodiscard]] static size_t chunks_to_write(std::span<const Chunk> chunks, int64_t token_offset);
   /// The storage type of a store of `hidden` under this config.
   [[nodiscard]] kernels::ElemType storage_for(const TensorView& hidden) const;
   /// Evicts one LRU key for pool pressure, skipping keys guarded by store call `guard`. False
@@ -214,15 +224,30 @@ struct HiddenStateStore::Impl::Write {
   size_t chunk = 0;
   detail::EntryRef entry;
   const detail::Entry* replaces = nullptr;  // an entry of the slot with another shape
+  detail::KeyRecord* record = nullptr;      // where phase 1 put it (valid while plan.epoch holds)
 };
 
 struct HiddenStateStore::Impl::StorePlan {
+  // A batch gives every item's vectors one arena (one allocation for the batch instead of two
+  // per item); a single store uses the heap.
+  explicit StorePlan(std::pmr::memory_resource* memory = std::pmr::new_delete_resource())
+      : writes(memory), segments(memory) {}
+
   std::span<const Chunk> chunks;
-  std::vector<Write> writes;  // planned; after phase 1: the granted ones, in chunk order
-  std::vector<kernels::WriteSegment> segments;
+  std::pmr::vector<Write> writes;  // planned; after phase 1: the granted ones, in chunk order
+  std::pmr::vector<kernels::WriteSegment> segments;
   detail::FenceRef fence;
   int64_t cached = 0;
   int64_t esize = 0;
+  uint64_t epoch = 0;  // index_.erasures() after phase 1: Write::record is valid while it holds
+};
+
+// What the store phase 1 of the items of one call share under the index lock.
+struct HiddenStateStore::Impl::PlanContext {
+  detail::StoreIndex::Prepared prepared;
+  detail::RecordLookups* lookups = nullptr;  // of the plan's chunk list
+  size_t slot_hint = 1;        // slot vector capacity for a new key (items sharing the list)
+  bool keys_reserved = false;  // index_.reserve_keys already covers every key of the call
 };
 
 }  // namespace hss

@@ -33,14 +33,16 @@ HiddenStateStore::Impl::Walk HiddenStateStore::Impl::plan_walk(std::span<const C
 }
 
 void HiddenStateStore::Impl::walk_index_locked(Walk& w, std::span<const Chunk> chunks,
-                                               std::span<const Slot> slots) const {
+                                               std::span<const Slot> slots,
+                                               detail::RecordLookups* lookups) const {
   w.chunks = chunks;
   w.slots = slots.size();
   size_t present = 0;  // chunks whose every slot is held, READY and of a consistent shape
   w.pinned.reserve(std::min<size_t>(chunks.size(), 4096) * slots.size());
   for (; present < chunks.size(); ++present) {
     const Chunk& chunk = chunks[present];
-    const detail::KeyRecord* record = index_.find(chunk.key);
+    const detail::KeyRecord* record =
+        lookups ? lookups->find(index_, present, chunk.key) : index_.find(chunk.key);
     if (record == nullptr) break;
     size_t s = 0;
     for (; s < slots.size(); ++s) {
@@ -109,7 +111,8 @@ void HiddenStateStore::Impl::apply_walk(const Walk& w, int64_t n_tokens) noexcep
   count_walk(w, n_tokens);
 }
 
-void HiddenStateStore::Impl::apply_walk_locked(const Walk& w) noexcept {
+void HiddenStateStore::Impl::apply_walk_locked(const Walk& w, detail::RecordLookups* lookups,
+                                               int64_t touch_from) noexcept {
   if (w.orphan) {
     // KV evicted => hidden states evicted (every slot of the key).
     if (index_.find(w.chunks[*w.orphan].key) != nullptr) {
@@ -119,8 +122,11 @@ void HiddenStateStore::Impl::apply_walk_locked(const Walk& w) noexcept {
   }
   if (w.failed_copy) (void)index_.erase(w.chunks[*w.failed_copy].key);
   // Reverse order: chunk 0 ends most recent, so pressure evicts the suffix first.
-  for (int64_t i = w.hits - 1; i >= 0; --i) {
-    if (detail::KeyRecord* record = index_.find(w.chunks[static_cast<size_t>(i)].key)) {
+  for (int64_t i = w.hits - 1; i >= touch_from; --i) {
+    const auto chunk = static_cast<size_t>(i);
+    const CacheEngineKey& key = w.chunks[chunk].key;
+    if (detail::KeyRecord* record =
+            lookups ? lookups->find(index_, chunk, key) : index_.find(key)) {
       index_.touch(*record);
     }
   }
@@ -230,9 +236,11 @@ void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
                           std::to_string(slots.size()) + " slots");
   }
   for (size_t s = 0; s < outs.size(); ++s) {
-    const std::string name = outs.size() == 1 ? "out" : "outs[" + std::to_string(s) + "]";
-    detail::check_view(outs[s].as_const(), name.c_str(), device_path_ != nullptr);
-    check_pointer(outs[s].data, outs[s].device, outs[s].device_index, name.c_str());
+    // The name is only spelled out for several views (a single view is the common, hot case).
+    const std::string many = outs.size() == 1 ? std::string() : "outs[" + std::to_string(s) + "]";
+    const char* name = outs.size() == 1 ? "out" : many.c_str();
+    detail::check_view(outs[s].as_const(), name, device_path_ != nullptr);
+    check_pointer(outs[s].data, outs[s].device, outs[s].device_index, name);
   }
 }
 

@@ -94,25 +94,30 @@ void HiddenStateStore::Impl::reserve_and_apply(const TensorView& hidden, const S
   // Finished device restores let go of their pins and landed copies of dropped entries give
   // their granules back before this call decides what to evict.
   reclaim_device_resources();
+  detail::RecordLookups lookups(plan.chunks.size());
+  PlanContext context;
+  context.lookups = &lookups;
   std::lock_guard lock(mutex_);
   check_open_locked();
-  reserve_and_apply_locked(hidden, opt, storage, plan);
+  reserve_and_apply_locked(hidden, opt, storage, plan, context);
 }
 
 void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
                                                       const StoreOptions& opt, ElemType storage,
-                                                      StorePlan& plan) {
+                                                      StorePlan& plan, PlanContext& context) {
   const std::span<const Chunk> chunks = plan.chunks;
   const Slot slot{opt.kind, opt.layer_idx};
-  std::vector<Write>& writes = plan.writes;
-  detail::StoreIndex::Prepared prepared;
+  auto& writes = plan.writes;
+  detail::StoreIndex::Prepared& prepared = context.prepared;
+  detail::RecordLookups& lookups = *context.lookups;
   size_t max_segments = 0;
   const uint64_t guard = ++next_guard_;
+  writes.reserve(chunks_to_write(chunks, opt.token_offset));
 
   // Plan: which chunks need writing. Allocation is fine here: nothing has changed yet.
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& chunk = chunks[i];
-    detail::KeyRecord* record = index_.find(chunk.key);
+    detail::KeyRecord* record = lookups.find(index_, i, chunk.key);
     // Every key of the caller's token list is off limits to this call's evictions, the chunks
     // before token_offset included: they are the prefix this call extends.
     if (record) record->guard = guard;
@@ -127,12 +132,14 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
     const size_t need = pool_.blocks_for(bytes);
     entry->blocks.reserve(need);
     max_segments += need;
-    if (record) record->slots.reserve(record->slots.size() + 1);
+    if (record && record->slots.size() == record->slots.capacity()) {
+      record->slots.reserve(record->slots.size() + context.slot_hint);
+    }
     // A replacement may remove the record's last slot (and so the record): prepare a fresh one.
-    if (!record || replaces) index_.prepare_insert(prepared, chunk.key, 1);
+    if (!record || replaces) index_.prepare_insert(prepared, chunk.key, context.slot_hint);
     writes.push_back({i, std::move(entry), replaces});
   }
-  index_.reserve_keys(writes.size());
+  if (!context.keys_reserved) index_.reserve_keys(writes.size());
   plan.segments.reserve(max_segments);
 
   // Apply: nothing below throws.
@@ -155,18 +162,31 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
         counters_.allocation_failures.fetch_add(1, std::memory_order_relaxed);
         break;  // stop at this chunk: the cached range stays contiguous
       }
-      detail::KeyRecord& record = index_.find_or_insert(chunk.key, prepared);
+      // Evictions above never take this call's keys (guarded), but any erase (a replaced last
+      // slot included) makes the lookups look again.
+      detail::KeyRecord* found = lookups.find(index_, i, chunk.key);
+      detail::KeyRecord& record = found ? *found : index_.insert(chunk.key, prepared);
+      if (!found) lookups.remember(index_, i, record);
       record.guard = guard;
       index_.touch(record);
       record.slots.push_back(w.entry);  // capacity reserved above
+      w.record = &record;
       ++granted;
       ++plan.cached;
-    } else if (detail::KeyRecord* record = index_.find(chunk.key)) {
+    } else if (detail::KeyRecord* record = lookups.find(index_, i, chunk.key)) {
       index_.touch(*record);  // already cached for the slot with this shape
       ++plan.cached;
     }
   }
   writes.erase(writes.begin() + static_cast<ptrdiff_t>(granted), writes.end());
+  plan.epoch = index_.erasures();
+}
+
+size_t HiddenStateStore::Impl::chunks_to_write(std::span<const Chunk> chunks,
+                                               int64_t token_offset) {
+  const auto first = std::partition_point(chunks.begin(), chunks.end(),
+                                          [&](const Chunk& c) { return c.start < token_offset; });
+  return static_cast<size_t>(chunks.end() - first);
 }
 
 bool HiddenStateStore::Impl::evict_for_space(uint64_t guard) noexcept {
@@ -235,8 +255,10 @@ void HiddenStateStore::Impl::publish_locked(StorePlan& plan) noexcept {
   for (Write& w : plan.writes) {
     w.entry->fence = plan.fence;
     if (plan.fence) w.entry->deferred = &deferred_;
-    // An entry dropped meanwhile (drop_key, close, a coupled eviction) stays detached.
-    detail::KeyRecord* record = index_.find(plan.chunks[w.chunk].key);
+    // An entry dropped meanwhile (drop_key, close, a coupled eviction) stays detached. Without
+    // any erase since phase 1 the record found there is still the key's.
+    detail::KeyRecord* record =
+        plan.epoch == index_.erasures() ? w.record : index_.find(plan.chunks[w.chunk].key);
     if (record == nullptr) continue;
     if (const EntryRef* held = record->find(w.entry->slot); held && *held == w.entry) {
       index_.account_publish(*record, *w.entry);

@@ -6,6 +6,7 @@
 // nodes, LRU nodes, slot vectors) happens in prepare_insert(), which changes nothing visible, so a
 // store can reserve everything first and then apply its plan without a throw in the middle.
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <list>
@@ -104,6 +105,9 @@ class StoreIndex {
    public:
     [[nodiscard]] bool empty() const { return nodes_.empty(); }
 
+    /// Room for `keys` prepared keys (a batch prepares once for all its items).
+    void reserve(size_t keys) { nodes_.reserve(keys); }
+
    private:
     friend class StoreIndex;
     Map nodes_;
@@ -141,6 +145,10 @@ class StoreIndex {
   /// prepare_insert(prepared, key) and reserve_keys() for it; then it does not throw.
   KeyRecord& find_or_insert(const CacheEngineKey& key, Prepared& prepared) noexcept {
     if (KeyRecord* record = find(key)) return *record;
+    return insert(key, prepared);
+  }
+  /// find_or_insert for a key the caller just found absent (saves the lookup).
+  KeyRecord& insert(const CacheEngineKey& key, Prepared& prepared) noexcept {
     auto node = prepared.nodes_.extract(key);
     auto lru_node = prepared.lru_.begin();
     auto [it, inserted, unused] = map_.insert(std::move(node));
@@ -154,6 +162,12 @@ class StoreIndex {
 
   void touch(KeyRecord& record) noexcept { lru_.splice(lru_.end(), lru_, record.lru); }
 
+  /// Counts the keys removed so far (erase, erase_slot of a last slot, clear). A KeyRecord
+  /// pointer found while erasures() had a value stays valid as long as it keeps that value (map
+  /// nodes never move, rehash included): callers cache lookups across the phases of a call and
+  /// across the items of a batch, and look up again only when this changed.
+  [[nodiscard]] uint64_t erasures() const noexcept { return erasures_; }
+
   /// Removes the key. Entries nobody else pins die here (their granules go back to the pool);
   /// pinned ones when their last reader lets go. Returns the number of READY entries removed.
   size_t erase(const CacheEngineKey& key) noexcept {
@@ -166,6 +180,7 @@ class StoreIndex {
     }
     lru_.erase(it->second.lru);
     map_.erase(it);
+    ++erasures_;
     return ready;
   }
 
@@ -184,6 +199,7 @@ class StoreIndex {
     if (slots.empty()) {
       lru_.erase(it->second.lru);
       map_.erase(it);
+      ++erasures_;
     }
   }
 
@@ -214,6 +230,7 @@ class StoreIndex {
   void clear() noexcept {
     map_.clear();
     lru_.clear();
+    ++erasures_;
     ready_entries_ = bytes_held_ = blocks_held_ = ready_keys_ = 0;
     per_kind_ = {};
   }
@@ -256,7 +273,58 @@ class StoreIndex {
   uint64_t bytes_held_ = 0;
   uint64_t blocks_held_ = 0;
   uint64_t ready_keys_ = 0;
+  uint64_t erasures_ = 0;
   std::array<KindTotals, kNumActivationKinds> per_kind_{};
+};
+
+/// The KeyRecords of one chunk list, each looked up once and reused while no key was erased
+/// (StoreIndex::erasures): the phases of a store, and the items of a batch that share a token
+/// list (the layers of a request), share one lookup per chunk. Only hits are cached, so a key
+/// inserted meanwhile is found. Used under the index lock only.
+class RecordLookups {
+ public:
+  explicit RecordLookups(size_t chunks = 0) : size_(chunks) {
+    if (chunks > kInline) heap_.assign(chunks, nullptr);
+  }
+
+  [[nodiscard]] KeyRecord* find(StoreIndex& index, size_t chunk,
+                                const CacheEngineKey& key) noexcept {
+    sync(index);
+    KeyRecord*& cached = records()[chunk];
+    if (cached == nullptr) cached = index.find(key);
+    return cached;
+  }
+  [[nodiscard]] const KeyRecord* find(const StoreIndex& index, size_t chunk,
+                                      const CacheEngineKey& key) noexcept {
+    sync(index);
+    KeyRecord*& cached = records()[chunk];
+    // The cache holds what a non-const caller may modify; a const caller only reads through it.
+    if (cached == nullptr) cached = const_cast<KeyRecord*>(index.find(key));
+    return cached;
+  }
+  /// Records `record` as chunk `chunk`'s (just inserted, or found by the caller).
+  void remember(const StoreIndex& index, size_t chunk, KeyRecord& record) noexcept {
+    sync(index);
+    records()[chunk] = &record;
+  }
+
+ private:
+  static constexpr size_t kInline = 8;  // a short prompt's chunks: no allocation
+
+  // Computed, not stored: a moved RecordLookups must not point into its old inline array.
+  [[nodiscard]] KeyRecord** records() noexcept {
+    return size_ > kInline ? heap_.data() : inline_.data();
+  }
+  void sync(const StoreIndex& index) noexcept {
+    if (epoch_ == index.erasures()) return;
+    std::fill_n(records(), size_, nullptr);
+    epoch_ = index.erasures();
+  }
+
+  size_t size_;
+  std::array<KeyRecord*, kInline> inline_{};
+  std::vector<KeyRecord*> heap_;
+  uint64_t epoch_ = 0;
 };
 
 }  // namespace hss::detail

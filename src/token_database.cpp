@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+#include <array>
 #include <bit>
 #include <cstdint>
 #include <cstdio>
@@ -58,16 +60,23 @@ std::vector<Chunk> chunk_tokens(const ChunkedTokenDatabase& db, std::span<const 
   std::vector<Chunk> chunks;
   chunks.reserve(static_cast<size_t>(count));
   uint64_t seed = ChunkedTokenDatabase::kRootSeed;
-  std::vector<uint32_t> narrowed;
+  // int64 ids narrow into a stack buffer for chunks up to kStackTokens (the common sizes), a
+  // heap one beyond.
+  constexpr int64_t kStackTokens = 512;
+  std::array<uint32_t, kStackTokens> stack_buffer;
+  std::vector<uint32_t> heap_buffer;
   for (int64_t c = 0; c < count; ++c) {
     const int64_t start = c * chunk;
     const int64_t end = std::min(n, start + chunk);
     const void* bytes = nullptr;
     if constexpr (sizeof(Token) == sizeof(uint32_t)) {
       bytes = tokens.data() + start;
+    } else if (end - start <= kStackTokens) {
+      std::copy(tokens.begin() + start, tokens.begin() + end, stack_buffer.begin());
+      bytes = stack_buffer.data();
     } else {
-      narrowed.assign(tokens.begin() + start, tokens.begin() + end);
-      bytes = narrowed.data();
+      heap_buffer.assign(tokens.begin() + start, tokens.begin() + end);
+      bytes = heap_buffer.data();
     }
     seed = XXH3_64bits_withSeed(bytes, static_cast<size_t>(end - start) * sizeof(uint32_t), seed);
     chunks.push_back(Chunk{start, end, db.make_key(seed)});

@@ -26,7 +26,13 @@ struct CacheEngineKey {
   uint64_t chunk_hash = 0;
   std::string kv_dtype = "bfloat16";
 
-  friend bool operator==(const CacheEngineKey&, const CacheEngineKey&) = default;
+  /// Field-wise equality, the cheap and most distinguishing fields first: keys of one store
+  /// almost always share the strings, so comparing them first would cost a memcmp per probe.
+  friend bool operator==(const CacheEngineKey& a, const CacheEngineKey& b) noexcept {
+    return a.chunk_hash == b.chunk_hash && a.worker_id == b.worker_id &&
+           a.world_size == b.world_size && a.model_name == b.model_name && a.fmt == b.fmt &&
+           a.kv_dtype == b.kv_dtype;
+  }
 
   /// "fmt@model_name@world_size@worker_id@<16 hex digits>@kv_dtype".
   [[nodiscard]] std::string to_string() const;

@@ -1,0 +1,249 @@
+// Batch calls against single calls in item order where the batch shares work between items:
+// one index lookup per chunk of each distinct token list (detail::RecordLookups), reused until a
+// key is erased. Pressure, replacements and coupled evictions in the middle of a batch must give
+// the results, the LRU order and the counters of the single calls.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "hss/hss.hpp"
+#include "store_index.hpp"
+#include "test_util.hpp"
+
+namespace hss {
+namespace {
+
+using test::make_rows;
+using test::make_tokens;
+
+constexpr int64_t kChunk = 16;
+constexpr int64_t kCols = 8;
+
+TEST(RecordLookups, ReuseARecordUntilAKeyIsErasedAndNeverCacheAMiss) {
+  detail::StoreIndex index;
+  ChunkedTokenDatabase db(kChunk, false);
+  const auto tokens = make_tokens(2 * kChunk, 1);
+  const auto chunks = db.process_tokens(tokens);
+  detail::RecordLookups lookups(chunks.size());
+
+  EXPECT_EQ(lookups.find(index, 0, chunks[0].key), nullptr);
+  detail::StoreIndex::Prepared prepared;
+  index.prepare_insert(prepared, chunks[0].key, 1);
+  index.prepare_insert(prepared, chunks[1].key, 1);
+  index.reserve_keys(2);
+  detail::KeyRecord& first = index.insert(chunks[0].key, prepared);
+  // A miss is not cached: the key inserted since is found.
+  EXPECT_EQ(lookups.find(index, 0, chunks[0].key), &first);
+  detail::KeyRecord& second = index.insert(chunks[1].key, prepared);
+  lookups.remember(index, 1, second);
+  EXPECT_EQ(lookups.find(index, 1, chunks[1].key), &second);
+
+  const uint64_t before = index.erasures();
+  EXPECT_EQ(index.erase(chunks[0].key), 0u);
+  EXPECT_EQ(index.erasures(), before + 1);
+  // Both cached records are dropped on the erase; the surviving key is found again.
+  EXPECT_EQ(lookups.find(index, 0, chunks[0].key), nullptr);
+  EXPECT_EQ(lookups.find(index, 1, chunks[1].key), &second);
+  index.clear();
+  EXPECT_EQ(index.erasures(), before + 2);
+  EXPECT_EQ(lookups.find(index, 1, chunks[1].key), nullptr);
+}
+
+TEST(RecordLookups, LongListsSpillToTheHeapAndSurviveAMove) {
+  detail::StoreIndex index;
+  ChunkedTokenDatabase db(kChunk, false);
+  const auto chunks = db.process_tokens(make_tokens(12 * kChunk, 2));
+  detail::StoreIndex::Prepared prepared;
+  index.prepare_insert(prepared, chunks[11].key, 1);
+  index.reserve_keys(1);
+  detail::KeyRecord& last = index.insert(chunks[11].key, prepared);
+  for (size_t n : {size_t{2}, chunks.size()}) {
+    detail::RecordLookups lookups(n);
+    const size_t i = n - 1;
+    const CacheEngineKey& key = n == chunks.size() ? chunks[11].key : chunks[0].key;
+    (void)lookups.find(index, i, key);
+    detail::RecordLookups moved = std::move(lookups);
+    EXPECT_EQ(moved.find(index, i, key), n == chunks.size() ? &last : nullptr) << n;
+  }
+}
+
+/// A twin pair of stores: one fed batches, one the same items as single calls.
+class BatchVsSingles : public ::testing::Test {
+ protected:
+  void make(int64_t pool_chunks) {
+    const Config config = test::store_config(kChunk, kCols, pool_chunks);
+    batch_ = std::make_unique<HiddenStateStore>(config, db_);
+    single_ = std::make_unique<HiddenStateStore>(config, db_);
+    batch_->bind_storage_manager(&kv_);
+    single_->bind_storage_manager(&kv_);
+  }
+  /// An item storing rows [offset, end) of `tokens` for `layer` (the rows stay alive in rows_).
+  StoreItem item(const std::vector<int64_t>& tokens, int64_t layer, int64_t offset = 0) {
+    const std::vector<int32_t> narrow(tokens.begin(), tokens.end());
+    rows_.push_back(std::make_unique<std::vector<float>>(make_rows(narrow, offset, layer, kCols)));
+    StoreOptions o;
+    o.layer_idx = layer;
+    o.token_offset = offset;
+    return {tokens,
+            {rows_.back()->data(), DType::kFloat32, static_cast<int64_t>(tokens.size()) - offset,
+             kCols},
+            o};
+  }
+  static std::vector<int64_t> wide(const std::vector<int32_t>& t) { return {t.begin(), t.end()}; }
+
+  /// Runs `items` as one batch and as single calls; results, LRU, counters and entries agree.
+  std::vector<StoreResult> store_both(const std::vector<StoreItem>& items) {
+    const auto results = batch_->store_batch(items);
+    for (size_t i = 0; i < items.size(); ++i) {
+      EXPECT_EQ(single_->store_hidden_states(items[i].token_ids, items[i].hidden_states,
+                                             items[i].options),
+                results[i])
+          << "item " << i;
+    }
+    expect_same_state();
+    return results;
+  }
+  void expect_same_state() {
+    EXPECT_EQ(batch_->lru_keys(), single_->lru_keys());
+    const HiddenStateStats b = batch_->stats(), s = single_->stats();
+    EXPECT_EQ(b.entries_held, s.entries_held);
+    EXPECT_EQ(b.keys_held, s.keys_held);
+    EXPECT_EQ(b.blocks_held, s.blocks_held);
+    EXPECT_EQ(b.stores, s.stores);
+    EXPECT_EQ(b.chunks_written, s.chunks_written);
+    EXPECT_EQ(b.retrieves, s.retrieves);
+    EXPECT_EQ(b.hit_tokens, s.hit_tokens);
+    EXPECT_EQ(b.miss_tokens, s.miss_tokens);
+    EXPECT_EQ(b.hs_evictions, s.hs_evictions);
+    EXPECT_EQ(b.coupled_evictions, s.coupled_evictions);
+    EXPECT_EQ(b.allocation_failures, s.allocation_failures);
+    batch_->check_invariants();
+    single_->check_invariants();
+  }
+
+  ChunkedTokenDatabase db_{kChunk, false};
+  test::ControlledKv kv_;
+  std::unique_ptr<HiddenStateStore> batch_, single_;
+  std::vector<std::unique_ptr<std::vector<float>>> rows_;
+};
+
+TEST_F(BatchVsSingles, LayersOfOneRequestShareLookupsAndEndInTheSameLruOrder) {
+  make(64);
+  const auto a = wide(make_tokens(3 * kChunk, 10)), b = wide(make_tokens(2 * kChunk, 11));
+  std::vector<StoreItem> items;
+  for (int64_t layer = 0; layer < 3; ++layer) {
+    items.push_back(item(a, layer));
+    items.push_back(item(b, layer));
+  }
+  items.push_back(item(a, 0));              // cached: touches only
+  items.push_back(item(b, 1, kChunk));      // token_offset: chunk 0 skipped, chunk 1 cached
+  items.push_back(item(a, 3, 2 * kChunk));  // a new layer for the last chunk only
+  const auto results = store_both(items);
+  EXPECT_EQ(results[0], (StoreResult{3, 3}));
+  EXPECT_EQ(results[6], (StoreResult{0, 3}));
+  EXPECT_EQ(results[7], (StoreResult{0, 1}));
+  EXPECT_EQ(results[8], (StoreResult{1, 1}));
+}
+
+TEST_F(BatchVsSingles, EvictionOfALookedUpKeyInTheMiddleOfAStoreBatch) {
+  // Pool of 7 chunks. b and c fill four; the batch looks c up (item 0, touching it), stores a
+  // and d (d evicts b0), then e evicts b1 and c0, whose record item 0 had looked up: item 4
+  // extends c past its first chunk and must find c0 gone, not use the erased record.
+  make(7);
+  const auto b = wide(make_tokens(2 * kChunk, 20)), c = wide(make_tokens(2 * kChunk, 21));
+  const auto a = wide(make_tokens(2 * kChunk, 22)), d = wide(make_tokens(2 * kChunk, 23));
+  const auto e = wide(make_tokens(2 * kChunk, 24));
+  (void)store_both({item(b, 0), item(c, 0)});
+  const auto results =
+      store_both({item(c, 0), item(a, 0), item(d, 0), item(e, 0), item(c, 0, kChunk)});
+  EXPECT_EQ(results[0], (StoreResult{0, 2}));
+  EXPECT_EQ(results[3], (StoreResult{2, 2}));
+  EXPECT_EQ(results[4], (StoreResult{0, 1}));
+  EXPECT_EQ(batch_->stats().hs_evictions, 3u);
+  EXPECT_FALSE(batch_->has_chunk(db_.process_tokens(std::span<const int64_t>(c))[0].key, 0));
+}
+
+TEST_F(BatchVsSingles, ReplacementOfTheLastSlotInTheMiddleOfAStoreBatch) {
+  // A hidden dim change replaces a key's only entry (the record is erased and made again) while
+  // later items of the batch share that key's lookups.
+  make(64);
+  const auto a = wide(make_tokens(2 * kChunk, 30));
+  (void)store_both({item(a, 0)});
+  std::vector<StoreItem> items{item(a, 0), item(a, 1), item(a, 0)};
+  std::vector<float> wider(a.size() * 2 * kCols, 0.5f);
+  items[0].hidden_states = {wider.data(), DType::kFloat32, static_cast<int64_t>(a.size()),
+                            2 * kCols};
+  const auto results = store_both(items);
+  EXPECT_EQ(results[0], (StoreResult{2, 2}));
+  EXPECT_EQ(results[1], (StoreResult{2, 2}));
+  EXPECT_EQ(results[2], (StoreResult{2, 2}));  // back to kCols: replaced again
+}
+
+TEST_F(BatchVsSingles, RetrieveBatchWithCoupledEvictionsMatchesSingles) {
+  make(64);
+  const auto a = wide(make_tokens(3 * kChunk, 40)), b = wide(make_tokens(2 * kChunk, 41));
+  std::vector<StoreItem> stores;
+  for (int64_t layer = 0; layer < 3; ++layer) {
+    stores.push_back(item(a, layer));
+    stores.push_back(item(b, layer));
+  }
+  (void)store_both(stores);
+  // a's second chunk loses its KV: every read of a stops there and the first drops the key.
+  kv_.evict(db_.process_tokens(std::span<const int64_t>(a))[1].key);
+  std::vector<std::vector<float>> got(6), want(6);
+  std::vector<RetrieveItem> reads;
+  for (size_t i = 0; i < 6; ++i) {
+    const auto& t = i % 2 == 0 ? a : b;
+    got[i].assign(t.size() * kCols, -1.0f);
+    want[i] = got[i];
+    RetrieveOptions o;
+    o.layer_idx = static_cast<int64_t>(i / 2);
+    o.row_begin = static_cast<int64_t>(i % 3);
+    reads.push_back(
+        {t, {got[i].data(), DType::kFloat32, static_cast<int64_t>(t.size()), kCols}, o});
+  }
+  const auto rows = batch_->retrieve_batch_into(reads);
+  for (size_t i = 0; i < reads.size(); ++i) {
+    MutableTensorView out = reads[i].out;
+    out.data = want[i].data();
+    EXPECT_EQ(single_->retrieve_hidden_states_into(reads[i].token_ids, out, reads[i].options),
+              rows[i])
+        << i;
+    EXPECT_EQ(got[i], want[i]) << i;
+  }
+  EXPECT_EQ(rows[0], kChunk);
+  EXPECT_EQ(rows[1], 2 * kChunk - 1);
+  EXPECT_EQ(batch_->stats().coupled_evictions, 1u);
+  expect_same_state();
+}
+
+TEST_F(BatchVsSingles, RetrieveBatchTouchesEachKeyOnceYetEndsInTheSingleCallsLruOrder) {
+  make(64);
+  const auto a = wide(make_tokens(3 * kChunk, 50)), b = wide(make_tokens(2 * kChunk, 51));
+  const std::vector<int64_t> a_head(a.begin(), a.begin() + kChunk);
+  // a: layer 0 on three chunks, layer 1 on the first only (items of one list with other hits).
+  (void)store_both({item(a, 0), item(b, 0), item(a_head, 1), item(b, 1)});
+  std::vector<float> sink(3 * kChunk * kCols);
+  auto read = [&](const std::vector<int64_t>& t, int64_t layer) {
+    RetrieveOptions o;
+    o.layer_idx = layer;
+    return RetrieveItem{t, {sink.data(), DType::kFloat32, 3 * kChunk, kCols}, o};
+  };
+  for (const std::vector<RetrieveItem>& reads :
+       {std::vector<RetrieveItem>{read(a, 0), read(b, 1), read(a, 1), read(b, 0)},
+        std::vector<RetrieveItem>{read(a, 1), read(b, 0), read(a, 0), read(b, 1), read(b, 0)},
+        std::vector<RetrieveItem>{read(b, 0), read(a, 0), read(a, 1), read(a, 0)}}) {
+    const auto rows = batch_->retrieve_batch_into(reads);
+    for (size_t i = 0; i < reads.size(); ++i) {
+      EXPECT_EQ(
+          single_->retrieve_hidden_states_into(reads[i].token_ids, reads[i].out, reads[i].options),
+          rows[i])
+          << i;
+    }
+    expect_same_state();
+  }
+}
+
+}  // namespace
+}  // namespace hss
