@@ -160,7 +160,8 @@ std::string state_of(World& w, Side& side) {
     for (const Chunk& chunk : side.engine->token_database().process_tokens(
              std::span<const int64_t>(stream.data(), 6 * kChunk))) {
       for (const ActivationKind kind : kKinds) {
-        for (const int64_t layer : kLayers) out << (store.has_chunk(chunk.key, layer, kind) ? 1 : 0);
+        for (const int64_t layer : kLayers)
+          out << (store.has_chunk(chunk.key, layer, kind) ? 1 : 0);
       }
     }
   }
@@ -216,14 +217,13 @@ void store_step(World& w, Input& in) {
       single = w.b->store().store_hidden_states(items[i].token_ids, items[i].hidden_states,
                                                 items[i].options);
     } catch (const InvalidArgument& e) {
-      violation("store item " + std::to_string(i) + " accepted in a batch, rejected alone: " +
-                e.what());
+      violation("store item " + std::to_string(i) +
+                " accepted in a batch, rejected alone: " + e.what());
     }
-    require(single == batch[i], "store item " + std::to_string(i) + ": batch {" +
-                                    std::to_string(batch[i].written) + ", " +
-                                    std::to_string(batch[i].cached) + "} != single {" +
-                                    std::to_string(single.written) + ", " +
-                                    std::to_string(single.cached) + "}");
+    require(single == batch[i],
+            "store item " + std::to_string(i) + ": batch {" + std::to_string(batch[i].written) +
+                ", " + std::to_string(batch[i].cached) + "} != single {" +
+                std::to_string(single.written) + ", " + std::to_string(single.cached) + "}");
   }
 }
 
@@ -266,8 +266,8 @@ void retrieve_step(World& w, Input& in) {
     try {
       single = w.b->store().retrieve_hidden_states_into(items[i].token_ids, out, items[i].options);
     } catch (const InvalidArgument& e) {
-      violation("retrieve item " + std::to_string(i) + " accepted in a batch, rejected alone: " +
-                e.what());
+      violation("retrieve item " + std::to_string(i) +
+                " accepted in a batch, rejected alone: " + e.what());
     }
     require(single == batch[i], "retrieve item " + std::to_string(i) + ": batch " +
                                     std::to_string(batch[i]) + " rows != single " +
