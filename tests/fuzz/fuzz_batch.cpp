@@ -25,12 +25,16 @@
 #include <tuple>
 #include <vector>
 
+#include "fuzz_util.hpp"
 #include "hss/hss.hpp"
-#include "hss/kernels/convert.hpp"
 
 namespace {
 
 using namespace hss;
+using fuzz::Input;
+using fuzz::require;
+using fuzz::violation;
+using fuzz::write_value;
 
 constexpr int64_t kChunk = 4;
 constexpr int64_t kKvCols = 2;
@@ -40,28 +44,6 @@ constexpr int64_t kColsOf[] = {4, 8};  // per entry of kKinds; a store may use t
 constexpr DType kDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
 constexpr int kMaxSteps = 24;
 constexpr size_t kMaxItems = 8;
-
-[[noreturn]] void violation(const std::string& what) {
-  std::fprintf(stderr, "fuzz_batch: VIOLATION: %s\n", what.c_str());
-  std::abort();
-}
-
-void require(bool ok, const std::string& what) {
-  if (!ok) violation(what);
-}
-
-class Input {
- public:
-  Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  [[nodiscard]] bool done() const { return pos_ >= size_; }
-  uint8_t byte() { return pos_ < size_ ? data_[pos_++] : 0; }
-  size_t pick(size_t n) { return byte() % n; }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t pos_ = 0;
-};
 
 struct Side {
   explicit Side(const Config& config) : engine(Engine::create(config)) {}
@@ -101,16 +83,6 @@ float value(int64_t token, int64_t col, int64_t layer, ActivationKind kind, uint
   h *= 0xbf58476d1ce4e5b9ULL;
   h ^= h >> 32;
   return static_cast<float>(static_cast<int64_t>(h % 256) - 128) / 8.0f;
-}
-
-void write_value(void* dst, DType dtype, float f) {
-  if (dtype == DType::kFloat32) {
-    std::memcpy(dst, &f, 4);
-    return;
-  }
-  const uint16_t h =
-      dtype == DType::kBFloat16 ? kernels::float_to_bf16(f) : kernels::float_to_f16(f);
-  std::memcpy(dst, &h, 2);
 }
 
 /// Token lists of one step: the same (stream, length) shares one vector (one span) unless the

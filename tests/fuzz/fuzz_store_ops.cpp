@@ -31,12 +31,16 @@
 #include <tuple>
 #include <vector>
 
+#include "fuzz_util.hpp"
 #include "hss/hss.hpp"
 #include "hss/kernels/convert.hpp"
 
 namespace {
 
 using namespace hss;
+using fuzz::Input;
+using fuzz::require;
+using fuzz::violation;
 
 constexpr int64_t kChunk = 4;
 constexpr int64_t kKvCols = 2;
@@ -51,15 +55,6 @@ bool g_trace = false;
 template <typename... Args>
 void trace(const char* format, Args... args) {
   if (g_trace) std::fprintf(stderr, format, args...);
-}
-
-[[noreturn]] void violation(const std::string& what) {
-  std::fprintf(stderr, "fuzz_store_ops: VIOLATION: %s\n", what.c_str());
-  std::abort();
-}
-
-void require(bool ok, const std::string& what) {
-  if (!ok) violation(what);
 }
 
 uint64_t mix64(uint64_t x) {
@@ -89,19 +84,6 @@ uint16_t exact_f16(float f) {
   const uint32_t mant = (bits >> 13) & 0x3FFu;
   return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | mant);
 }
-
-class Input {
- public:
-  Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  [[nodiscard]] bool done() const { return pos_ >= size_; }
-  uint8_t byte() { return pos_ < size_ ? data_[pos_++] : 0; }
-  size_t pick(size_t n) { return byte() % n; }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t pos_ = 0;
-};
 
 // What a slot of a key holds, as far as the model knows.
 struct Held {
