@@ -290,20 +290,38 @@ int64_t HiddenStateStore::Impl::restore_walk_into(Walk& w, std::span<const Mutab
   const int64_t rows = w.prefix_tokens - row_begin;
   check_walk_outputs(w, outs, row_begin);
   HSS_RANGE("retrieve/assemble");
-  std::shared_ptr<std::vector<EntryRef>> pins;  // shared by this walk's device restores
+  // Device outputs of several slots (retrieve_layers_into) on one device: one batched launch.
+  // One device output keeps restore(), which honours hidden_state_restore_impl.
+  std::vector<std::vector<kernels::GatherSegment>> device_segments;
+  std::vector<detail::RestoreJob> device_jobs;
+  std::vector<int> job_device;
   for (size_t s = 0; s < outs.size(); ++s) {
     const MutableTensorView& out = outs[s];
     // Any output dtype: same-type copies are bit-identical, narrowing rounds to nearest-even.
     const kernels::OutputView view{out.data, w.cols(s), out.stride(),
                                    static_cast<kernels::ElemType>(static_cast<int>(out.dtype))};
-    const auto segments = plan_restore(w, s, row_begin);
     if (out.device == Device::kCuda) {
-      // The pins live in the device path until the restore has read the pool, then drop.
-      if (!pins) pins = std::make_shared<std::vector<EntryRef>>(w.pinned);
-      device_path_->restore(segments, view, out.device_index, stream, w.fences, pins);
+      device_segments.push_back(plan_restore(w, s, row_begin));
+      device_jobs.push_back({{}, view});
+      job_device.push_back(out.device_index);
     } else {
-      detail::host_restore(segments, view,
+      detail::host_restore(plan_restore(w, s, row_begin), view,
                            static_cast<uint64_t>(config_.hidden_state_stream_threshold_bytes));
+    }
+  }
+  if (!device_jobs.empty()) {
+    for (size_t j = 0; j < device_jobs.size(); ++j) device_jobs[j].segments = device_segments[j];
+    // The pins live in the device path until the restores have read the pool, then drop.
+    auto pins = std::make_shared<std::vector<EntryRef>>(std::move(w.pinned));
+    const bool one_device = std::all_of(job_device.begin(), job_device.end(),
+                                        [&](int d) { return d == job_device.front(); });
+    if (device_jobs.size() > 1 && one_device) {
+      device_path_->restore_batch(device_jobs, job_device.front(), stream, w.fences, pins);
+    } else {
+      for (size_t j = 0; j < device_jobs.size(); ++j) {
+        device_path_->restore(device_jobs[j].segments, device_jobs[j].out, job_device[j], stream,
+                              w.fences, pins);
+      }
     }
   }
   w.pinned.clear();  // the walk's own pins drop now; device restores hold theirs

@@ -286,6 +286,57 @@ TEST_F(SimBatch, AFailedGroupWithdrawsTheBatchWithoutFreeingGranulesStillBeingWr
   EXPECT_EQ(got, r3);
 }
 
+TEST_F(SimBatch, RetrieveLayersIntoSeveralDeviceOutputsIsOneLaunch) {
+  const Stream s = sim_->create_stream();
+  const auto t = tokens64(3 * kChunk, 17);
+  const Slot slots[] = {{ActivationKind::kHidden, 0},
+                        {ActivationKind::kHidden, 5},
+                        {ActivationKind::kKey, 2},
+                        {ActivationKind::kHidden, 7}};
+  std::vector<std::vector<float>> rows;
+  for (const Slot& slot : slots) {
+    rows.push_back(rows_of(t, slot.layer_idx + 10 * static_cast<int64_t>(slot.kind)));
+    StoreOptions o;
+    o.layer_idx = slot.layer_idx;
+    o.kind = slot.kind;
+    ASSERT_EQ(store_->store_hidden_states(t, test::view_of(rows.back(), kCols), o),
+              (StoreResult{3, 3}));
+  }
+  // Three device outputs (f32, bf16, strided f16) and one host output, from row 1.
+  const Output o0 = device_output(3 * kChunk, DType::kFloat32, kCols);
+  const Output o1 = device_output(3 * kChunk, DType::kBFloat16, kCols);
+  const Output o2 = device_output(3 * kChunk, DType::kFloat16, kCols + 3);
+  std::vector<float> host(static_cast<size_t>(3 * kChunk * kCols), -1.0f);
+  const MutableTensorView outs[] = {o0.view(Device::kCuda),
+                                    o1.view(Device::kCuda),
+                                    o2.view(Device::kCuda),
+                                    {host.data(), DType::kFloat32, 3 * kChunk, kCols}};
+  sim_->hold(s);
+  const uint64_t before = sim_->launches();
+  EXPECT_EQ(store_->retrieve_layers_into(t, slots, outs, {1, s}), 3 * kChunk - 1);
+  EXPECT_EQ(sim_->launches() - before, 1u);  // one launch for the three device outputs
+  EXPECT_EQ(sim_->host_waits(), 0u);
+  sim_->release(s);
+  const int64_t n = 3 * kChunk - 1;
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < kCols; ++c) {
+      const auto at = [&](size_t slot) {
+        return rows[slot][static_cast<size_t>((r + 1) * kCols + c)];
+      };
+      float f = 0;
+      std::memcpy(&f, static_cast<const float*>(o0.data) + r * kCols + c, 4);
+      ASSERT_EQ(f, at(0));
+      uint16_t h = 0;
+      std::memcpy(&h, static_cast<const uint16_t*>(o1.data) + r * kCols + c, 2);
+      ASSERT_EQ(h, kernels::float_to_bf16(at(1)));
+      std::memcpy(&h, static_cast<const uint16_t*>(o2.data) + r * (kCols + 3) + c, 2);
+      ASSERT_EQ(h, kernels::float_to_f16(at(2)));
+      ASSERT_EQ(host[static_cast<size_t>(r * kCols + c)], at(3));
+    }
+  }
+  store_->check_invariants();
+}
+
 TEST(SimMappedStore, ASingleCastingStoreIsOneLaunchWithoutStaging) {
   // hidden_state_store_impl: mapped: the batch kernel with one job, writing the pool directly.
   Config config = test::store_config(kChunk, kCols, 64);
