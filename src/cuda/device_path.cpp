@@ -225,7 +225,6 @@ FenceRef CudaDevicePath::store(const kernels::SourceView& src, int device_index,
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   DeviceState& dev = device(device_index);  // validates the index
   DeviceGuard guard(device_index);
-  auto fence = std::make_shared<EventFence>();
   const bool cast = std::any_of(segments.begin(), segments.end(),
                                 [&](const WriteSegment& s) { return s.dst_type != src.type; });
   for (const WriteSegment& seg : segments) {
@@ -234,31 +233,31 @@ FenceRef CudaDevicePath::store(const kernels::SourceView& src, int device_index,
     }
   }
   if (!cast) {
-    // A failed enqueue may leave earlier copies of this call queued on the caller's stream,
-    // writing blocks the store is about to withdraw and free: let them land first (error path).
-    try {
+    return fenced(stream, [&] {
       HSS_RANGE("store/d2h");
       store_direct(src, segments, stream);
-      HSS_CUDA_CHECK(cudaEventRecord(fence->event(), stream));
-    } catch (...) {
-      (void)cudaStreamSynchronize(stream);
-      (void)cudaGetLastError();
-      throw;
-    }
-    track(fence);
-    return fence;
+    });
   }
   const cudaStream_t copy_stream = dev.copy_stream_for(stream);
-  try {
+  return fenced(copy_stream, [&] {
     size_t next = 0;
     int64_t consumed = 0;
     while (next < segments.size()) {
       store_round(dev, src, segments, next, consumed, stream, copy_stream);
     }
-    HSS_CUDA_CHECK(cudaEventRecord(fence->event(), copy_stream));
+  });
+}
+
+template <typename Enqueue>
+FenceRef CudaDevicePath::fenced(cudaStream_t stream, Enqueue&& enqueue) {
+  auto fence = std::make_shared<EventFence>();
+  try {
+    enqueue();
+    HSS_CUDA_CHECK(cudaEventRecord(fence->event(), stream));
   } catch (...) {
-    // Copies of earlier rounds may still be landing in blocks the store is about to free.
-    (void)cudaStreamSynchronize(copy_stream);
+    // Work this call already enqueued may still write blocks the store is about to withdraw
+    // and free: let it land first (error path only).
+    (void)cudaStreamSynchronize(stream);
     (void)cudaGetLastError();
     throw;
   }
@@ -391,8 +390,7 @@ FenceRef CudaDevicePath::store_batch(std::span<const StoreJob> jobs, int device_
   if (!device_mapped(first->segments.front().dst)) {
     return store_batch_unmapped(jobs, device_index, stream_handle);
   }
-  auto fence = std::make_shared<EventFence>();
-  try {
+  return fenced(stream, [&] {
     HSS_RANGE("store/batch");
     TileCursor cursor;
     for (;;) {
@@ -408,30 +406,25 @@ FenceRef CudaDevicePath::store_batch(std::span<const StoreJob> jobs, int device_
       count_launches();
       lease->record(stream);
     }
-    HSS_CUDA_CHECK(cudaEventRecord(fence->event(), stream));
-  } catch (...) {
-    // Launches already enqueued may still write blocks the store is about to withdraw.
-    (void)cudaStreamSynchronize(stream);
-    (void)cudaGetLastError();
-    throw;
-  }
-  track(fence);
-  return fence;
+  });
 }
 
 FenceRef CudaDevicePath::store_batch_unmapped(std::span<const StoreJob> jobs, int device_index,
                                               Stream stream_handle) {
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   std::vector<FenceRef> fences;
-  for (const StoreJob& job : jobs) {
-    if (!job.segments.empty()) fences.push_back(store(job.src, device_index, job.segments, stream));
-  }
   auto fence = std::make_shared<EventFence>();
   try {
+    for (const StoreJob& job : jobs) {
+      if (!job.segments.empty()) {
+        fences.push_back(store(job.src, device_index, job.segments, stream));
+      }
+    }
     wait_on_device(stream, fences);
     HSS_CUDA_CHECK(cudaEventRecord(fence->event(), stream));
   } catch (...) {
-    for (const FenceRef& f : fences) (void)f->wait();  // the copies write blocks being withdrawn
+    // The earlier jobs' copies write blocks the store is about to withdraw: let them land.
+    for (const FenceRef& f : fences) (void)f->wait();
     throw;
   }
   track(fence);

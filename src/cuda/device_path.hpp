@@ -165,6 +165,10 @@ class CudaDevicePath final : public DevicePath {
   void restore_from_pageable(std::span<const kernels::GatherSegment> segments,
                              const kernels::OutputView& out, cudaStream_t stream);
   void track(const std::shared_ptr<EventFence>& fence);
+  /// Runs `enqueue`, then records and tracks the call's fence on `stream`. On a throw, `stream`
+  /// (where the call's work landing in pool blocks was queued) is drained before rethrowing.
+  template <typename Enqueue>
+  FenceRef fenced(cudaStream_t stream, Enqueue&& enqueue);
   /// `stream` waits on the device for every fence of `after` not yet seen landed.
   static void wait_on_device(cudaStream_t stream, std::span<const FenceRef> after);
   /// store_batch for a pool the device cannot write: store() per job, then one fence recorded on
