@@ -81,6 +81,9 @@ class HiddenStateStore::Impl {
   /// Returns the entries inserted.
   size_t read_through(std::span<const Chunk> chunks, std::span<const Slot> slots);
   int64_t coverage_with_remote(std::span<const Chunk> chunks, std::span<const Slot> slots) const;
+  /// The first chunk at or after `from` whose KV is gone (chunks.size() when none is, or when no
+  /// KV side is bound). Asks the storage manager outside every lock.
+  size_t kv_prefix_end(std::span<const Chunk> chunks, size_t from) const;
 
   /// Chunks passed by a caller: contiguous from 0, non-empty. InvalidArgument otherwise.
   static void check_chunks(std::span<const Chunk> chunks);

@@ -24,6 +24,15 @@ bool held_ready(const detail::KeyRecord* record, Slot slot, int64_t rows) {
 
 }  // namespace
 
+size_t HiddenStateStore::Impl::kv_prefix_end(std::span<const Chunk> chunks, size_t from) const {
+  const StorageManager* kv = storage_manager_.load(std::memory_order_acquire);
+  if (kv == nullptr) return chunks.size();  // no KV side bound: KV counts as present
+  for (size_t i = from; i < chunks.size(); ++i) {
+    if (!kv->contains(chunks[i].key)) return i;
+  }
+  return chunks.size();
+}
+
 size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
                                             std::span<const Slot> slots) {
   if (!remote_.enabled() || chunks.empty()) return 0;
@@ -51,15 +60,7 @@ size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
   }
   if (missing.empty() || missing.front().chunk != from) return 0;  // nothing to extend with
   // Only chunks whose KV is present can extend the prefix (KV presence decides, per chunk).
-  size_t end = chunks.size();
-  if (const StorageManager* kv = storage_manager_.load(std::memory_order_acquire)) {
-    for (size_t i = from; i < chunks.size(); ++i) {
-      if (!kv->contains(chunks[i].key)) {
-        end = i;
-        break;
-      }
-    }
-  }
+  const size_t end = kv_prefix_end(chunks, from);
   std::erase_if(missing, [&](const Missing& m) { return m.chunk >= end; });
   if (missing.empty()) return 0;
 
@@ -137,15 +138,7 @@ int64_t HiddenStateStore::Impl::coverage_with_remote(std::span<const Chunk> chun
   if (!remote_.enabled()) return local;
   size_t from = 0;
   while (from < chunks.size() && chunks[from].end <= local) ++from;
-  size_t end = chunks.size();
-  if (const StorageManager* kv = storage_manager_.load(std::memory_order_acquire)) {
-    for (size_t i = from; i < chunks.size(); ++i) {
-      if (!kv->contains(chunks[i].key)) {
-        end = i;
-        break;
-      }
-    }
-  }
+  const size_t end = kv_prefix_end(chunks, from);
   std::vector<detail::RemoteRequest> requests;
   std::vector<size_t> chunk_of;
   {
