@@ -75,16 +75,6 @@ float value(uint64_t key_hash, ActivationKind kind, int64_t layer, int64_t row, 
   return static_cast<float>(static_cast<int64_t>(h % 256) - 128) / 8.0f;
 }
 
-uint16_t exact_f16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  const uint32_t sign = (bits >> 16) & 0x8000u;
-  if ((bits & 0x7FFFFFFFu) == 0) return static_cast<uint16_t>(sign);
-  const int exp = static_cast<int>((bits >> 23) & 0xFF) - 127 + 15;
-  const uint32_t mant = (bits >> 13) & 0x3FFu;
-  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | mant);
-}
-
 // What a slot of a key holds, as far as the model knows.
 struct Held {
   int64_t cols = 0;
@@ -206,7 +196,8 @@ Rows make_rows(const std::vector<Chunk>& chunks, int64_t n_tokens, int64_t offse
     r.f32 = std::move(values);
   } else {
     for (const float v : values) {
-      r.half.push_back(dtype == DType::kBFloat16 ? kernels::float_to_bf16(v) : exact_f16(v));
+      r.half.push_back(dtype == DType::kBFloat16 ? kernels::float_to_bf16(v)
+                                                 : kernels::float_to_f16(v));
     }
   }
   return r;
