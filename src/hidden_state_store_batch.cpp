@@ -356,7 +356,8 @@ void HiddenStateStore::Impl::restore_batch_walks(std::span<Walk> walks,
                                                  std::span<const RetrieveItem> items,
                                                  std::span<int64_t> rows) {
   std::vector<LaunchGroup<detail::RestoreJob>> groups;
-  std::vector<std::vector<kernels::GatherSegment>> segments(items.size());
+  // Device items' segments (jobs hold spans of them: their buffers do not move with the list).
+  std::vector<std::vector<kernels::GatherSegment>> segments;
   for (size_t i = 0; i < items.size(); ++i) {
     const MutableTensorView& out = items[i].out;
     if (out.device != Device::kCuda) {
@@ -367,11 +368,11 @@ void HiddenStateStore::Impl::restore_batch_walks(std::span<Walk> walks,
     const int64_t row_begin = items[i].options.row_begin;
     if (row_begin >= walks[i].prefix_tokens) continue;  // nothing to restore: rows[i] stays 0
     rows[i] = walks[i].prefix_tokens - row_begin;
-    segments[i] = plan_restore(walks[i], 0, row_begin);
+    segments.push_back(plan_restore(walks[i], 0, row_begin));
     const kernels::OutputView view{out.data, walks[i].cols(0), out.stride(),
                                    static_cast<kernels::ElemType>(static_cast<int>(out.dtype))};
     auto& group = group_for(groups, out.device_index, items[i].options.stream);
-    group.jobs.push_back({segments[i], view});
+    group.jobs.push_back({segments.back(), view});
     group.items.push_back(i);
   }
   for (auto& group : groups) {
