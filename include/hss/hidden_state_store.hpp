@@ -48,8 +48,10 @@
 // What may block the host (docs/design.md, "What may block the host, and when"): host-memory
 // calls copy on the calling thread; a host-output retrieve of an entry whose device-to-host copy
 // is in flight waits for that copy; a casting device store waits when the device's staging
-// budget (hidden_state_staging_bytes) is in flight; flush() and close() wait. Nothing else:
-// device-output retrieves, device stores below the budget, drop_key and evictions never wait.
+// budget (hidden_state_staging_bytes) is in flight; a device launch (restore, batch) waits when
+// every launch slot of its device (hidden_state_launch_slots) is in flight; flush() and close()
+// wait. Nothing else: device-output retrieves, device stores below the budget, drop_key and
+// evictions never wait.
 
 #include <array>
 #include <cstdint>
@@ -235,10 +237,14 @@ class HiddenStateStore {
   /// calls would give, in item order; items sharing a token list (same span) share one key pass;
   /// the index lock is taken once for the whole batch's reservations and once to publish. Every
   /// item is checked first: a bad one is InvalidArgument naming its index ("items[3]: ..."), and
-  /// nothing of the batch is done.
+  /// nothing of the batch is done. Device items are one launch per (device, stream), writing the
+  /// device-mapped pool directly (no staging: no staging wait). Out of memory while planning an
+  /// item withdraws the earlier items' pending entries but keeps their evictions (single stores
+  /// keep the strong guarantee). Thread-safe like every method here.
   std::vector<StoreResult> store_batch(std::span<const StoreItem> items);
   /// Many retrieve_hidden_states_into calls in one: rows written per item, identical to the
-  /// single calls in item order. Validation as store_batch.
+  /// single calls in item order. Validation as store_batch. Device outputs are one launch per
+  /// (device, stream) after the items' fences, on the device: no host wait.
   std::vector<int64_t> retrieve_batch_into(std::span<const RetrieveItem> items);
 
   /// Tokens of the prefix retrieve_layers would return for these chunks and slots (the same walk,
