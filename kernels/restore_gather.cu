@@ -6,6 +6,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "hss/error.hpp"
+#include "hss/kernels/dispatch.hpp"
 #include "hss/kernels/launch.hpp"
 #include "hss/kernels/tiling.hpp"
 
@@ -26,35 +27,20 @@ __global__ void __launch_bounds__(kBlockThreads)
   restore_tile_any(tile.seg, tile.out, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
 }
 
-template <ElemType D>
-void launch_restore(const GatherSegment* tiles, int64_t num_tiles, const OutputView& out,
-                    cudaStream_t stream) {
-  restore_gather_kernel<D>
-      <<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles, out);
-  HSS_CUDA_CHECK_LAUNCH();
-}
-
 }  // namespace
 
 void launch_restore_gather(const GatherSegment* tiles, int64_t num_tiles, const OutputView& out,
                            cudaStream_t stream) {
-  if (num_tiles <= 0) return;
-  if (num_tiles > 0x7FFFFFFF) throw Error("restore_gather: too many tiles for one grid");
-  switch (out.type) {
-    case ElemType::kFloat32:
-      return launch_restore<ElemType::kFloat32>(tiles, num_tiles, out, stream);
-    case ElemType::kFloat16:
-      return launch_restore<ElemType::kFloat16>(tiles, num_tiles, out, stream);
-    case ElemType::kBFloat16:
-      return launch_restore<ElemType::kBFloat16>(tiles, num_tiles, out, stream);
-  }
-  throw Error("restore_gather: unknown output element type " +
-              std::to_string(static_cast<int>(out.type)));
+  if (!grid_needed(num_tiles, "restore_gather")) return;
+  dispatch_output(out.type, [&]<ElemType D>() {
+    restore_gather_kernel<D>
+        <<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles, out);
+    HSS_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void launch_restore_batch(const BatchRestoreTile* tiles, int64_t num_tiles, cudaStream_t stream) {
-  if (num_tiles <= 0) return;
-  if (num_tiles > 0x7FFFFFFF) throw Error("restore_batch: too many tiles for one grid");
+  if (!grid_needed(num_tiles, "restore_batch")) return;
   restore_batch_kernel<<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles);
   HSS_CUDA_CHECK_LAUNCH();
 }
