@@ -1,10 +1,10 @@
 #pragma once
 // How bytes move between callers' tensors and the pool. The store plans the work as segments
-// (kernels/hss/kernels/layout.hpp); the host path (host_data_path.cpp), the CUDA path
-// (cuda/device_path.cpp + kernels/*.cu) and the simulated asynchronous path used by the CI tests
-// (sim_data_path.cpp) carry them out with the same per-element functions.
+// (kernels/hss/kernels/layout.hpp); the host path (host_data_path.cpp) and the CUDA path
+// (cuda/device_path.cpp + kernels/*.cu) carry them out with the same per-element functions. CI
+// runs the CUDA path against the CUDA runtime model (tests/cuda_model): there is one device path.
 //
-// Ordering contract of a DevicePath (every implementation, the simulated one included):
+// Ordering contract of the DevicePath:
 // * Work a call enqueues for a caller stream runs after the caller's earlier work on that stream
 //   and before its later work reads anything the call wrote (the restore output) or overwrites
 //   anything the call reads (the store source). Work for stream B never waits for stream A's
@@ -16,7 +16,6 @@
 //   the pool; release_finished() drops the finished ones without waiting.
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -73,8 +72,8 @@ class DevicePath {
  public:
   virtual ~DevicePath() = default;
 
-  /// The path for `config`: the factory installed by ScopedDevicePathFactory (tests) if any, else
-  /// the CUDA path, or nullptr when the build has no CUDA or the process found no device.
+  /// The CUDA path for `config`, or nullptr when the build has no CUDA or the process found no
+  /// device.
   [[nodiscard]] static std::unique_ptr<DevicePath> create(const Config& config);
 
   /// Throws InvalidArgument naming `what` unless `data` is device memory of device `device_index`
@@ -136,19 +135,5 @@ class DevicePath {
 
 /// The platform's path (cuda/device_path.cpp or nocuda/device_path.cpp).
 [[nodiscard]] std::unique_ptr<DevicePath> create_platform_device_path(const Config& config);
-
-/// Test hook: while alive, DevicePath::create() (and so every store constructed meanwhile) uses
-/// `factory`. Not thread-safe with respect to concurrent store construction; nests.
-using DevicePathFactory = std::function<std::unique_ptr<DevicePath>(const Config&)>;
-class ScopedDevicePathFactory {
- public:
-  explicit ScopedDevicePathFactory(DevicePathFactory factory);
-  ~ScopedDevicePathFactory();
-  ScopedDevicePathFactory(const ScopedDevicePathFactory&) = delete;
-  ScopedDevicePathFactory& operator=(const ScopedDevicePathFactory&) = delete;
-
- private:
-  DevicePathFactory previous_;
-};
 
 }  // namespace hss::detail

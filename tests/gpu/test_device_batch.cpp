@@ -113,7 +113,7 @@ TEST_P(DeviceBatch, OneLaunchPerStreamAndBitIdenticalToHostSingleCalls) {
     const int64_t stride = i % 5 == 4 ? kCols + 9 : kCols;
     outs.push_back(std::make_unique<DeviceBytes>(static_cast<size_t>(rows * stride) *
                                                  element_size(out_dtype)));
-    CUDA_OK(cudaMemset(outs.back()->ptr, 0x77, outs.back()->bytes));
+    test::fill(outs.back()->ptr, 0x77, outs.back()->bytes);
     RetrieveOptions o;
     o.layer_idx = device_items[i].options.layer_idx;
     o.stream = streams[(i + 1) % 2].stream;

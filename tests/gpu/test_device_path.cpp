@@ -321,7 +321,7 @@ TEST(DevicePath, DeviceStoreEmitsGatherCastAndD2hRanges) {
   Stores s(make_config(StorageDType::kFloat32));
   const auto tokens = make_tokens(kChunk, 12);
   DeviceBytes dev(static_cast<size_t>(kChunk * 8 * 4));
-  CUDA_OK(cudaMemset(dev.ptr, 0, dev.bytes));
+  test::fill(dev.ptr, 0, dev.bytes);
   s.device->store_hidden_states(tokens, {dev.ptr, DType::kFloat32, kChunk, 8, 0, Device::kCuda, 0});
   trace::set_range_hook(nullptr);
   std::lock_guard lock(seen.mutex);
@@ -364,7 +364,7 @@ TEST_P(DeviceRestore, RetrieveIntoDeviceMemoryEqualsHostRetrieve) {
   const int64_t want_rows = 7 * kChunk - row_begin;
   const int64_t out_rows = want_rows + 3, stride = cols + p.pad;
   DeviceBytes out(static_cast<size_t>(out_rows * stride) * sizeof(float));
-  CUDA_OK(cudaMemset(out.ptr, 0xAB, out.bytes));
+  test::fill(out.ptr, 0xAB, out.bytes);
   StreamHolder stream;
   RetrieveOptions opt;
   opt.row_begin = row_begin;

@@ -16,7 +16,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 /// A host wait that outlives this is a deadlock in a test (a gate nobody opens): fail loudly.
-constexpr std::chrono::seconds kWatchdog{120};
+/// HSS_CUDA_MODEL_WATCHDOG_S sets it (ctest: 30 s).
+std::chrono::seconds watchdog() {
+  static const std::chrono::seconds limit{[] {
+    const char* v = std::getenv("HSS_CUDA_MODEL_WATCHDOG_S");
+    const long s = v != nullptr ? std::strtol(v, nullptr, 10) : 0;
+    return s > 0 ? s : 120L;
+  }()};
+  return limit;
+}
 /// History kept per stream (cuda_model::history).
 constexpr size_t kHistory = 4096;
 
@@ -148,11 +156,11 @@ void Model::wait_until(std::unique_lock<std::mutex>& lock, const std::vector<Poi
       if (ran) continue;
     }
     changed.wait_for(lock, std::chrono::milliseconds(50));
-    if (Clock::now() - start > kWatchdog) {
+    if (Clock::now() - start > watchdog()) {
       std::fprintf(stderr,
                    "cuda model: %s has waited on the host for %lld s: a deadlock (a gate "
                    "nobody opens?). Waiting for:\n",
-                   what, static_cast<long long>(kWatchdog.count()));
+                   what, static_cast<long long>(watchdog().count()));
       for (const Point& p : points) {
         if (reached(p)) continue;
         const StreamState& s = *p.stream;
