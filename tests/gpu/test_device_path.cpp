@@ -304,8 +304,8 @@ TEST(DevicePath, BadDeviceIndexIsInvalidArgumentAndWritesNothing) {
   EXPECT_FALSE(s.device->retrieve_hidden_states(tokens).has_value());
 }
 
-TEST(DevicePath, DeviceStoreEmitsGatherCastAndD2hRanges) {
-  HSS_REQUIRE_DEVICE();
+/// The NVTX ranges (through the trace hook) one device store of `dtype` rows emits.
+std::vector<std::string> ranges_of_a_device_store(DType dtype) {
   struct Seen {
     std::mutex mutex;
     std::vector<std::string> names;
@@ -320,16 +320,31 @@ TEST(DevicePath, DeviceStoreEmitsGatherCastAndD2hRanges) {
       &seen);
   Stores s(make_config(StorageDType::kFloat32));
   const auto tokens = make_tokens(kChunk, 12);
-  DeviceBytes dev(static_cast<size_t>(kChunk * 8 * 4));
+  DeviceBytes dev(static_cast<size_t>(kChunk * 8) * element_size(dtype));
   test::fill(dev.ptr, 0, dev.bytes);
-  s.device->store_hidden_states(tokens, {dev.ptr, DType::kFloat32, kChunk, 8, 0, Device::kCuda, 0});
+  s.device->store_hidden_states(tokens, {dev.ptr, dtype, kChunk, 8, 0, Device::kCuda, 0});
   trace::set_range_hook(nullptr);
   std::lock_guard lock(seen.mutex);
-  const auto has = [&](const char* n) {
-    return std::find(seen.names.begin(), seen.names.end(), n) != seen.names.end();
-  };
-  EXPECT_TRUE(has("store/gather_cast"));
-  EXPECT_TRUE(has("store/d2h"));
+  return seen.names;
+}
+
+bool has(const std::vector<std::string>& names, const char* name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+TEST(DevicePath, ACastingDeviceStoreEmitsGatherCastAndD2hRanges) {
+  HSS_REQUIRE_DEVICE();
+  const auto names = ranges_of_a_device_store(DType::kBFloat16);  // bf16 -> float32 storage
+  EXPECT_TRUE(has(names, "store/gather_cast"));
+  EXPECT_TRUE(has(names, "store/d2h"));
+}
+
+TEST(DevicePath, ADeviceStoreWithoutACastEmitsTheRangesOfItsPath) {
+  HSS_REQUIRE_DEVICE();
+  // float32 rows into float32 storage need no cast: the copy engines move them (store/d2h).
+  const auto names = ranges_of_a_device_store(DType::kFloat32);
+  EXPECT_FALSE(has(names, "store/gather_cast"));
+  EXPECT_TRUE(has(names, "store/d2h"));
 }
 
 // ---------------------------------------------------------------------------------------------
