@@ -82,6 +82,16 @@ size_t fill_restore_tiles(std::span<const RestoreJob> jobs, TileCursor& cursor,
   return n;
 }
 
+bool tiles_left(std::span<const StoreJob> jobs, TileCursor& cursor) {
+  skip_empty_jobs(jobs, cursor);
+  return cursor.job < jobs.size();
+}
+
+bool tiles_left(std::span<const RestoreJob> jobs, TileCursor& cursor) {
+  skip_empty_jobs(jobs, cursor);
+  return cursor.job < jobs.size();
+}
+
 void run_store_tiles_on_host(std::span<const kernels::BatchStoreTile> tiles) {
   for (const kernels::BatchStoreTile& tile : tiles) {
     for (int lane = 0; lane < kernels::kBlockThreads; ++lane) {

@@ -36,6 +36,11 @@ size_t fill_store_tiles(std::span<const StoreJob> jobs, TileCursor& cursor,
 size_t fill_restore_tiles(std::span<const RestoreJob> jobs, TileCursor& cursor,
                           std::span<kernels::BatchRestoreTile> table);
 
+/// True while `cursor` has tiles left to fill (it skips jobs without segments), so that a launch
+/// slot is leased only for a table that will hold tiles.
+[[nodiscard]] bool tiles_left(std::span<const StoreJob> jobs, TileCursor& cursor);
+[[nodiscard]] bool tiles_left(std::span<const RestoreJob> jobs, TileCursor& cursor);
+
 /// Host twins of the batch kernels: every lane of a block, one tile after another.
 void run_store_tiles_on_host(std::span<const kernels::BatchStoreTile> tiles);
 void run_restore_tiles_on_host(std::span<const kernels::BatchRestoreTile> tiles);

@@ -393,12 +393,11 @@ FenceRef CudaDevicePath::store_batch(std::span<const StoreJob> jobs, int device_
   return fenced(stream, [&] {
     HSS_RANGE("store/batch");
     TileCursor cursor;
-    for (;;) {
+    while (tiles_left(jobs, cursor)) {
       auto lease = acquire_launch_slot(dev);
       auto* table = static_cast<kernels::BatchStoreTile*>((**lease).table.host());
       // The slot's previous launch has finished (acquire saw its event): the table is free.
       const size_t n = fill_store_tiles(jobs, cursor, std::span(table, kBatchTilesPerTable));
-      if (n == 0) break;
       lease->touch(stream);
       kernels::launch_store_batch(
           static_cast<const kernels::BatchStoreTile*>((**lease).table.device()),

@@ -136,11 +136,10 @@ void CudaDevicePath::restore_batch(std::span<const RestoreJob> jobs, int device_
   }
   HSS_RANGE("restore/batch");
   TileCursor cursor;
-  for (;;) {
+  while (tiles_left(jobs, cursor)) {
     auto lease = acquire_launch_slot(dev);
     auto* table = static_cast<kernels::BatchRestoreTile*>((**lease).table.host());
     const size_t n = fill_restore_tiles(jobs, cursor, std::span(table, kBatchTilesPerTable));
-    if (n == 0) break;
     lease->touch(stream);
     kernels::launch_restore_batch(
         static_cast<const kernels::BatchRestoreTile*>((**lease).table.device()),

@@ -1,0 +1,124 @@
+// The CUDA path against the CUDA runtime model, where a test needs what only the model shows
+// (label model): which stream carried which operation, how many launch slots and how much
+// staging a call took, what it allocated or loaded, and manual scheduling, which makes "no host
+// wait" exact (nothing runs unless a host wait needs it). tests/gpu holds the rules a GPU can
+// check too.
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_model.hpp"
+#include "gpu/gpu_test_util.hpp"
+#include "hss/hidden_state_store.hpp"
+#include "hss/token_database.hpp"
+
+namespace hss {
+namespace {
+
+using test::DeviceBytes;
+using test::StreamHolder;
+
+constexpr int64_t kChunk = 16;
+constexpr int64_t kCols = 64;
+
+/// Manual scheduling for the test's scope: nothing runs unless a host wait needs it.
+struct ManualScheduling {
+  ManualScheduling() { cuda_model::set_manual(true); }
+  ~ManualScheduling() { cuda_model::set_manual(false); }
+};
+
+std::vector<int64_t> tokens64(int64_t n, uint64_t seed) {
+  const auto t = test::make_tokens(n, seed);
+  return {t.begin(), t.end()};
+}
+
+std::vector<float> rows_of(const std::vector<int64_t>& tokens, int64_t layer = 0) {
+  const std::vector<int32_t> t32(tokens.begin(), tokens.end());
+  return test::make_rows(t32, 0, layer, kCols);
+}
+
+Config small_config(int64_t pool_chunks = 64) {
+  return test::store_config(kChunk, kCols, pool_chunks);
+}
+
+class CudaPath : public ::testing::Test {
+ protected:
+  void SetUp() override { HSS_REQUIRE_DEVICE(); }
+
+  void* device_copy(const void* host, size_t bytes) {
+    buffers_.push_back(std::make_unique<DeviceBytes>(bytes));
+    test::upload(*buffers_.back(), host, bytes);
+    return buffers_.back()->ptr;
+  }
+  TensorView device_rows(const std::vector<int64_t>& tokens, DType dtype = DType::kFloat32) {
+    const auto rows = rows_of(tokens);
+    if (dtype == DType::kFloat32) {
+      return {device_copy(rows.data(), rows.size() * 4),
+              dtype,
+              static_cast<int64_t>(tokens.size()),
+              kCols,
+              0,
+              Device::kCuda,
+              0};
+    }
+    const auto bits = dtype == DType::kBFloat16 ? test::to_bf16(rows) : test::to_f16(rows);
+    return {device_copy(bits.data(), bits.size() * 2),
+            dtype,
+            static_cast<int64_t>(tokens.size()),
+            kCols,
+            0,
+            Device::kCuda,
+            0};
+  }
+  MutableTensorView device_out(int64_t rows) {
+    buffers_.push_back(std::make_unique<DeviceBytes>(static_cast<size_t>(rows * kCols) * 4));
+    test::fill(buffers_.back()->ptr, 0, buffers_.back()->bytes);
+    return {buffers_.back()->ptr, DType::kFloat32, rows, kCols, 0, Device::kCuda, 0};
+  }
+
+  std::vector<std::unique_ptr<DeviceBytes>> buffers_;
+};
+
+TEST_F(CudaPath, ABatchLeasesOnlyTheLaunchSlotsItFills) {
+  // One launch slot, manual scheduling: a batch's one launch takes the slot, and a second lease
+  // for no work would wait on the host for that very launch.
+  Config c = small_config();
+  c.hidden_state_launch_slots = 1;
+  ChunkedTokenDatabase db(kChunk, false);
+  const auto t = tokens64(2 * kChunk, 1);
+  const auto host_rows = rows_of(t);
+  const TensorView rows = device_rows(t);
+  StreamHolder s;
+  StoreOptions so;
+  so.stream = s.stream;
+  RetrieveOptions ro;
+  ro.stream = s.stream;
+  const MutableTensorView out = device_out(2 * kChunk);
+  {
+    HiddenStateStore store(c, db);
+    ManualScheduling manual;
+    const StoreItem items[] = {{t, rows, so}};
+    EXPECT_EQ(store.store_batch(items)[0], (StoreResult{2, 2}));
+    EXPECT_EQ(store.stats().launch_waits, 0u);
+    store.flush();
+    EXPECT_TRUE(store.retrieve_hidden_states(t).has_value());
+  }
+  HiddenStateStore store(c, db);
+  ASSERT_EQ(store.store_hidden_states(t, test::view_of(host_rows, kCols)), (StoreResult{2, 2}));
+  {
+    ManualScheduling manual;
+    const RetrieveItem reads[] = {{t, out, ro}};
+    EXPECT_EQ(store.retrieve_batch_into(reads)[0], 2 * kChunk);
+    EXPECT_EQ(store.stats().launch_waits, 0u);
+    ASSERT_EQ(cudaStreamSynchronize(s.stream), cudaSuccess);
+  }
+  const auto got = test::download(out.data, 2 * kChunk * kCols * 4);
+  EXPECT_EQ(std::memcmp(got.data(), host_rows.data(), got.size()), 0);
+}
+
+}  // namespace
+}  // namespace hss
