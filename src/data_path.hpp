@@ -40,17 +40,23 @@ void host_restore(std::span<const kernels::GatherSegment> segments, const kernel
                   uint64_t stream_threshold_bytes = kDefaultStreamThresholdBytes);
 
 /// Completion of the device-to-host copies of one store call, shared by the entries it wrote.
+/// Three states: pending, landed (the rows are in the pool), failed (they never will be: the
+/// entries must be dropped, never served). Once seen, landed and failed are cached flags.
 /// Thread-safe.
 class CopyFence {
  public:
   virtual ~CopyFence() = default;
-  /// Blocks the host until the copies have landed (a cached flag once they have: no device call).
-  /// False when the device work failed; error() says why.
+  /// Blocks the host until the copies have landed or failed. True when they landed; false when
+  /// the device work failed (error() says why). No device call once the outcome is known.
   [[nodiscard]] virtual bool wait() noexcept = 0;
   /// Never blocks. True once the copies have landed or failed (cached once seen).
   [[nodiscard]] virtual bool ready() noexcept = 0;
-  /// The cached flag alone: no device call, safe under any lock. DevicePath::poll() refreshes it.
+  /// The cached flags alone: no device call, safe under any lock. DevicePath::poll() refreshes
+  /// them.
   [[nodiscard]] virtual bool landed() const noexcept = 0;
+  [[nodiscard]] virtual bool failed() const noexcept = 0;
+  /// Landed or failed: nothing will write the pool blocks any more.
+  [[nodiscard]] bool settled() const noexcept { return landed() || failed(); }
   [[nodiscard]] virtual std::string error() const = 0;
 };
 using FenceRef = std::shared_ptr<CopyFence>;

@@ -110,7 +110,8 @@ bool HiddenStateStore::Impl::has_chunk(const CacheEngineKey& key, Slot slot) con
   const detail::KeyRecord* record = index_.find(key);
   if (record == nullptr) return false;
   const EntryRef* entry = record->find(slot);
-  return entry != nullptr && (*entry)->ready;
+  // A failed device copy (the cached flag) is as good as absent: its rows never land.
+  return entry != nullptr && (*entry)->ready && !(*entry)->copy_failed();
 }
 
 bool HiddenStateStore::Impl::drop_key(const CacheEngineKey& key) {
@@ -247,6 +248,7 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
   s.hs_evictions = counters_.hs_evictions.load();
   s.coupled_evictions = counters_.coupled_evictions.load();
   s.allocation_failures = counters_.allocation_failures.load();
+  s.copy_failures = counters_.copy_failures.load();
   s.staging_waits = device_path_ ? device_path_->staging_waits() : 0;
   s.device_launches = device_path_ ? device_path_->launches() : 0;
   s.launch_waits = device_path_ ? device_path_->launch_waits() : 0;

@@ -213,7 +213,7 @@ class HiddenStateStore::Impl {
 
   struct Counters {
     std::atomic<uint64_t> stores{0}, chunks_written{0}, retrieves{0}, hit_tokens{0}, miss_tokens{0},
-        hs_evictions{0}, coupled_evictions{0}, allocation_failures{0};
+        hs_evictions{0}, coupled_evictions{0}, allocation_failures{0}, copy_failures{0};
     std::array<std::atomic<uint64_t>, kNumActivationKinds> kind_chunks_written{};
   };
   mutable Counters counters_;

@@ -7,10 +7,13 @@
 
 namespace hss::detail::cuda {
 
-bool event_done(cudaEvent_t event) noexcept {
-  if (cudaEventQuery(event) != cudaErrorNotReady) return true;
+EventStatus query_event(cudaEvent_t event, cudaError_t* error) noexcept {
+  const cudaError_t status = cudaEventQuery(event);
+  if (status == cudaSuccess) return EventStatus::kDone;
   (void)cudaGetLastError();
-  return false;
+  if (status == cudaErrorNotReady) return EventStatus::kPending;
+  if (error != nullptr) *error = status;
+  return EventStatus::kFailed;
 }
 
 DeviceGuard::DeviceGuard(int device) {

@@ -7,14 +7,23 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 namespace hss::detail::cuda {
 
-/// True when the work captured by `event` has finished (or failed: the failure surfaces at the next
-/// checked call). cudaErrorNotReady is also written to the thread's last-error slot; it is
-/// cleared here so that HSS_CUDA_CHECK_LAUNCH after a query does not report it.
-[[nodiscard]] bool event_done(cudaEvent_t event) noexcept;
+/// Where the work an event captured stands: still running, landed, or failed (any error but
+/// cudaErrorNotReady: it will never land; a sticky error means the device is lost).
+enum class EventStatus : uint8_t { kPending, kDone, kFailed };
+/// Queries `event` without blocking; on kFailed `*error` (when given) says why. A query may write
+/// cudaErrorNotReady to the thread's last-error slot; it is cleared here so that
+/// HSS_CUDA_CHECK_LAUNCH after a query does not report it.
+[[nodiscard]] EventStatus query_event(cudaEvent_t event, cudaError_t* error = nullptr) noexcept;
+/// True once nothing more will run for `event`'s work: it landed or failed (a slot may be
+/// reused; a failure surfaces at the next checked call).
+[[nodiscard]] inline bool event_finished(cudaEvent_t event) noexcept {
+  return query_event(event) != EventStatus::kPending;
+}
 
 /// Makes `device` current for the scope and restores the caller's device afterwards, so the
 /// library never leaves an engine thread on another device.

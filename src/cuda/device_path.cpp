@@ -103,24 +103,44 @@ void DeviceState::synchronize_copy_streams() noexcept {
 // ---------------------------------------------------------------------------------------------
 
 bool EventFence::wait() noexcept {
-  if (landed()) return true;
+  if (const State s = state(); s != State::kPending) return s == State::kLanded;
   const cudaError_t status = cudaEventSynchronize(event_.get());
   if (status == cudaSuccess) {
-    landed_.store(true, std::memory_order_release);
+    state_.store(State::kLanded, std::memory_order_release);
     return true;
   }
   (void)cudaGetLastError();
-  std::lock_guard lock(mutex_);
-  error_ = std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+  fail(status);
   return false;
 }
 
 bool EventFence::ready() noexcept {
-  if (landed()) return true;
-  // An error also counts as ready: nothing will land any more, and wait() reports it.
-  if (!event_done(event_.get())) return false;
-  landed_.store(true, std::memory_order_release);
-  return true;
+  if (state() != State::kPending) return true;
+  cudaError_t status = cudaSuccess;
+  switch (query_event(event_.get(), &status)) {
+    case EventStatus::kPending:
+      return false;
+    case EventStatus::kDone:
+      state_.store(State::kLanded, std::memory_order_release);
+      return true;
+    case EventStatus::kFailed:
+      fail(status);  // nothing will land any more: the entries must never be served
+      return true;
+  }
+  return false;
+}
+
+void EventFence::fail(cudaError_t status) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (error_.empty()) {
+      try {
+        error_ = std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+      } catch (...) {  // no memory for the message: the state below still says failed
+      }
+    }
+  }
+  state_.store(State::kFailed, std::memory_order_release);
 }
 
 std::string EventFence::error() const {
@@ -213,7 +233,7 @@ void CudaDevicePath::track(const std::shared_ptr<EventFence>& fence) {
   if (outstanding_.size() >= prune_at_) {
     std::erase_if(outstanding_, [](const std::weak_ptr<EventFence>& weak) {
       const auto f = weak.lock();
-      return !f || f->landed();
+      return !f || f->settled();
     });
     prune_at_ = std::max<size_t>(64, 2 * outstanding_.size());
   }
@@ -435,7 +455,7 @@ void CudaDevicePath::wait_on_device(cudaStream_t stream, std::span<const FenceRe
   const EventFence* last = nullptr;
   for (const FenceRef& fence : after) {
     const auto* event_fence = dynamic_cast<const EventFence*>(fence.get());
-    if (event_fence == nullptr || event_fence == last || event_fence->landed()) continue;
+    if (event_fence == nullptr || event_fence == last || event_fence->settled()) continue;
     HSS_CUDA_CHECK(cudaStreamWaitEvent(stream, event_fence->event(), 0));
     last = event_fence;
   }
@@ -480,7 +500,7 @@ void CudaDevicePath::poll() {
     std::lock_guard lock(mutex_);
     std::erase_if(outstanding_, [&](const std::weak_ptr<EventFence>& weak) {
       auto fence = weak.lock();
-      if (!fence || fence->landed()) return true;
+      if (!fence || fence->settled()) return true;
       fences.push_back(std::move(fence));
       return false;
     });

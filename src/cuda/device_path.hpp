@@ -98,20 +98,25 @@ struct DeviceState {
 };
 
 /// The call's fence: an event recorded after its last copy (blocking-sync: a host wait sleeps).
+/// An error from the event (a failed copy or kernel, a lost context) makes it failed, never
+/// landed: the store drops the entries and counts them (stats().copy_failures).
 class EventFence final : public CopyFence {
  public:
   EventFence() : event_(Event::create(/*blocking_sync=*/true)) {}
   [[nodiscard]] bool wait() noexcept override;
   [[nodiscard]] bool ready() noexcept override;
   [[nodiscard]] std::string error() const override;
-  [[nodiscard]] bool landed() const noexcept override {
-    return landed_.load(std::memory_order_acquire);
-  }
+  [[nodiscard]] bool landed() const noexcept override { return state() == State::kLanded; }
+  [[nodiscard]] bool failed() const noexcept override { return state() == State::kFailed; }
   [[nodiscard]] cudaEvent_t event() const { return event_.get(); }
 
  private:
+  enum class State : uint8_t { kPending, kLanded, kFailed };
+  [[nodiscard]] State state() const noexcept { return state_.load(std::memory_order_acquire); }
+  void fail(cudaError_t status) noexcept;
+
   Event event_;
-  std::atomic<bool> landed_{false};  // cached: later checks make no CUDA call
+  std::atomic<State> state_{State::kPending};  // cached: later checks make no CUDA call
   mutable std::mutex mutex_;
   std::string error_;
 };

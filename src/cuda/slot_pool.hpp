@@ -87,7 +87,7 @@ class SlotPool {
       Slot* wait_for = nullptr;
       for (auto& slot : slots_) {
         if (slot->leased) continue;
-        if (!slot->pending || event_done(slot->done.get())) {
+        if (!slot->pending || event_finished(slot->done.get())) {
           return lease(*slot);
         }
         if (wait_for == nullptr) wait_for = slot.get();
@@ -119,7 +119,7 @@ class SlotPool {
     std::lock_guard lock(mutex_);
     for (auto& slot : slots_) {
       if (slot->leased) continue;
-      if (slot->pending && !event_done(slot->done.get())) continue;
+      if (slot->pending && !event_finished(slot->done.get())) continue;
       slot->pending = false;
       fn(slot->payload);
     }

@@ -120,5 +120,56 @@ TEST_F(CudaPath, ABatchLeasesOnlyTheLaunchSlotsItFills) {
   EXPECT_EQ(std::memcmp(got.data(), host_rows.data(), got.size()), 0);
 }
 
+/// Resets the model's device 0 at the end of a test that loses its context on purpose (after
+/// the store that used it is gone: declare it first).
+struct ResetDeviceAfter {
+  ~ResetDeviceAfter() {
+    (void)cudaDeviceReset();
+    (void)cudaGetLastError();
+    cuda_model::clear_faults();
+  }
+};
+
+TEST_F(CudaPath, AFailedDeviceCopyIsNeverServedItsEntriesAreDroppedAndCounted) {
+  ResetDeviceAfter reset;
+  ChunkedTokenDatabase db(kChunk, false);
+  auto store = std::make_unique<HiddenStateStore>(small_config(), db);
+  const auto bad = tokens64(2 * kChunk, 2), good = tokens64(2 * kChunk, 3);
+  const auto good_rows = rows_of(good);
+  const TensorView rows = device_rows(bad);
+  StreamHolder s;
+  StoreOptions so;
+  so.stream = s.stream;
+  const MutableTensorView out = device_out(2 * kChunk);
+  {
+    // The store's first device-to-host copy fails when it runs (sticky: the context is lost),
+    // after the call has returned (the stream is held until then).
+    test::StreamGate gate(s.stream);
+    cuda_model::fail_copy(0);
+    EXPECT_EQ(store->store_hidden_states(bad, rows, so), (StoreResult{2, 2}));
+  }
+  EXPECT_NE(cudaStreamSynchronize(s.stream), cudaSuccess);
+  // A host store refreshes the fences first (DevicePath::poll): the failed one is seen now.
+  EXPECT_EQ(store->store_hidden_states(good, test::view_of(good_rows, kCols)), (StoreResult{2, 2}));
+  EXPECT_EQ(store->stats().copy_failures, 0u);
+  // A device-output retrieve (no host wait) serves none of it, and drops the chunk.
+  RetrieveOptions ro;
+  ro.stream = s.stream;
+  EXPECT_EQ(store->retrieve_hidden_states_into(bad, out, ro), 0);
+  EXPECT_EQ(store->stats().copy_failures, 1u);
+  // Nothing else serves or reports the failed rows either.
+  EXPECT_FALSE(store->retrieve_hidden_states(bad).has_value());
+  const auto chunks = db.process_tokens(std::span<const int64_t>(bad));
+  EXPECT_FALSE(store->has_chunk(chunks[0].key, {}));
+  EXPECT_FALSE(store->has_chunk(chunks[1].key, {}));  // beyond the gap, and failed too
+  EXPECT_EQ(store->coverage(chunks, std::vector<int64_t>{0}), 0);
+  // What landed is still served.
+  const auto got = store->retrieve_hidden_states(good);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(std::memcmp(got->data(), good_rows.data(), got->bytes()), 0);
+  store->check_invariants();
+  store.reset();
+}
+
 }  // namespace
 }  // namespace hss
