@@ -41,10 +41,10 @@ struct CopyRun {
   int64_t bytes;
 };
 
-size_t slot_bytes_for(const Config& config) {
-  const auto budget = static_cast<size_t>(std::max<int64_t>(config.hidden_state_staging_bytes, 1));
-  const size_t bytes = std::clamp(budget, kMinStagingSlotBytes, kMaxStagingSlotBytes);
-  return bytes / 16 * 16;
+/// The device's staging: the budget, at least what one element of one round needs.
+size_t staging_bytes_for(const Config& config) {
+  constexpr auto kLeast = static_cast<int64_t>(2 * StagingArena::kAlign);
+  return static_cast<size_t>(std::max(config.hidden_state_staging_bytes, kLeast));
 }
 
 }  // namespace
@@ -61,15 +61,9 @@ RestoreImpl restore_impl_for(const Config& config) {
   return config.hidden_state_restore_impl;
 }
 
-DeviceState::DeviceState(int index_, size_t slot_bytes, size_t slots, size_t launch_slots)
+DeviceState::DeviceState(int index_, size_t staging_bytes, size_t launch_slots)
     : index(index_),
-      staging_slot_bytes(slot_bytes),
-      staging(slots,
-              [slot_bytes] {
-                return StagingSlot{DeviceBuffer::allocate(slot_bytes),
-                                   PinnedTable::allocate(kStoreTilesPerSlot * sizeof(WriteSegment)),
-                                   Event::create()};
-              }),
+      staging(staging_bytes, kStagingTiles, kStagingRounds),
       restores(launch_slots, [] {
         const size_t table = std::max({kRestoreTilesPerSlot * sizeof(kernels::GatherSegment),
                                        3 * kRestoreTilesPerSlot * sizeof(uint64_t),
@@ -152,9 +146,7 @@ std::string EventFence::error() const {
 
 CudaDevicePath::CudaDevicePath(const Config& config)
     : restore_impl_(restore_impl_for(config)),
-      staging_slot_bytes_(slot_bytes_for(config)),
-      staging_slots_(std::max<size_t>(
-          1, static_cast<size_t>(config.hidden_state_staging_bytes) / slot_bytes_for(config))),
+      staging_bytes_(staging_bytes_for(config)),
       launch_slots_(static_cast<size_t>(std::max<int64_t>(config.hidden_state_launch_slots, 1))) {
   int count = 0;
   HSS_CUDA_CHECK(cudaGetDeviceCount(&count));
@@ -162,8 +154,7 @@ CudaDevicePath::CudaDevicePath(const Config& config)
   if (log_enabled(LogLevel::kDebug)) {
     log(LogLevel::kDebug, std::string("CUDA data path: restore implementation ") +
                               std::string(to_string(restore_impl_)) + ", " +
-                              std::to_string(staging_slots_) + " x " +
-                              std::to_string(staging_slot_bytes_) + " B staging per device, " +
+                              std::to_string(staging_bytes_) + " B staging per device, " +
                               std::to_string(count) + " device(s)");
   }
 }
@@ -192,7 +183,7 @@ DeviceState& CudaDevicePath::device(int index) {
   auto& dev = devices_[static_cast<size_t>(index)];
   if (!dev) {
     DeviceGuard guard(index);  // its streams and buffers belong to this device
-    dev = std::make_unique<DeviceState>(index, staging_slot_bytes_, staging_slots_, launch_slots_);
+    dev = std::make_unique<DeviceState>(index, staging_bytes_, launch_slots_);
   }
   return *dev;
 }
@@ -262,9 +253,11 @@ FenceRef CudaDevicePath::store(const kernels::SourceView& src, int device_index,
   return fenced(copy_stream, [&] {
     size_t next = 0;
     int64_t consumed = 0;
+    bool waited = false;
     while (next < segments.size()) {
-      store_round(dev, src, segments, next, consumed, stream, copy_stream);
+      store_round(dev, src, segments, next, consumed, stream, copy_stream, &waited);
     }
+    if (waited) staging_waits_.fetch_add(1, std::memory_order_relaxed);
   });
 }
 
@@ -322,28 +315,24 @@ void CudaDevicePath::store_direct(const kernels::SourceView& src,
   }
 }
 
-void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& src,
-                                 std::span<const WriteSegment> segments, size_t& next,
-                                 int64_t& consumed, cudaStream_t stream, cudaStream_t copy_stream) {
+namespace {
+
+/// How far one round goes: plans tiles (at most one tile's elements, inside one row when
+/// strided) and copy runs into staging offsets from 0 (a round's range starts kAlign-aligned, so
+/// the phases staging_offset() picks hold there), up to kMaxRoundBytes of staging and
+/// kStoreTilesPerRound tiles. `tile(offset, seg, first, n)` and `run(copy)` see each piece;
+/// returns the staging bytes used. Advances next/consumed.
+template <typename TileFn, typename RunFn>
+int64_t plan_round(const kernels::SourceView& src, std::span<const WriteSegment> segments,
+                   size_t& next, int64_t& consumed, int64_t capacity, TileFn&& tile, RunFn&& run) {
   const ElemType dst_type = segments.front().dst_type;
   const auto src_esize = static_cast<int64_t>(kernels::elem_bytes(src.type));
   const auto dst_esize = static_cast<int64_t>(kernels::elem_bytes(dst_type));
   const bool contiguous = src.row_stride == src.cols;
-  const auto capacity = static_cast<int64_t>(dev.staging_slot_bytes);
-
-  bool waited = false;
-  auto lease = dev.staging.acquire(&waited);
-  if (waited) staging_waits_.fetch_add(1, std::memory_order_relaxed);
-  StagingSlot& slot = **lease;
-  auto* staging = static_cast<unsigned char*>(slot.staging.get());
-  // The kernel reads the tiles straight from this pinned table (no upload); the slot's previous
-  // kernel has finished (acquire waited for its event), so it may be rewritten.
-  auto* tiles = static_cast<WriteSegment*>(slot.tiles.host());
   size_t num_tiles = 0;
-
-  std::vector<CopyRun> copies;
   int64_t cursor = 0;
-  while (next < segments.size() && num_tiles < kStoreTilesPerSlot) {
+  CopyRun last{nullptr, 0, 0};
+  while (next < segments.size() && num_tiles < kStoreTilesPerRound) {
     const WriteSegment& seg = segments[next];
     const int64_t first = seg.src_elem + consumed;
     const int64_t left = seg.count - consumed;
@@ -351,21 +340,21 @@ void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& sr
         cursor, address(kernels::source_address(src, seg.src_row0, first)), src_esize, dst_esize);
     const int64_t room = std::min(left, (capacity - offset) / dst_esize);
     if (room <= 0) break;
-    int64_t covered = 0;  // tiles of at most one tile's elements, inside one row when strided
-    while (covered < room && num_tiles < kStoreTilesPerSlot) {
+    int64_t covered = 0;
+    while (covered < room && num_tiles < kStoreTilesPerRound) {
       int64_t m = std::min(room - covered, kernels::tile_elems(src.type));
       if (!contiguous) m = std::min(m, src.cols - (first + covered) % src.cols);
-      tiles[num_tiles++] = {staging + offset + covered * dst_esize, seg.src_row0, first + covered,
-                            m, dst_type};
+      tile(offset + covered * dst_esize, seg, first + covered, m);
+      ++num_tiles;
       covered += m;
     }
     void* dst = static_cast<unsigned char*>(seg.dst) + consumed * dst_esize;
-    if (!copies.empty() &&
-        static_cast<unsigned char*>(copies.back().dst) + copies.back().bytes == dst &&
-        copies.back().staging_offset + copies.back().bytes == offset) {
-      copies.back().bytes += covered * dst_esize;
+    if (last.bytes > 0 && static_cast<unsigned char*>(last.dst) + last.bytes == dst &&
+        last.staging_offset + last.bytes == offset) {
+      last.bytes += covered * dst_esize;
     } else {
-      copies.push_back({dst, offset, covered * dst_esize});
+      if (last.bytes > 0) run(last);
+      last = {dst, offset, covered * dst_esize};
     }
     cursor = offset + covered * dst_esize;
     consumed += covered;
@@ -374,19 +363,55 @@ void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& sr
       consumed = 0;
     }
   }
-  if (num_tiles == 0) throw Error("device store: a segment does not fit one staging buffer");
+  if (last.bytes > 0) run(last);
+  return cursor;
+}
+
+}  // namespace
+
+void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& src,
+                                 std::span<const WriteSegment> segments, size_t& next,
+                                 int64_t& consumed, cudaStream_t stream, cudaStream_t copy_stream,
+                                 bool* waited) {
+  const ElemType dst_type = segments.front().dst_type;
+  const auto capacity = static_cast<int64_t>(std::min(kMaxRoundBytes, dev.staging.bytes()) /
+                                             StagingArena::kAlign * StagingArena::kAlign);
+  // First the round's size, then its staging and descriptors, then the same plan for real.
+  size_t plan_next = next;
+  int64_t plan_consumed = consumed;
+  size_t num_tiles = 0;
+  size_t num_copies = 0;
+  const int64_t bytes = plan_round(
+      src, segments, plan_next, plan_consumed, capacity,
+      [&](int64_t, const WriteSegment&, int64_t, int64_t) { ++num_tiles; },
+      [&](const CopyRun&) { ++num_copies; });
+  if (num_tiles == 0) throw Error("device store: a segment does not fit the staging");
+
+  auto lease = dev.staging.acquire(static_cast<size_t>(bytes), num_tiles, waited);
+  unsigned char* staging = lease->staging();
+  // The kernel reads the tiles straight from the round's range of the pinned table (no upload);
+  // the range's previous round has finished (the arena freed it once its event did).
+  WriteSegment* tiles = lease->tiles_host();
+  size_t t = 0;
+  std::vector<CopyRun> copies;
+  copies.reserve(num_copies);
+  (void)plan_round(
+      src, segments, next, consumed, capacity,
+      [&](int64_t offset, const WriteSegment& seg, int64_t first, int64_t n) {
+        tiles[t++] = {staging + offset, seg.src_row0, first, n, dst_type};
+      },
+      [&](const CopyRun& c) { copies.push_back(c); });
 
   lease->touch(stream);
   {
     HSS_RANGE("store/gather_cast");
-    kernels::launch_gather_cast(src, dst_type,
-                                static_cast<const WriteSegment*>(slot.tiles.device()),
+    kernels::launch_gather_cast(src, dst_type, lease->tiles_device(),
                                 static_cast<int64_t>(num_tiles), stream);
   }
   count_launches(1 + copies.size());
-  HSS_CUDA_CHECK(cudaEventRecord(slot.gathered.get(), stream));
+  HSS_CUDA_CHECK(cudaEventRecord(lease->gathered(), stream));
   lease->touch(copy_stream);
-  HSS_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, slot.gathered.get(), 0));
+  HSS_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, lease->gathered(), 0));
   {
     HSS_RANGE("store/d2h");
     for (const CopyRun& c : copies) {

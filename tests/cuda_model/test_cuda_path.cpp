@@ -14,6 +14,7 @@
 #include "cuda_model.hpp"
 #include "gpu/gpu_test_util.hpp"
 #include "hss/hidden_state_store.hpp"
+#include "hss/kernels/convert.hpp"
 #include "hss/token_database.hpp"
 
 namespace hss {
@@ -118,6 +119,49 @@ TEST_F(CudaPath, ABatchLeasesOnlyTheLaunchSlotsItFills) {
   }
   const auto got = test::download(out.data, 2 * kChunk * kCols * 4);
   EXPECT_EQ(std::memcmp(got.data(), host_rows.data(), got.size()), 0);
+}
+
+TEST_F(CudaPath, TheStagingBudgetCountsBytesNotRounds) {
+  // Manual scheduling: nothing runs, so every cast store's staging stays in flight.
+  ChunkedTokenDatabase db(kChunk, false);
+  const auto one_chunk = [&](uint64_t seed) { return tokens64(kChunk, seed); };
+  std::vector<std::vector<int64_t>> tokens;
+  std::vector<TensorView> rows;
+  for (uint64_t i = 0; i < 40; ++i) {
+    tokens.push_back(one_chunk(100 + i));
+    rows.push_back(device_rows(tokens.back(), DType::kBFloat16));  // 4 KiB of float32 staging each
+  }
+  StreamHolder s;
+  StoreOptions so;
+  so.stream = s.stream;
+  {
+    // The default budget (1 GiB): 32 small casting stores in flight, no host wait.
+    HiddenStateStore store(small_config(), db);
+    ManualScheduling manual;
+    for (size_t i = 0; i < 32; ++i) {
+      ASSERT_EQ(store.store_hidden_states(tokens[i], rows[i], so), (StoreResult{1, 1}));
+    }
+    EXPECT_EQ(store.stats().staging_waits, 0u);
+    store.flush();
+  }
+  // A budget of 40 KiB holds ten of them; the eleventh waits (once) for the oldest.
+  Config c = small_config();
+  c.hidden_state_staging_bytes = 40 << 10;
+  HiddenStateStore store(c, db);
+  ManualScheduling manual;
+  for (size_t i = 0; i < 10; ++i) (void)store.store_hidden_states(tokens[i], rows[i], so);
+  EXPECT_EQ(store.stats().staging_waits, 0u);
+  (void)store.store_hidden_states(tokens[10], rows[10], so);
+  EXPECT_EQ(store.stats().staging_waits, 1u);
+  store.flush();
+  for (size_t i = 0; i < 11; ++i) {
+    const auto got = store.retrieve_hidden_states(tokens[i]);
+    ASSERT_TRUE(got.has_value()) << i;
+    const auto want = rows_of(tokens[i]);
+    for (size_t k = 0; k < want.size(); ++k) {
+      ASSERT_EQ(got->data()[k], kernels::bf16_to_float(kernels::float_to_bf16(want[k]))) << i;
+    }
+  }
 }
 
 /// Resets the model's device 0 at the end of a test that loses its context on purpose (after
