@@ -30,6 +30,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 template <ElemType S, ElemType D>
 void launch(const SourceView& src, const WriteSegment* tiles, int64_t num_tiles,
             cudaStream_t stream) {
+  HSS_CUDA_CLEAR_STALE_ERROR();
   gather_cast_kernel<S, D>
       <<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(src, tiles);
   HSS_CUDA_CHECK_LAUNCH();
@@ -47,6 +48,7 @@ void launch_gather_cast(const SourceView& src, ElemType dst_type, const WriteSeg
 
 void launch_store_batch(const BatchStoreTile* tiles, int64_t num_tiles, cudaStream_t stream) {
   if (!grid_needed(num_tiles, "store_batch")) return;
+  HSS_CUDA_CLEAR_STALE_ERROR();
   store_batch_kernel<<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles);
   HSS_CUDA_CHECK_LAUNCH();
 }

@@ -33,6 +33,7 @@ void launch_restore_gather(const GatherSegment* tiles, int64_t num_tiles, const 
                            cudaStream_t stream) {
   if (!grid_needed(num_tiles, "restore_gather")) return;
   dispatch_output(out.type, [&]<ElemType D>() {
+    HSS_CUDA_CLEAR_STALE_ERROR();
     restore_gather_kernel<D>
         <<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles, out);
     HSS_CUDA_CHECK_LAUNCH();
@@ -41,6 +42,7 @@ void launch_restore_gather(const GatherSegment* tiles, int64_t num_tiles, const 
 
 void launch_restore_batch(const BatchRestoreTile* tiles, int64_t num_tiles, cudaStream_t stream) {
   if (!grid_needed(num_tiles, "restore_batch")) return;
+  HSS_CUDA_CLEAR_STALE_ERROR();
   restore_batch_kernel<<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles);
   HSS_CUDA_CHECK_LAUNCH();
 }
@@ -57,6 +59,7 @@ void launch_cub_batched_memcpy(void* temp, size_t temp_bytes, const void* const*
                                void* const* dsts, const uint64_t* sizes, int64_t num_buffers,
                                cudaStream_t stream) {
   if (num_buffers <= 0) return;
+  HSS_CUDA_CLEAR_STALE_ERROR();
   HSS_CUDA_CHECK(
       cub::DeviceMemcpy::Batched(temp, temp_bytes, srcs, dsts, sizes, num_buffers, stream));
   HSS_CUDA_CHECK_LAUNCH();

@@ -114,7 +114,33 @@ TEST(DeviceHazards, TwoStreamsAreIndependent) {
   EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(500));
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(cudaStreamQuery(sa.stream), cudaErrorNotReady);
+  (void)cudaGetLastError();  // the query recorded cudaErrorNotReady in this thread's error slot
   CUDA_OK(cudaStreamSynchronize(sa.stream));
+}
+
+TEST(DeviceHazards, AnErrorTheCallerLeftInTheThreadsErrorSlotIsNotTheStoresToReport) {
+  HSS_REQUIRE_DEVICE();
+  ChunkedTokenDatabase db(16, false);
+  HiddenStateStore store(config_for(16, 0.0625), db);
+  const auto host = random_rows(DType::kBFloat16, 32, 64, 40);
+  DeviceBytes dev(host.size());
+  test::upload(dev, host.data(), host.size());
+  StreamHolder held;
+  {
+    test::StreamGate gate(held.stream);
+    ASSERT_EQ(cudaStreamQuery(held.stream), cudaErrorNotReady);  // recorded in the error slot
+    gate.open();
+  }
+  // The engine never read its cudaErrorNotReady: the store's launch checks must not report it.
+  StreamHolder s;
+  StoreOptions o;
+  o.stream = s.stream;
+  EXPECT_EQ(store
+                .store_hidden_states(tokens_of(32, 41),
+                                     {dev.ptr, DType::kBFloat16, 32, 64, 0, Device::kCuda, 0}, o)
+                .cached,
+            2);
+  EXPECT_TRUE(store.retrieve_hidden_states(tokens_of(32, 41)).has_value());
 }
 
 TEST(DeviceHazards, MoreThanFourStagingRoundsInFlightWithoutAHostWait) {

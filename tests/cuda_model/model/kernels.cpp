@@ -85,6 +85,7 @@ T read_table(const T* table, int64_t i) {
 /// land in the thread's last-error slot, as a <<<>>> launch's do.
 void launch_kernel(cudaStream_t handle, std::string name, int64_t grid, int block,
                    std::function<void()> body) {
+  HSS_CUDA_CLEAR_STALE_ERROR();  // as the .cu launchers do before <<<>>>
   if (const cudaError_t e = enter(); e != cudaSuccess) {
     (void)result(e);
     return;
@@ -227,6 +228,7 @@ void launch_cub_batched_memcpy(void* temp, size_t temp_bytes, const void* const*
   if (num_buffers <= 0) return;
   // cub reports too little temporary storage as cudaErrorInvalidValue, before launching.
   const size_t needed = cuda_model::detail::cub_temp_bytes_for(num_buffers);
+  HSS_CUDA_CLEAR_STALE_ERROR();
   HSS_CUDA_CHECK(temp != nullptr && temp_bytes >= needed ? cudaSuccess : cudaErrorInvalidValue);
   launch_kernel(stream, "cub_batched_memcpy", (num_buffers + 255) / 256, kBlockThreads,
                 [temp, needed, srcs, dsts, sizes, num_buffers] {
