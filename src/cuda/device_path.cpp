@@ -236,19 +236,14 @@ FenceRef CudaDevicePath::store(const kernels::SourceView& src, int device_index,
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   DeviceState& dev = device(device_index);  // validates the index
   DeviceGuard guard(device_index);
-  const bool cast = std::any_of(segments.begin(), segments.end(),
-                                [&](const WriteSegment& s) { return s.dst_type != src.type; });
   for (const WriteSegment& seg : segments) {
     if (seg.dst_type != segments.front().dst_type) {
       throw Error("device store: one call must use one storage type");
     }
   }
-  if (!cast) {
-    return fenced(stream, [&] {
-      HSS_RANGE("store/d2h");
-      store_direct(src, segments, stream);
-    });
-  }
+  // Cast or not, the caller's stream carries only the gather into staging (device memory at
+  // device bandwidth) and an event; the transfer to the pool runs on the copy stream, so the
+  // engine's next kernels never wait for PCIe.
   const cudaStream_t copy_stream = dev.copy_stream_for(stream);
   return fenced(copy_stream, [&] {
     size_t next = 0;
@@ -276,43 +271,6 @@ FenceRef CudaDevicePath::fenced(cudaStream_t stream, Enqueue&& enqueue) {
   }
   track(fence);
   return fence;
-}
-
-void CudaDevicePath::store_direct(const kernels::SourceView& src,
-                                  std::span<const WriteSegment> segments, cudaStream_t stream) {
-  const auto esize = static_cast<int64_t>(kernels::elem_bytes(src.type));
-  const bool contiguous = src.row_stride == src.cols;
-  for (const WriteSegment& seg : segments) {
-    auto* dst = static_cast<unsigned char*>(seg.dst);
-    int64_t flat = seg.src_elem;
-    int64_t left = seg.count;
-    const auto copy_1d = [&](int64_t n) {
-      count_launches();
-      HSS_CUDA_CHECK(cudaMemcpyAsync(dst, kernels::source_address(src, seg.src_row0, flat),
-                                     static_cast<size_t>(n * esize), cudaMemcpyDeviceToHost,
-                                     stream));
-      dst += n * esize;
-      flat += n;
-      left -= n;
-    };
-    if (contiguous) {
-      copy_1d(left);
-      continue;
-    }
-    if (flat % src.cols != 0) copy_1d(std::min(left, src.cols - flat % src.cols));
-    if (const int64_t rows = left / src.cols; rows > 0) {  // whole rows: one strided copy
-      count_launches();
-      HSS_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(src.cols * esize),
-                                       kernels::source_address(src, seg.src_row0, flat),
-                                       static_cast<size_t>(src.row_stride * esize),
-                                       static_cast<size_t>(src.cols * esize),
-                                       static_cast<size_t>(rows), cudaMemcpyDeviceToHost, stream));
-      dst += rows * src.cols * esize;
-      flat += rows * src.cols;
-      left -= rows * src.cols;
-    }
-    if (left > 0) copy_1d(left);
-  }
 }
 
 namespace {

@@ -1,18 +1,16 @@
 #pragma once
 // The CUDA data path (data_path.hpp's DevicePath for CUDA builds).
 //
-// Store, per call:
-// * No cast (float32 in, or 16-bit in with native storage): cudaMemcpyAsync / cudaMemcpy2DAsync
-//   from the caller's tensor straight into the pool's pinned blocks, on the caller's stream (the
-//   caller's later work may overwrite the source, so the copy is ordered before it). Fence: an
-//   event on the caller's stream.
-// * Cast (16-bit in, float32 storage), per staging round (at most kMaxRoundBytes of staging):
-//     caller's stream: gather_cast kernel (rows -> staging, cast; tiles read from the round's
-//                      range of the pinned descriptor table) -> event `gathered`
+// Store, per call, in staging rounds (at most kMaxRoundBytes of staging each), cast or not:
+//     caller's stream: gather_cast kernel (rows -> staging, cast to the storage type or copied;
+//                      tiles read from the round's range of the pinned descriptor table) -> event
+//                      `gathered`
 //     copy stream of (device, caller stream): wait `gathered` -> D2H copies -> round `done`;
 //                      after the last round the call's fence event.
-//   The caller's stream only waits for the kernel. Copy streams are per caller stream, so work
-//   from stream B never queues behind stream A's copies.
+//   The caller's stream carries the gather and the event only, never the transfer over PCIe (the
+//   engine's next kernels would wait for it: about 2.5 ms per 128 MiB); it may then overwrite its
+//   tensor. Copy streams are per caller stream, so work from stream B never queues behind stream
+//   A's copies.
 // * Staging is counted in bytes (staging_arena.hpp): a round leases the bytes it needs of the
 //   device's Config::hidden_state_staging_bytes (default 1 GiB). The host waits only when they
 //   do not fit beside the rounds in flight; a store that waited counts once (staging_waits).
@@ -152,8 +150,6 @@ class CudaDevicePath final : public DevicePath {
  private:
   DeviceState& device(int index);
   std::vector<DeviceState*> devices_in_use();
-  void store_direct(const kernels::SourceView& src, std::span<const kernels::WriteSegment> segments,
-                    cudaStream_t stream);
   /// One staging round starting at segments[next] (element `consumed` of it). Advances both;
   /// sets *waited when it waited on the host for staging.
   void store_round(DeviceState& dev, const kernels::SourceView& src,

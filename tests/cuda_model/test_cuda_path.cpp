@@ -164,6 +164,59 @@ TEST_F(CudaPath, TheStagingBudgetCountsBytesNotRounds) {
   }
 }
 
+TEST_F(CudaPath, TheCallersStreamCarriesTheGatherAndNeverThePcieCopy) {
+  // Whatever the types, the caller's stream carries a device-side gather into staging and an
+  // event; the device-to-host transfer runs on a copy stream (the engine's next kernels wait for
+  // the gather only, not for PCIe).
+  struct Case {
+    DType dtype;
+    StorageDType storage;
+    int64_t stride;
+  };
+  for (const Case& k : {Case{DType::kFloat32, StorageDType::kFloat32, kCols},
+                        Case{DType::kFloat32, StorageDType::kFloat32, kCols + 8},
+                        Case{DType::kBFloat16, StorageDType::kNative, kCols},
+                        Case{DType::kBFloat16, StorageDType::kFloat32, kCols}}) {
+    Config c = small_config();
+    c.hidden_state_storage_dtype = k.storage;
+    ChunkedTokenDatabase db(kChunk, false);
+    HiddenStateStore store(c, db);
+    const auto t = tokens64(2 * kChunk, 7);
+    TensorView rows = device_rows(t, k.dtype);
+    std::vector<unsigned char> strided;
+    if (k.stride != kCols) {  // the same rows with padding between them
+      const auto dense = rows_of(t);
+      strided.assign(static_cast<size_t>(2 * kChunk * k.stride) * 4, 0);
+      for (int64_t r = 0; r < 2 * kChunk; ++r) {
+        std::memcpy(strided.data() + r * k.stride * 4, dense.data() + r * kCols, kCols * 4);
+      }
+      rows.data = device_copy(strided.data(), strided.size());
+      rows.row_stride = k.stride;
+    }
+    StreamHolder s;
+    StoreOptions so;
+    so.stream = s.stream;
+    ASSERT_EQ(store.store_hidden_states(t, rows, so), (StoreResult{2, 2}));
+    store.flush();
+    const auto history = cuda_model::history(s.stream);
+    bool gathered = false;
+    for (const std::string& op : history) {
+      EXPECT_EQ(op.find("cudaMemcpy"), std::string::npos) << op;
+      gathered = gathered || op.find("kernel gather_cast") != std::string::npos;
+    }
+    EXPECT_TRUE(gathered);
+    const auto got = store.retrieve_hidden_states(t);
+    ASSERT_TRUE(got.has_value());
+    const auto want = rows_of(t);
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float w = k.dtype == DType::kFloat32
+                          ? want[i]
+                          : kernels::bf16_to_float(kernels::float_to_bf16(want[i]));
+      ASSERT_EQ(got->data()[i], w) << i;
+    }
+  }
+}
+
 /// Resets the model's device 0 at the end of a test that loses its context on purpose (after
 /// the store that used it is gone: declare it first).
 struct ResetDeviceAfter {

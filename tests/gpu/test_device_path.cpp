@@ -332,19 +332,15 @@ bool has(const std::vector<std::string>& names, const char* name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-TEST(DevicePath, ACastingDeviceStoreEmitsGatherCastAndD2hRanges) {
+TEST(DevicePath, EveryDeviceStoreEmitsGatherCastAndD2hRanges) {
   HSS_REQUIRE_DEVICE();
-  const auto names = ranges_of_a_device_store(DType::kBFloat16);  // bf16 -> float32 storage
-  EXPECT_TRUE(has(names, "store/gather_cast"));
-  EXPECT_TRUE(has(names, "store/d2h"));
-}
-
-TEST(DevicePath, ADeviceStoreWithoutACastEmitsTheRangesOfItsPath) {
-  HSS_REQUIRE_DEVICE();
-  // float32 rows into float32 storage need no cast: the copy engines move them (store/d2h).
-  const auto names = ranges_of_a_device_store(DType::kFloat32);
-  EXPECT_FALSE(has(names, "store/gather_cast"));
-  EXPECT_TRUE(has(names, "store/d2h"));
+  // Cast (bfloat16 -> float32 storage) or not (float32), a device store gathers into staging on
+  // the caller's stream (store/gather_cast), then copies to the pool on a copy stream (store/d2h).
+  for (const DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+    const auto names = ranges_of_a_device_store(dtype);
+    EXPECT_TRUE(has(names, "store/gather_cast")) << to_string(dtype);
+    EXPECT_TRUE(has(names, "store/d2h")) << to_string(dtype);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
