@@ -68,12 +68,21 @@ DeviceState::DeviceState(int index_, size_t staging_bytes, size_t launch_slots)
         const size_t table = std::max({kRestoreTilesPerSlot * sizeof(kernels::GatherSegment),
                                        3 * kRestoreTilesPerSlot * sizeof(uint64_t),
                                        kBatchTilesPerTable * sizeof(kernels::BatchStoreTile),
-                                       kBatchTilesPerTable * sizeof(kernels::BatchRestoreTile)});
+                                       kBatchTilesPerTable * sizeof(kernels::BatchRestoreTile),
+                                       kernels::warm_up_table_bytes()});
         return RestoreSlot{PinnedTable::allocate(table),
                            DeviceBuffer::allocate(std::max<size_t>(
                                kernels::cub_batched_memcpy_temp_bytes(kRestoreTilesPerSlot), 16)),
                            nullptr};
-      }) {}
+      }) {
+  // Load every kernel's module now (CUDA loads one at its first launch: milliseconds, on an
+  // engine's hot path otherwise), through the first launch slot's table, on a stream of its own.
+  OwnedStream warm = OwnedStream::create_non_blocking();
+  RestoreSlot& slot = restores.unleased(0);
+  kernels::warm_up(slot.table.host(), slot.table.device(), slot.cub_temp.get(),
+                   slot.cub_temp.bytes(), warm.get());
+  HSS_CUDA_CHECK(cudaStreamSynchronize(warm.get()));
+}
 
 cudaStream_t DeviceState::copy_stream_for(cudaStream_t caller) {
   std::lock_guard lock(mutex_);
@@ -151,6 +160,11 @@ CudaDevicePath::CudaDevicePath(const Config& config)
   int count = 0;
   HSS_CUDA_CHECK(cudaGetDeviceCount(&count));
   devices_.resize(static_cast<size_t>(count));
+  // The current device's state (staging, launch slots, loaded kernels) now, before an engine
+  // sizes its KV cache from the memory left, and off its first calls' path.
+  int current = 0;
+  HSS_CUDA_CHECK(cudaGetDevice(&current));
+  (void)device(current);
   if (log_enabled(LogLevel::kDebug)) {
     log(LogLevel::kDebug, std::string("CUDA data path: restore implementation ") +
                               std::string(to_string(restore_impl_)) + ", " +

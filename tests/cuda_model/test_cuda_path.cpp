@@ -217,6 +217,40 @@ TEST_F(CudaPath, TheCallersStreamCarriesTheGatherAndNeverThePcieCopy) {
   }
 }
 
+TEST_F(CudaPath, WhatIsFixedIsAllocatedAndWarmedUpAtConstructionNotOnTheFirstCalls) {
+  // Inputs, outputs and the caller's stream first: only the store's own work is counted below.
+  const auto t = tokens64(2 * kChunk, 9);
+  const TensorView f32 = device_rows(t), bf16 = device_rows(t, DType::kBFloat16);
+  const MutableTensorView out = device_out(2 * kChunk), out2 = device_out(2 * kChunk);
+  StreamHolder s;
+  StoreOptions so;
+  so.stream = s.stream;
+  RetrieveOptions ro;
+  ro.stream = s.stream;
+  Config c = small_config();
+  c.hidden_state_storage_dtype = StorageDType::kNative;
+  ChunkedTokenDatabase db(kChunk, false);
+  const size_t device_bytes_before = cuda_model::device_bytes(0);
+  HiddenStateStore store(c, db);
+  // The device's staging is taken now, before an engine sizes its KV cache from what is free.
+  EXPECT_GE(cuda_model::device_bytes(0) - device_bytes_before,
+            static_cast<size_t>(c.hidden_state_staging_bytes));
+  const cuda_model::Counters before = cuda_model::counters();
+  // Every kind of call: stores with and without a cast, a batch store, restores and a batch.
+  (void)store.store_hidden_states(t, f32, so);
+  (void)store.store_hidden_states(t, bf16, {1, 0, ActivationKind::kHidden, s.stream});
+  const StoreItem items[] = {{t, f32, {2, 0, ActivationKind::kHidden, s.stream}}};
+  (void)store.store_batch(items);
+  EXPECT_EQ(store.retrieve_hidden_states_into(t, out, ro), 2 * kChunk);
+  const RetrieveItem reads[] = {{t, out, ro}, {t, out2, {1, 0, ActivationKind::kHidden, s.stream}}};
+  (void)store.retrieve_batch_into(reads);
+  store.flush();
+  const cuda_model::Counters after = cuda_model::counters();
+  EXPECT_EQ(after.device_allocations, before.device_allocations);
+  EXPECT_EQ(after.pinned_allocations, before.pinned_allocations);
+  EXPECT_EQ(after.module_loads, before.module_loads);  // every kernel was loaded at construction
+}
+
 /// Resets the model's device 0 at the end of a test that loses its context on purpose (after
 /// the store that used it is gone: declare it first).
 struct ResetDeviceAfter {
@@ -245,7 +279,7 @@ TEST_F(CudaPath, AFailedDeviceCopyIsNeverServedItsEntriesAreDroppedAndCounted) {
     cuda_model::fail_copy(0);
     EXPECT_EQ(store->store_hidden_states(bad, rows, so), (StoreResult{2, 2}));
   }
-  EXPECT_NE(cudaStreamSynchronize(s.stream), cudaSuccess);
+  EXPECT_NE(cudaDeviceSynchronize(), cudaSuccess);  // the copy ran and failed (no fence waited)
   // A host store refreshes the fences first (DevicePath::poll): the failed one is seen now.
   EXPECT_EQ(store->store_hidden_states(good, test::view_of(good_rows, kCols)), (StoreResult{2, 2}));
   EXPECT_EQ(store->stats().copy_failures, 0u);
