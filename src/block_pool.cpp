@@ -68,10 +68,11 @@ uint64_t BlockPool::granule_for_pool(uint64_t capacity_bytes) {
 }
 
 BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_pinned,
-                     bool prefault)
+                     bool prefault, int device)
     : arena_bytes_(capacity_bytes),
       granule_bytes_(checked_granule(capacity_bytes, granule_bytes)),
-      num_blocks_(granule_bytes_ == 0 ? 0 : capacity_bytes / granule_bytes_) {
+      num_blocks_(granule_bytes_ == 0 ? 0 : capacity_bytes / granule_bytes_),
+      device_(device) {
   if (num_blocks_ == 0) {
     throw InvalidArgument("hidden-state pool of " + std::to_string(capacity_bytes) +
                           " bytes is smaller than one 64-byte granule");
@@ -94,7 +95,7 @@ BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_p
   if (try_pinned) {
     // A failed cudaHostAlloc is not an error: the pool falls back to ordinary pages (documented;
     // stats().pinned says which).
-    base_ = static_cast<std::byte*>(pinned_host_alloc(capacity_bytes));
+    base_ = static_cast<std::byte*>(pinned_host_alloc(capacity_bytes, device));
     pinned_ = base_ != nullptr;
   }
   if (base_ == nullptr) {
@@ -115,7 +116,7 @@ BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_p
 
 BlockPool::~BlockPool() {
   if (pinned_) {
-    pinned_host_free(base_);
+    pinned_host_free(base_, device_);
   } else {
     munmap(base_, arena_bytes_);
   }

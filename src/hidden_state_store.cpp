@@ -4,6 +4,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "cuda_runtime.hpp"
 #include "hidden_state_store_impl.hpp"
 #include "hss/detail/host_buffer.hpp"
 #include "hss/error.hpp"
@@ -42,7 +43,7 @@ HiddenStateStore::Impl::Impl(const Config& config, const TokenDatabase& token_da
     : config_(config),
       token_database_(token_database),
       pool_(checked_pool_bytes(config), static_cast<uint64_t>(config.hidden_state_block_bytes),
-            /*try_pinned=*/true, /*prefault=*/true),
+            /*try_pinned=*/true, /*prefault=*/true, detail::store_device(config)),
       device_path_(detail::DevicePath::create(config)),
       // Queued writes may keep half the pool from eviction; beyond that they copy.
       remote_(config, pool_.capacity_bytes() / 2) {

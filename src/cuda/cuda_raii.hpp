@@ -8,7 +8,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <thread>
 #include <utility>
+
+#include "cuda/cuda_check.hpp"
 
 namespace hss::detail::cuda {
 
@@ -25,8 +29,29 @@ enum class EventStatus : uint8_t { kPending, kDone, kFailed };
   return query_event(event) != EventStatus::kPending;
 }
 
+/// Runs fn() on a short-lived thread whose current device is `device`, and waits for it: what fn
+/// creates belongs to that device, while the calling thread's current device stays as it was and
+/// no other device gets a context (CUDA 12 and later initialise a device's context in
+/// cudaSetDevice, so switching the caller's device and back would open one on the device it
+/// returns to). Rethrows what fn throws.
+template <typename Fn>
+void run_on_device(int device, Fn&& fn) {
+  std::exception_ptr failure;
+  std::thread helper([&] {
+    try {
+      HSS_CUDA_CHECK(cudaSetDevice(device));
+      fn();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  helper.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
 /// Makes `device` current for the scope and restores the caller's device afterwards, so the
-/// library never leaves an engine thread on another device.
+/// library never leaves an engine thread on another device. Switches only when the device
+/// differs: a call from a thread already on the tensors' device touches no other device.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);

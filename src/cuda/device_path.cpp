@@ -160,11 +160,10 @@ CudaDevicePath::CudaDevicePath(const Config& config)
   int count = 0;
   HSS_CUDA_CHECK(cudaGetDeviceCount(&count));
   devices_.resize(static_cast<size_t>(count));
-  // The current device's state (staging, launch slots, loaded kernels) now, before an engine
-  // sizes its KV cache from the memory left, and off its first calls' path.
-  int current = 0;
-  HSS_CUDA_CHECK(cudaGetDevice(&current));
-  (void)device(current);
+  // The store's device's state (staging, launch slots, loaded kernels) now, before an engine
+  // sizes its KV cache from the memory left, and off its first calls' path; made by a thread
+  // bound to that device, so the caller's current device gets no context.
+  (void)device(store_device(config));
   if (log_enabled(LogLevel::kDebug)) {
     log(LogLevel::kDebug, std::string("CUDA data path: restore implementation ") +
                               std::string(to_string(restore_impl_)) + ", " +
@@ -186,6 +185,16 @@ CudaDevicePath::~CudaDevicePath() {
     if (auto fence = weak.lock()) (void)fence->wait();
   }
   (void)release_finished();
+  // Each device's resources go on a thread bound to it: freeing them from this thread would
+  // initialise this thread's current device's context (cudaFree needs one).
+  for (auto& dev : devices_) {
+    if (!dev) continue;
+    try {
+      run_on_device(dev->index, [&] { dev.reset(); });
+    } catch (...) {  // no thread, or the device is lost: free them here
+      dev.reset();
+    }
+  }
 }
 
 DeviceState& CudaDevicePath::device(int index) {
@@ -196,8 +205,10 @@ DeviceState& CudaDevicePath::device(int index) {
   }
   auto& dev = devices_[static_cast<size_t>(index)];
   if (!dev) {
-    DeviceGuard guard(index);  // its streams and buffers belong to this device
-    dev = std::make_unique<DeviceState>(index, staging_bytes_, launch_slots_);
+    // Made by a thread bound to the device (its streams, buffers and kernels belong to it): the
+    // caller's current device is left alone and gets no context.
+    run_on_device(
+        index, [&] { dev = std::make_unique<DeviceState>(index, staging_bytes_, launch_slots_); });
   }
   return *dev;
 }
@@ -520,8 +531,7 @@ void CudaDevicePath::flush() {
     outstanding_.clear();
   }
   for (const auto& fence : fences) (void)fence->wait();  // errors surface at the entries' reads
-  for (DeviceState* dev : devices_in_use()) {
-    DeviceGuard guard(dev->index);
+  for (DeviceState* dev : devices_in_use()) {  // handles carry their device: no switch needed
     dev->synchronize_copy_streams();
     dev->restores.synchronize();
   }
