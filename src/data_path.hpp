@@ -87,6 +87,13 @@ class DevicePath {
   virtual void check_pointer(const void* data, bool on_device, int device_index,
                              std::string_view what) = 0;
 
+  /// Throws hss::Error when device work on `stream` would be captured into a CUDA graph (the
+  /// stream captures, or it is the legacy default stream while a blocking stream captures).
+  /// hsstore's device calls read and write host-side state when they are enqueued (pool
+  /// addresses, pins, fences, descriptor tables), which a replay would not repeat. Changes
+  /// nothing.
+  virtual void check_stream(Stream stream) = 0;
+
   /// Reads every segment's rows from the device tensor `src` (ordered on `stream`) into the pool
   /// blocks the segments name. Returns once enqueued, with the fence the entries carry; the caller
   /// may reuse `src` in its later work on `stream`. Waits on the host only when the staging of a

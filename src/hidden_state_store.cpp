@@ -74,6 +74,10 @@ void HiddenStateStore::Impl::check_pointer(const void* data, Device device, int 
   }
 }
 
+void HiddenStateStore::Impl::check_stream(Device device, Stream stream) const {
+  if (device_path_ && device == Device::kCuda) device_path_->check_stream(stream);
+}
+
 void HiddenStateStore::Impl::check_open_locked() const {
   if (closed_) throw Error("HiddenStateStore is closed");
 }

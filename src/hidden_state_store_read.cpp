@@ -238,7 +238,8 @@ int64_t HiddenStateStore::Impl::retrieve_chunk_list_into(std::span<const Chunk> 
 }
 
 void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
-                                           std::span<const MutableTensorView> outs) const {
+                                           std::span<const MutableTensorView> outs,
+                                           Stream stream) const {
   detail::check_slots(slots);
   if (outs.size() != slots.size()) {
     throw InvalidArgument("outs has " + std::to_string(outs.size()) + " views for " +
@@ -251,6 +252,12 @@ void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
     detail::check_view(outs[s].as_const(), name, device_path_ != nullptr);
     check_pointer(outs[s].data, outs[s].device, outs[s].device_index, name);
   }
+  for (const MutableTensorView& out : outs) {
+    if (out.device == Device::kCuda) {
+      check_stream(out.device, stream);
+      break;
+    }
+  }
 }
 
 int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunks, int64_t n_tokens,
@@ -258,7 +265,7 @@ int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunk
                                                     std::span<const MutableTensorView> outs,
                                                     int64_t row_begin, Stream stream) {
   HSS_RANGE("retrieve");
-  check_outputs(slots, outs);
+  check_outputs(slots, outs, stream);
   (void)read_through(chunks, slots);  // remote tier: fills the pool where the walk would stop
   // Host outputs need the rows now; device outputs only order themselves after the copies.
   const bool all_device = std::all_of(outs.begin(), outs.end(), [](const MutableTensorView& o) {
@@ -346,7 +353,7 @@ int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const Token> toke
   if (opt.row_begin < 0) {
     throw InvalidArgument("row_begin = " + std::to_string(opt.row_begin) + " is negative");
   }
-  check_outputs(slots, outs);
+  check_outputs(slots, outs, opt.stream);
   const std::vector<Chunk> chunks = token_database_.process_tokens(token_ids);
   return retrieve_slots_into(chunks, static_cast<int64_t>(token_ids.size()), slots, outs,
                              opt.row_begin, opt.stream);

@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "cuda/capture_mode.hpp"
 #include "cuda/cuda_check.hpp"
 
 namespace hss::detail::cuda {
@@ -39,6 +40,7 @@ void run_on_device(int device, Fn&& fn) {
   std::exception_ptr failure;
   std::thread helper([&] {
     try {
+      const RelaxedCaptureMode relaxed;  // capture_mode.hpp
       HSS_CUDA_CHECK(cudaSetDevice(device));
       fn();
     } catch (...) {

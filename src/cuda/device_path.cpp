@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "cuda/capture_mode.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda_runtime.hpp"
 #include "hss/error.hpp"
@@ -107,6 +108,7 @@ void DeviceState::synchronize_copy_streams() noexcept {
 
 bool EventFence::wait() noexcept {
   if (const State s = state(); s != State::kPending) return s == State::kLanded;
+  const RelaxedCaptureMode relaxed;
   const cudaError_t status = cudaEventSynchronize(event_.get());
   if (status == cudaSuccess) {
     state_.store(State::kLanded, std::memory_order_release);
@@ -119,6 +121,7 @@ bool EventFence::wait() noexcept {
 
 bool EventFence::ready() noexcept {
   if (state() != State::kPending) return true;
+  const RelaxedCaptureMode relaxed;
   cudaError_t status = cudaSuccess;
   switch (query_event(event_.get(), &status)) {
     case EventStatus::kPending:
@@ -173,6 +176,7 @@ CudaDevicePath::CudaDevicePath(const Config& config)
 }
 
 CudaDevicePath::~CudaDevicePath() {
+  const RelaxedCaptureMode relaxed;
   // Pending copies read staging and write pool blocks; restores read the pool. Let them finish
   // before either goes, then drop what restores kept alive (the owner destroys the pool after us).
   for (auto& dev : devices_) {
@@ -222,8 +226,25 @@ std::vector<DeviceState*> CudaDevicePath::devices_in_use() {
   return devices;
 }
 
+void CudaDevicePath::check_stream(Stream stream_handle) {
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t query = cudaStreamIsCapturing(stream, &status);
+  if (query == cudaSuccess && status == cudaStreamCaptureStatusNone) return;
+  (void)cudaGetLastError();
+  const std::string which = stream == nullptr ? "the legacy default stream (which would "
+                                                "synchronise with a capturing stream)"
+                                              : "a stream that is capturing a CUDA graph";
+  throw Error(
+      "hsstore device calls cannot be captured: options.stream is " + which +
+      "; a replay would not repeat what the call does on the host (pool addresses, "
+      "pins, fences). Call it outside the capture." +
+      (query != cudaSuccess ? std::string(" (") + cudaGetErrorName(query) + ")" : std::string()));
+}
+
 void CudaDevicePath::check_pointer(const void* data, bool on_device, int device_index,
                                    std::string_view what) {
+  const RelaxedCaptureMode relaxed;
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -258,6 +279,7 @@ void CudaDevicePath::track(const std::shared_ptr<EventFence>& fence) {
 
 FenceRef CudaDevicePath::store(const kernels::SourceView& src, int device_index,
                                std::span<const WriteSegment> segments, Stream stream_handle) {
+  const RelaxedCaptureMode relaxed;
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   DeviceState& dev = device(device_index);  // validates the index
   DeviceGuard guard(device_index);
@@ -411,6 +433,7 @@ FenceRef CudaDevicePath::store_batch(std::span<const StoreJob> jobs, int device_
   const auto first = std::find_if(jobs.begin(), jobs.end(),
                                   [](const StoreJob& job) { return !job.segments.empty(); });
   if (first == jobs.end()) return nullptr;
+  const RelaxedCaptureMode relaxed;
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   DeviceState& dev = device(device_index);  // validates the index
   DeviceGuard guard(device_index);
@@ -492,6 +515,7 @@ void CudaDevicePath::hold_until_done(RestoreSlot& slot, std::shared_ptr<const vo
 }
 
 size_t CudaDevicePath::release_finished() {
+  const RelaxedCaptureMode relaxed;
   std::vector<std::shared_ptr<const void>> finished;  // destroyed outside the slot pool's lock
   for (DeviceState* dev : devices_in_use()) {
     dev->restores.sweep([&](RestoreSlot& slot) {
@@ -503,6 +527,7 @@ size_t CudaDevicePath::release_finished() {
 }
 
 void CudaDevicePath::poll() {
+  const RelaxedCaptureMode relaxed;
   std::vector<std::shared_ptr<EventFence>> fences;
   {
     std::lock_guard lock(mutex_);
@@ -522,6 +547,7 @@ size_t CudaDevicePath::restores_in_flight() const {
 }
 
 void CudaDevicePath::flush() {
+  const RelaxedCaptureMode relaxed;
   std::vector<std::shared_ptr<EventFence>> fences;
   {
     std::lock_guard lock(mutex_);

@@ -30,6 +30,10 @@
 // a new caller stream are created on first use (warm-up), bounded in number; store and restore
 // never allocate or free on the CUDA runtime afterwards.
 //
+// Capture: a device call on a capturing stream is refused (check_stream); every CUDA call the path
+// makes runs in relaxed capture mode (capture_mode.hpp), so its work on other streams and threads
+// never invalidates a graph an engine captures meanwhile.
+//
 // Thread-safe: every method may be called from many threads at once.
 
 #include <cuda_runtime_api.h>
@@ -126,6 +130,7 @@ class CudaDevicePath final : public DevicePath {
 
   void check_pointer(const void* data, bool on_device, int device_index,
                      std::string_view what) override;
+  void check_stream(Stream stream) override;
   [[nodiscard]] FenceRef store(const kernels::SourceView& src, int device_index,
                                std::span<const kernels::WriteSegment> segments,
                                Stream stream) override;

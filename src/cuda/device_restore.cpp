@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "batch_tiles.hpp"
+#include "cuda/capture_mode.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_path.hpp"
 #include "hss/kernels/launch.hpp"
@@ -18,6 +19,7 @@ using kernels::ElemType;
 using kernels::GatherSegment;
 
 bool device_mapped(const void* p) {
+  const RelaxedCaptureMode relaxed;
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -79,6 +81,7 @@ void CudaDevicePath::restore(std::span<const GatherSegment> segments,
                              std::shared_ptr<const void> keep_alive) {
   (void)release_finished();
   if (segments.empty()) return;
+  const RelaxedCaptureMode relaxed;
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   DeviceState& dev = device(device_index);  // validates the index
   DeviceGuard guard(device_index);
@@ -123,6 +126,7 @@ void CudaDevicePath::restore_batch(std::span<const RestoreJob> jobs, int device_
   const auto first = std::find_if(jobs.begin(), jobs.end(),
                                   [](const RestoreJob& job) { return !job.segments.empty(); });
   if (first == jobs.end()) return;
+  const RelaxedCaptureMode relaxed;
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   DeviceState& dev = device(device_index);  // validates the index
   DeviceGuard guard(device_index);

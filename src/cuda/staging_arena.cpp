@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "cuda/capture_mode.hpp"
 #include "cuda/cuda_check.hpp"
 #include "hss/error.hpp"
 
@@ -109,6 +110,7 @@ void StagingArena::Lease::record(cudaStream_t copy_stream) {
 StagingArena::Lease::~Lease() {
   if (recorded_) return;
   // Dropped without record(), after an exception: work may still read the ranges.
+  const RelaxedCaptureMode relaxed;
   for (int i = 0; i < touched_count_; ++i) (void)cudaStreamSynchronize(touched_[i]);
   std::lock_guard lock(arena_.mutex_);
   arena_.free_locked(round_);
@@ -173,6 +175,7 @@ void StagingArena::free_locked(Round& round) noexcept {
 }
 
 void StagingArena::synchronize() noexcept {
+  const RelaxedCaptureMode relaxed;
   std::lock_guard lock(mutex_);
   for (Round* round : in_flight_) (void)cudaEventSynchronize(round->done.get());
   for (Round* round : in_flight_) free_locked(*round);
