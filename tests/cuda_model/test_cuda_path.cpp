@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "cuda/device_path.hpp"
 #include "cuda_model.hpp"
 #include "gpu/gpu_test_util.hpp"
+#include "hss/error.hpp"
 #include "hss/hidden_state_store.hpp"
 #include "hss/kernels/convert.hpp"
 #include "hss/token_database.hpp"
@@ -300,6 +302,176 @@ TEST_F(CudaPath, AFailedDeviceCopyIsNeverServedItsEntriesAreDroppedAndCounted) {
   EXPECT_EQ(std::memcmp(got->data(), good_rows.data(), got->bytes()), 0);
   store->check_invariants();
   store.reset();
+}
+
+TEST_F(CudaPath, AFailedLaunchInABatchWithdrawsItWithoutFreeingGranulesStillBeingWritten) {
+  ResetDeviceAfter reset;  // (the failure is not sticky; this only clears the planted fault)
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore store(small_config(), db);
+  const auto t1 = tokens64(2 * kChunk, 14), t2 = tokens64(2 * kChunk, 15);
+  const TensorView s1 = device_rows(t1), s2 = device_rows(t2);
+  StreamHolder a, b;
+  StoreOptions on_a, on_b;
+  on_a.stream = a.stream;
+  on_b.stream = b.stream;
+  const StoreItem items[] = {{t1, s1, on_a}, {t2, s2, on_b}};
+  const uint64_t capacity = store.stats().pool_capacity_bytes;
+  {
+    test::StreamGate gate(a.stream);  // stream a's launch is queued and writes its granules later
+    cuda_model::fail_launch(1);       // stream b's launch fails
+    EXPECT_THROW((void)store.store_batch(items), Error);
+    EXPECT_EQ(store.num_entries(), 0u);
+    store.check_invariants();
+    // The granules under stream a's queued launch are not back in the pool yet...
+    EXPECT_LT(store.stats().pool_free_bytes, capacity);
+  }
+  store.flush();
+  // ...and return once it ran: nothing leaked, nothing reused while being written.
+  EXPECT_EQ(store.stats().pool_free_bytes, capacity);
+  EXPECT_EQ(store.store_batch(items), (std::vector<StoreResult>{{2, 2}, {2, 2}}));
+  EXPECT_TRUE(store.retrieve_hidden_states(t2).has_value());
+}
+
+TEST_F(CudaPath, AFailedLaunchInALaterRoundWithdrawsTheStoreAndTheNextOneWorks) {
+  ResetDeviceAfter reset;
+  Config c = small_config(256);
+  c.hidden_state_staging_bytes = 8 << 10;  // two chunks per round: a four-chunk store is 2 rounds
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore store(c, db);
+  const auto t = tokens64(4 * kChunk, 16);
+  const TensorView rows = device_rows(t, DType::kBFloat16);
+  StreamHolder s;
+  StoreOptions so;
+  so.stream = s.stream;
+  cuda_model::fail_launch(1);
+  EXPECT_THROW((void)store.store_hidden_states(t, rows, so), Error);
+  EXPECT_EQ(store.num_entries(), 0u);
+  EXPECT_EQ(store.stats().pool_free_bytes, store.stats().pool_capacity_bytes);
+  EXPECT_EQ(store.store_hidden_states(t, rows, so), (StoreResult{4, 4}));
+  EXPECT_GE(store.stats().device_launches, 2u);
+  const auto got = store.retrieve_hidden_states(t);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->rows(), 4 * kChunk);
+}
+
+TEST_F(CudaPath, APoolThatCouldNotBePinnedStillServesEveryDeviceCall) {
+  ResetDeviceAfter reset;
+  cuda_model::fail_allocation(0);  // the pool's cudaHostAlloc: pageable memory instead
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore store(small_config(), db);
+  ASSERT_FALSE(store.stats().pinned);
+  ASSERT_TRUE(store.stats().device_path);
+  const auto t = tokens64(2 * kChunk + 5, 17);
+  const auto want = rows_of(t);
+  const TensorView rows = device_rows(t);
+  StreamHolder s;
+  StoreOptions so;
+  so.stream = s.stream;
+  RetrieveOptions ro;
+  ro.stream = s.stream;
+  EXPECT_EQ(store.store_hidden_states(t, rows, so), (StoreResult{2, 2}));  // staged, then copied
+  const StoreItem items[] = {{t, rows, {1, 0, ActivationKind::kHidden, s.stream}}};
+  EXPECT_EQ(store.store_batch(items)[0], (StoreResult{2, 2}));  // store() per item, one fence
+  const MutableTensorView out = device_out(2 * kChunk), out2 = device_out(2 * kChunk);
+  EXPECT_EQ(store.retrieve_hidden_states_into(t, out, ro), 2 * kChunk);  // host convert + upload
+  const RetrieveItem reads[] = {{t, out2, {1, 0, ActivationKind::kHidden, s.stream}}};
+  EXPECT_EQ(store.retrieve_batch_into(reads)[0], 2 * kChunk);
+  ASSERT_EQ(cudaStreamSynchronize(s.stream), cudaSuccess);
+  for (const auto& o : {out, out2}) {
+    const auto got = test::download(o.data, 2 * kChunk * kCols * 4);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size()), 0);
+  }
+}
+
+TEST_F(CudaPath, ADeviceWhoseStateCannotBeMadeIsAnErrorAndTheNextCallTriesAgain) {
+  ASSERT_EQ(cuda_model::device_count(), 2);
+  ResetDeviceAfter reset;
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore store(small_config(), db);  // device 0's state
+  const auto t = tokens64(2 * kChunk, 18);
+  const auto host_rows = rows_of(t);
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  DeviceBytes on1(host_rows.size() * 4);
+  test::upload(on1, host_rows.data(), host_rows.size() * 4);
+  StreamHolder s1;  // a stream of device 1
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const TensorView rows{on1.ptr, DType::kFloat32, 2 * kChunk, kCols, 0, Device::kCuda, 1};
+  StoreOptions so;
+  so.stream = s1.stream;
+  cuda_model::fail_allocation(0);  // device 1's staging
+  EXPECT_THROW((void)store.store_hidden_states(t, rows, so), Error);
+  EXPECT_EQ(store.num_entries(), 0u);
+  // From this thread (current device 0), on device 1: the store switches and switches back.
+  EXPECT_EQ(store.store_hidden_states(t, rows, so), (StoreResult{2, 2}));
+  int current = -1;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, 0);
+  const auto got = store.retrieve_hidden_states(t);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(std::memcmp(got->data(), host_rows.data(), got->bytes()), 0);
+}
+
+TEST_F(CudaPath, HssRestoreImplNamesTheRestoreImplementation) {
+  Config c = small_config();
+  c.hidden_state_restore_impl = RestoreImpl::kCub;
+  const auto impl_for = [&](const char* value) {
+    if (value == nullptr) {
+      EXPECT_EQ(unsetenv("HSS_RESTORE_IMPL"), 0);
+    } else {
+      EXPECT_EQ(setenv("HSS_RESTORE_IMPL", value, 1), 0);
+    }
+    const RestoreImpl impl = detail::cuda::restore_impl_for(c);
+    EXPECT_EQ(unsetenv("HSS_RESTORE_IMPL"), 0);
+    return impl;
+  };
+  EXPECT_EQ(impl_for(nullptr), RestoreImpl::kCub);
+  EXPECT_EQ(impl_for("kernel"), RestoreImpl::kKernel);
+  EXPECT_EQ(impl_for("memcpy"), RestoreImpl::kCopyEngine);
+  EXPECT_EQ(impl_for("copy_engine"), RestoreImpl::kCopyEngine);
+  EXPECT_EQ(impl_for("warp_drive"), RestoreImpl::kCub);  // unknown: warned, the config's
+}
+
+TEST_F(CudaPath, LongRunsOfTinyTilesSpanSeveralRoundsAndLaunches) {
+  // One-column rows, padded: every row is a tile of its own, so a store needs more tiles than a
+  // round holds and a restore more than a launch table holds.
+  constexpr int64_t kRows = 20000;
+  Config c = test::store_config(kChunk, 1, kRows / kChunk + 1);
+  for (const RestoreImpl impl : {RestoreImpl::kKernel, RestoreImpl::kCopyEngine}) {
+    c.hidden_state_restore_impl = impl;
+    ChunkedTokenDatabase db(kChunk, false);
+    HiddenStateStore store(c, db);
+    const auto t = tokens64(kRows, 19);
+    std::vector<float> padded(2 * kRows);
+    for (int64_t r = 0; r < kRows; ++r) padded[2 * r] = static_cast<float>(r);
+    const TensorView rows{device_copy(padded.data(), padded.size() * 4),
+                          DType::kFloat32,
+                          kRows,
+                          1,
+                          2,
+                          Device::kCuda,
+                          0};
+    StreamHolder s;
+    StoreOptions so;
+    so.stream = s.stream;
+    const uint64_t launches = store.stats().device_launches;
+    EXPECT_EQ(store.store_hidden_states(t, rows, so).cached, kRows / kChunk);
+    EXPECT_GE(store.stats().device_launches - launches, 2u);  // at least two rounds
+    buffers_.push_back(std::make_unique<DeviceBytes>(static_cast<size_t>(kRows) * 3 * 4));
+    test::fill(buffers_.back()->ptr, 0, buffers_.back()->bytes);
+    const MutableTensorView out{
+        buffers_.back()->ptr, DType::kFloat32, kRows, 1, 3, Device::kCuda, 0};
+    RetrieveOptions ro;
+    ro.stream = s.stream;
+    ro.row_begin = 3;
+    EXPECT_EQ(store.retrieve_hidden_states_into(t, out, ro), kRows - 3);
+    ASSERT_EQ(cudaStreamSynchronize(s.stream), cudaSuccess);
+    const auto got = test::download(out.data, buffers_.back()->bytes);
+    for (int64_t r = 0; r < kRows - 3; ++r) {
+      float f = 0;
+      std::memcpy(&f, got.data() + 12 * r, 4);
+      ASSERT_EQ(f, static_cast<float>(r + 3)) << r;
+    }
+  }
 }
 
 }  // namespace
