@@ -17,6 +17,11 @@
 
 namespace hss::detail::cuda {
 
+/// What CUDA knows of `p`. An unregistered pointer (pageable memory) reads
+/// cudaMemoryTypeUnregistered; so does one CUDA cannot describe (CUDA before 11 failed the call
+/// for pageable memory; its error is cleared).
+[[nodiscard]] cudaPointerAttributes pointer_attributes(const void* p) noexcept;
+
 /// Where the work an event captured stands: still running, landed, or failed (any error but
 /// cudaErrorNotReady: it will never land; a sticky error means the device is lost).
 enum class EventStatus : uint8_t { kPending, kDone, kFailed };
@@ -72,7 +77,7 @@ class OwnedStream {
   OwnedStream() = default;
   [[nodiscard]] static OwnedStream create_non_blocking();
   OwnedStream(OwnedStream&& other) noexcept : stream_(std::exchange(other.stream_, nullptr)) {}
-  OwnedStream& operator=(OwnedStream&& other) noexcept;
+  OwnedStream& operator=(OwnedStream&&) = delete;  // set once, at creation
   ~OwnedStream();
   [[nodiscard]] cudaStream_t get() const { return stream_; }
 
@@ -87,7 +92,7 @@ class Event {
   Event() = default;
   [[nodiscard]] static Event create(bool blocking_sync = false);
   Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
-  Event& operator=(Event&& other) noexcept;
+  Event& operator=(Event&&) = delete;  // set once, at creation
   ~Event();
   [[nodiscard]] cudaEvent_t get() const { return event_; }
 
@@ -103,7 +108,7 @@ class DeviceBuffer {
   [[nodiscard]] static DeviceBuffer allocate(size_t bytes);
   DeviceBuffer(DeviceBuffer&& other) noexcept
       : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&&) = delete;  // set once, at creation
   ~DeviceBuffer();
   [[nodiscard]] void* get() const { return ptr_; }
   [[nodiscard]] size_t bytes() const { return bytes_; }

@@ -42,6 +42,15 @@ struct CopyRun {
   int64_t bytes;
 };
 
+/// A launch slot's table holds any of: restore tiles, cub's three arrays, batch tiles, warm-up.
+size_t launch_table_bytes() {
+  return std::max({kRestoreTilesPerSlot * sizeof(kernels::GatherSegment),
+                   3 * kRestoreTilesPerSlot * sizeof(uint64_t),
+                   kBatchTilesPerTable * sizeof(kernels::BatchStoreTile),
+                   kBatchTilesPerTable * sizeof(kernels::BatchRestoreTile),
+                   kernels::warm_up_table_bytes()});
+}
+
 /// The device's staging: the budget, at least what one element of one round needs.
 size_t staging_bytes_for(const Config& config) {
   constexpr auto kLeast = static_cast<int64_t>(2 * StagingArena::kAlign);
@@ -66,12 +75,7 @@ DeviceState::DeviceState(int index_, size_t staging_bytes, size_t launch_slots)
     : index(index_),
       staging(staging_bytes, kStagingTiles, kStagingRounds),
       restores(launch_slots, [] {
-        const size_t table = std::max({kRestoreTilesPerSlot * sizeof(kernels::GatherSegment),
-                                       3 * kRestoreTilesPerSlot * sizeof(uint64_t),
-                                       kBatchTilesPerTable * sizeof(kernels::BatchStoreTile),
-                                       kBatchTilesPerTable * sizeof(kernels::BatchRestoreTile),
-                                       kernels::warm_up_table_bytes()});
-        return RestoreSlot{PinnedTable::allocate(table),
+        return RestoreSlot{PinnedTable::allocate(launch_table_bytes()),
                            DeviceBuffer::allocate(std::max<size_t>(
                                kernels::cub_batched_memcpy_temp_bytes(kRestoreTilesPerSlot), 16)),
                            nullptr};
@@ -123,17 +127,14 @@ bool EventFence::ready() noexcept {
   if (state() != State::kPending) return true;
   const RelaxedCaptureMode relaxed;
   cudaError_t status = cudaSuccess;
-  switch (query_event(event_.get(), &status)) {
-    case EventStatus::kPending:
-      return false;
-    case EventStatus::kDone:
-      state_.store(State::kLanded, std::memory_order_release);
-      return true;
-    case EventStatus::kFailed:
-      fail(status);  // nothing will land any more: the entries must never be served
-      return true;
+  const EventStatus now = query_event(event_.get(), &status);
+  if (now == EventStatus::kPending) return false;
+  if (now == EventStatus::kDone) {
+    state_.store(State::kLanded, std::memory_order_release);
+  } else {
+    fail(status);  // nothing will land any more: the entries must never be served
   }
-  return false;
+  return true;
 }
 
 void EventFence::fail(cudaError_t status) noexcept {
@@ -245,11 +246,7 @@ void CudaDevicePath::check_stream(Stream stream_handle) {
 void CudaDevicePath::check_pointer(const void* data, bool on_device, int device_index,
                                    std::string_view what) {
   const RelaxedCaptureMode relaxed;
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess) {
-    (void)cudaGetLastError();
-    attributes.type = cudaMemoryTypeUnregistered;
-  }
+  const cudaPointerAttributes attributes = pointer_attributes(data);
   const bool device_memory =
       attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
   if (on_device && (!device_memory || attributes.device != device_index)) {
@@ -386,10 +383,10 @@ void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& sr
   int64_t plan_consumed = consumed;
   size_t num_tiles = 0;
   size_t num_copies = 0;
-  const int64_t bytes = plan_round(
-      src, segments, plan_next, plan_consumed, capacity,
-      [&](int64_t, const WriteSegment&, int64_t, int64_t) { ++num_tiles; },
-      [&](const CopyRun&) { ++num_copies; });
+  const auto count_tile = [&](int64_t, const WriteSegment&, int64_t, int64_t) { ++num_tiles; };
+  const auto count_copy = [&](const CopyRun&) { ++num_copies; };
+  const int64_t bytes =
+      plan_round(src, segments, plan_next, plan_consumed, capacity, count_tile, count_copy);
   if (num_tiles == 0) throw Error("device store: a segment does not fit the staging");
 
   auto lease = dev.staging.acquire(static_cast<size_t>(bytes), num_tiles, waited);
@@ -400,12 +397,11 @@ void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& sr
   size_t t = 0;
   std::vector<CopyRun> copies;
   copies.reserve(num_copies);
-  (void)plan_round(
-      src, segments, next, consumed, capacity,
-      [&](int64_t offset, const WriteSegment& seg, int64_t first, int64_t n) {
-        tiles[t++] = {staging + offset, seg.src_row0, first, n, dst_type};
-      },
-      [&](const CopyRun& c) { copies.push_back(c); });
+  const auto write_tile = [&](int64_t offset, const WriteSegment& seg, int64_t first, int64_t n) {
+    tiles[t++] = {staging + offset, seg.src_row0, first, n, dst_type};
+  };
+  const auto add_copy = [&](const CopyRun& c) { copies.push_back(c); };
+  (void)plan_round(src, segments, next, consumed, capacity, write_tile, add_copy);
 
   lease->touch(stream);
   {

@@ -20,11 +20,7 @@ using kernels::GatherSegment;
 
 bool device_mapped(const void* p) {
   const RelaxedCaptureMode relaxed;
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
+  const cudaPointerAttributes attributes = pointer_attributes(p);
   return (attributes.type == cudaMemoryTypeHost && attributes.devicePointer == p) ||
          attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
 }

@@ -47,12 +47,6 @@ void RangeAllocator::release(size_t offset, size_t n) noexcept {
   }
 }
 
-size_t RangeAllocator::free_total() const {
-  size_t total = 0;
-  for (const Range& r : free_) total += r.size;
-  return total;
-}
-
 // ---- StagingArena
 
 struct StagingArena::Round {
@@ -180,12 +174,6 @@ void StagingArena::synchronize() noexcept {
   for (Round* round : in_flight_) (void)cudaEventSynchronize(round->done.get());
   for (Round* round : in_flight_) free_locked(*round);
   in_flight_.clear();
-}
-
-size_t StagingArena::bytes_in_flight() {
-  std::lock_guard lock(mutex_);
-  reclaim_locked();
-  return bytes_.capacity() - bytes_.free_total();
 }
 
 }  // namespace hss::detail::cuda

@@ -41,7 +41,6 @@ class RangeAllocator {
   /// Gives [offset, offset + n) back, merging with its neighbours. Never allocates.
   void release(size_t offset, size_t n) noexcept;
   [[nodiscard]] size_t capacity() const { return capacity_; }
-  [[nodiscard]] size_t free_total() const;
 
  private:
   struct Range {
@@ -97,9 +96,6 @@ class StagingArena {
   void synchronize() noexcept;
 
   [[nodiscard]] size_t bytes() const { return bytes_.capacity(); }
-  [[nodiscard]] size_t max_tiles() const { return tiles_.capacity(); }
-  /// Staging bytes of the rounds not yet seen finished (tests).
-  [[nodiscard]] size_t bytes_in_flight();
 
   /// Staging ranges are multiples of this (and start on such a boundary): the kernels' vector
   /// plan depends on the staging address modulo 16 only.

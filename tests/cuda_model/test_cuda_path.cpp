@@ -304,6 +304,71 @@ TEST_F(CudaPath, AFailedDeviceCopyIsNeverServedItsEntriesAreDroppedAndCounted) {
   store.reset();
 }
 
+TEST_F(CudaPath, AFailedCopyFirstSeenByAHostWaitIsDroppedToo) {
+  ResetDeviceAfter reset;
+  ChunkedTokenDatabase db(kChunk, false);
+  auto store = std::make_unique<HiddenStateStore>(small_config(), db);
+  const auto t = tokens64(2 * kChunk, 20);
+  const TensorView rows = device_rows(t);
+  StreamHolder s;
+  StoreOptions so;
+  so.stream = s.stream;
+  {
+    test::StreamGate gate(s.stream);
+    cuda_model::fail_copy(0);
+    EXPECT_EQ(store->store_hidden_states(t, rows, so), (StoreResult{2, 2}));
+  }
+  // No poll in between: the host retrieve's own fence wait finds the failure.
+  EXPECT_FALSE(store->retrieve_hidden_states(t).has_value());
+  EXPECT_EQ(store->stats().copy_failures, 1u);
+  store.reset();
+}
+
+TEST_F(CudaPath, AStoresDeviceThatTheProcessDoesNotSeeIsAConfigError) {
+  Config c = small_config();
+  c.hidden_state_device = cuda_model::device_count();
+  ChunkedTokenDatabase db(kChunk, false);
+  try {
+    HiddenStateStore store(c, db);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("hidden_state_device"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CudaPath, DescriptorsInFlightAreBoundedLikeStagingBytes) {
+  // One-column padded rows: a tile per row and 4 bytes of staging each, so 70000 rows in flight
+  // need more descriptors (kStagingTiles) than the staging holds bytes for: the rounds past them
+  // wait for the oldest (manual scheduling: nothing runs unless a wait needs it).
+  constexpr int64_t kRows = 70000;
+  Config c = test::store_config(kChunk, 1, kRows / kChunk + 1);
+  c.hidden_state_block_bytes = 64;  // a granule per one-column chunk
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore store(c, db);
+  const auto t = tokens64(kRows, 21);
+  std::vector<float> padded(2 * kRows);
+  for (int64_t r = 0; r < kRows; ++r) padded[2 * r] = static_cast<float>(r % 1000);
+  const TensorView rows{device_copy(padded.data(), padded.size() * 4),
+                        DType::kFloat32,
+                        kRows,
+                        1,
+                        2,
+                        Device::kCuda,
+                        0};
+  StreamHolder s;
+  StoreOptions so;
+  so.stream = s.stream;
+  {
+    ManualScheduling manual;
+    EXPECT_EQ(store.store_hidden_states(t, rows, so).cached, kRows / kChunk);
+    EXPECT_EQ(store.stats().staging_waits, 1u);
+    store.flush();
+  }
+  const auto got = store.retrieve_hidden_states(t);
+  ASSERT_TRUE(got.has_value());
+  for (int64_t r = 0; r < kRows; ++r) ASSERT_EQ(got->data()[r], static_cast<float>(r % 1000)) << r;
+}
+
 TEST_F(CudaPath, AFailedLaunchInABatchWithdrawsItWithoutFreeingGranulesStillBeingWritten) {
   ResetDeviceAfter reset;  // (the failure is not sticky; this only clears the planted fault)
   ChunkedTokenDatabase db(kChunk, false);

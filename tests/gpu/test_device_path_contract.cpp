@@ -306,6 +306,49 @@ TEST_F(DevicePathContract, FlushWaitsForEveryCopyAndRestore) {
   EXPECT_EQ(pool.as<float>()[2], 5.0f);
 }
 
+TEST_F(DevicePathContract, ADeviceIndexTheProcessDoesNotSeeOrMixedStorageTypesAreRefused) {
+  make_path();
+  StreamHolder s;
+  void* src = device_rows(1.0f);
+  PinnedBytes pool(kElems * 4);
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  EXPECT_THROW((void)path_->store({src, ElemType::kFloat32, kCols, kCols}, count,
+                                  whole(pool.ptr, ElemType::kFloat32), s.stream),
+               InvalidArgument);
+  // The store plans one storage type per call: anything else is a bug of the caller's.
+  const std::vector<WriteSegment> mixed = {
+      {pool.ptr, 0, 0, kCols, ElemType::kFloat32},
+      {pool.as<float>() + kCols, 0, kCols, kCols, ElemType::kFloat16}};
+  EXPECT_THROW((void)path_->store({src, ElemType::kFloat32, kCols, kCols}, 0, mixed, s.stream),
+               Error);
+  EXPECT_EQ(path_->launches(), 0u);
+}
+
+TEST_F(DevicePathContract, ManyFencesInFlightAreTrackedAndAllLand) {
+  // More stores in flight than the path's first pruning threshold of its fence list (64).
+  make_path();
+  StreamHolder s;
+  void* src = device_rows(4.0f);
+  std::vector<std::unique_ptr<PinnedBytes> > pools;
+  std::vector<FenceRef> fences;
+  {
+    StreamGate gate(s.stream);
+    for (int i = 0; i < 150; ++i) {
+      pools.push_back(std::make_unique<PinnedBytes>(kElems * 4));
+      fences.push_back(path_->store({src, ElemType::kFloat32, kCols, kCols}, 0,
+                                    whole(pools.back()->ptr, ElemType::kFloat32), s.stream));
+      if (i % 50 == 49) path_->poll();  // never waits: the stream is held
+    }
+    EXPECT_FALSE(fences.back()->landed());
+  }
+  path_->flush();
+  for (size_t i = 0; i < fences.size(); ++i) {
+    ASSERT_TRUE(fences[i]->landed()) << i;
+    ASSERT_EQ(pools[i]->as<float>()[kElems - 1], 4.0f + kElems - 1) << i;
+  }
+}
+
 TEST_F(DevicePathContract, PointerChecksNameTheArgument) {
   make_path();
   DeviceBytes on0(64);
