@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -36,8 +37,13 @@ std::optional<uint64_t> read_number(const char* path) {
 }
 
 /// Bytes this process may still populate: MemAvailable, lowered by the cgroup (v2) limit.
-/// nullopt when neither can be read (then nothing is checked).
+/// nullopt when neither can be read, or when HSS_POOL_MEMORY_CHECK=0 (then nothing is checked):
+/// a VM whose memory is plugged in as it is used (the lent GPU machines) starts with a
+/// MemAvailable far below what it will give.
 std::optional<uint64_t> memory_available() {
+  if (const char* v = std::getenv("HSS_POOL_MEMORY_CHECK"); v != nullptr && std::string(v) == "0") {
+    return std::nullopt;
+  }
   std::optional<uint64_t> limit;
   if (auto kib = read_labelled("/proc/meminfo", "MemAvailable:")) limit = *kib * 1024;
   const auto max = read_number("/sys/fs/cgroup/memory.max");
