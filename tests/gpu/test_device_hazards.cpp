@@ -59,33 +59,49 @@ void sleep_host_func(void* ms) {
   std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms)));
 }
 
-TEST(DeviceHazards, StoreOnAStreamBlockedFor500msReturnsInUnder50ms) {
+// A held stream (StreamGate) stands in for a long kernel: a call that returns while its stream is
+// held did not wait for it on the host; the model proves that without a clock. On a GPU the
+// calls must also return within 50 ms (the figures issue 9 asked for).
+TEST(DeviceHazards, StoreOnAHeldStreamReturnsAtOnce) {
   HSS_REQUIRE_DEVICE();
   ChunkedTokenDatabase db(256, false);
-  HiddenStateStore store(config_for(256, 0.5), db);
+#if HSS_CUDA_MODEL
+  const int64_t rows = 2560, cols = 4096;  // 40 MiB: the model's kernel twins run on the CPU
+#else
   const int64_t rows = 20480, cols = 4096;  // 320 MiB of float32
+#endif
+  HiddenStateStore store(config_for(256, 0.5), db);
   DeviceBytes dev(static_cast<size_t>(rows * cols) * 4);
   ASSERT_NE(dev.ptr, nullptr);
   StreamHolder stream;
-  static int delay_ms = 500;
-  CUDA_OK(cudaLaunchHostFunc(stream.stream, sleep_host_func, &delay_ms));
   StoreOptions o;
   o.stream = stream.stream;
   const auto tokens = tokens_of(rows, 1);
-  const auto start = Clock::now();
-  (void)store.store_hidden_states(tokens,
-                                  {dev.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, o);
-  const auto took = Clock::now() - start;
-  EXPECT_LT(took, std::chrono::milliseconds(50));
-  // The device-output retrieve on the same blocked stream also returns at once.
   DeviceBytes out(dev.bytes);
   RetrieveOptions ro;
   ro.stream = stream.stream;
-  const auto start2 = Clock::now();
-  EXPECT_EQ(store.retrieve_hidden_states_into(
-                tokens, {out.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, ro),
-            rows);
-  EXPECT_LT(Clock::now() - start2, std::chrono::milliseconds(50));
+  {
+    test::StreamGate gate(stream.stream);
+    const auto start = Clock::now();
+    (void)store.store_hidden_states(tokens,
+                                    {dev.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, o);
+    const auto took = Clock::now() - start;
+    // The device-output retrieve on the same held stream also returns at once.
+    const auto start2 = Clock::now();
+    EXPECT_EQ(store.retrieve_hidden_states_into(
+                  tokens, {out.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, ro),
+              rows);
+    const auto took2 = Clock::now() - start2;
+    EXPECT_EQ(cudaStreamQuery(stream.stream), cudaErrorNotReady);  // still held: nothing waited
+    (void)cudaGetLastError();
+#if !HSS_CUDA_MODEL
+    EXPECT_LT(took, std::chrono::milliseconds(50));
+    EXPECT_LT(took2, std::chrono::milliseconds(50));
+#else
+    (void)took;
+    (void)took2;
+#endif
+  }
   CUDA_OK(cudaStreamSynchronize(stream.stream));
 }
 
@@ -96,25 +112,25 @@ TEST(DeviceHazards, TwoStreamsAreIndependent) {
   const int64_t rows = 1024, cols = 1024;
   const auto host = random_rows(DType::kBFloat16, rows, cols, 2);
   DeviceBytes a(host.size()), b(host.size());
-  CUDA_OK(cudaMemcpy(a.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(b.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+  test::upload(a, host.data(), host.size());
+  test::upload(b, host.data(), host.size());
   StreamHolder sa, sb;
-  static int delay_ms = 1000;
-  CUDA_OK(cudaLaunchHostFunc(sa.stream, sleep_host_func, &delay_ms));
   StoreOptions oa, ob;
   oa.stream = sa.stream;
   ob.stream = sb.stream;
-  (void)store.store_hidden_states(tokens_of(rows, 3),
-                                  {a.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0}, oa);
-  const auto tb = tokens_of(rows, 4);
-  (void)store.store_hidden_states(tb, {b.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0},
-                                  ob);
-  const auto start = Clock::now();
-  const auto got = store.retrieve_hidden_states(tb);  // waits for B's copies only
-  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(500));
-  ASSERT_TRUE(got.has_value());
-  EXPECT_EQ(cudaStreamQuery(sa.stream), cudaErrorNotReady);
-  (void)cudaGetLastError();  // the query recorded cudaErrorNotReady in this thread's error slot
+  {
+    test::StreamGate gate(sa.stream);
+    (void)store.store_hidden_states(tokens_of(rows, 3),
+                                    {a.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0}, oa);
+    const auto tb = tokens_of(rows, 4);
+    (void)store.store_hidden_states(tb, {b.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0},
+                                    ob);
+    // Waits for b's copies only: a is held, and it returns.
+    const auto got = store.retrieve_hidden_states(tb);
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(cudaStreamQuery(sa.stream), cudaErrorNotReady);
+    (void)cudaGetLastError();  // the query recorded cudaErrorNotReady in this thread's error slot
+  }
   CUDA_OK(cudaStreamSynchronize(sa.stream));
 }
 
