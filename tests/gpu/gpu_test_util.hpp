@@ -50,6 +50,12 @@ inline std::vector<int64_t> tokens_of(int64_t n, uint32_t seed) {
   return t;
 }
 
+/// make_tokens's ids (the ones make_rows derives its values from) as int64 token ids.
+inline std::vector<int64_t> tokens64(int64_t n, uint64_t seed) {
+  const auto t = make_tokens(n, seed);
+  return {t.begin(), t.end()};
+}
+
 /// rows x cols random finite values of `dtype` (seeded) at row stride `stride` elements (0: cols),
 /// after `offset` bytes of padding (0x5a bytes fill the padding and the gaps between rows).
 inline std::vector<unsigned char> random_rows(DType dtype, int64_t rows, int64_t cols,

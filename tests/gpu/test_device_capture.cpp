@@ -34,14 +34,10 @@ namespace {
 
 using test::DeviceBytes;
 using test::StreamHolder;
+using test::tokens64;
 
 constexpr int64_t kChunk = 16;
 constexpr int64_t kCols = 64;
-
-std::vector<int64_t> tokens64(int64_t n, uint64_t seed) {
-  const auto t = test::make_tokens(n, seed);
-  return {t.begin(), t.end()};
-}
 
 std::vector<float> rows_of(const std::vector<int64_t>& tokens) {
   const std::vector<int32_t> t32(tokens.begin(), tokens.end());
