@@ -68,6 +68,7 @@
 #include "hss/storage_manager.hpp"
 #include "hss/tensor.hpp"
 #include "hss/token_database.hpp"
+#include "hss/transfer_stats.hpp"
 
 namespace hss {
 
@@ -132,6 +133,7 @@ struct HiddenStateStats {
   uint64_t device_launches = 0;
   std::array<KindStats, kNumActivationKinds> per_kind{};  ///< indexed by ActivationKind
   RemoteStats remote;  ///< the shared remote tier (all zero when hidden_state_remote_url is unset)
+  TransferStats transfer;  ///< point-to-point exports and imports (hss/pool_transfer.hpp)
 };
 
 /// What coverage() counts: the local pool only, or the local pool and the remote tier.
@@ -288,6 +290,7 @@ class HiddenStateStore {
   class Impl;
 
  private:
+  friend class PoolTransfer;  // hss/pool_transfer.hpp: export, lease and import primitives
   std::unique_ptr<Impl> impl_;
 };
 
