@@ -664,6 +664,13 @@ std::optional<StoreImpl> store_impl_from_string(std::string_view name) {
   return std::nullopt;
 }
 
+Config::Config() = default;
+Config::Config(const Config&) = default;
+Config::Config(Config&&) noexcept = default;
+Config& Config::operator=(const Config&) = default;
+Config& Config::operator=(Config&&) noexcept = default;
+Config::~Config() = default;
+
 Config Config::from_yaml(std::string_view yaml_text) {
   Config cfg;
   Origins origins;

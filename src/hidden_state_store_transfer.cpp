@@ -206,7 +206,8 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
     item.mac = e.mac;
     const auto storage = static_cast<kernels::ElemType>(static_cast<int>(header->dtype));
     item.entry = std::make_shared<detail::Entry>(pool_, header->rows, header->cols, storage, e.slot);
-    item.entry->blocks.resize(pool_.blocks_for(payload));
+    // Capacity only: granules are granted under the lock (an Entry releases what `blocks` holds).
+    item.entry->blocks.reserve(pool_.blocks_for(payload));
     items.push_back(std::move(item));
   }
   state.chunks.assign(chunks.begin(), chunks.end());
@@ -245,7 +246,8 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
           index_.prepare_insert(prepared, chunk.key, 1);
           index_.reserve_keys(1);
         }
-        const size_t need = entry.blocks.size();
+        const size_t need = entry.blocks.capacity();
+        entry.blocks.resize(need);  // within capacity: no allocation
         bool ok = need <= pool_.num_blocks() && pool_.allocate(entry.blocks);
         while (!ok && need <= pool_.num_blocks() && evict_for_space(guard)) {
           ok = pool_.allocate(entry.blocks);

@@ -39,6 +39,15 @@ enum class StoreImpl { kStaging, kMapped };
 enum class TransferKind { kNone, kNixl };
 
 struct Config {
+  // Special members out of line: GCC 12 at -O3 reports false "may be used uninitialized" errors in
+  // inlined copies of this many members (std::optional<std::vector> among them).
+  Config();
+  Config(const Config&);
+  Config(Config&&) noexcept;
+  Config& operator=(const Config&);
+  Config& operator=(Config&&) noexcept;
+  ~Config();
+
   int64_t chunk_size = 256;
   bool save_unfull_chunk = false;
   double max_local_cpu_size = 5.0;  ///< GiB, KV pool
