@@ -1,5 +1,6 @@
 """Two (or three) real processes on loopback for the NIXL tests: each a peer.py with its own engine
-and NIXL agent, UCX over TCP (UCX_TLS=tcp,self: the network path RDMA replaces). Every process is
+and NIXL agent, UCX over TCP on loopback (UCX_TLS=tcp,self, UCX_NET_DEVICES=lo: the network
+path RDMA replaces, kept off every interface but lo). Every process is
 started before any agent is made (NIXL's rule), then sent "init".
 
 The tests need the nixl package (scripts/nixl_venv installs it; `make test-nixl` runs them there);
@@ -37,6 +38,7 @@ class Peer:
     def __init__(self, role, cfg):
         env = dict(os.environ)
         env.setdefault("UCX_TLS", "tcp,self")
+        env.setdefault("UCX_NET_DEVICES", "lo")  # loopback only, never the host's own interface
         env.setdefault("HSS_LOG_LEVEL", "warn")
         env["NIXL_LOG_LEVEL"] = env.get("NIXL_LOG_LEVEL", "WARN")
         self.role = role

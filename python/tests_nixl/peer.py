@@ -36,6 +36,11 @@ class KvGaps:
 
 
 def main():
+    # Replies go to a private copy of stdout; fd 1 becomes stderr, because UCX prints its errors
+    # (a refused connect to a killed peer) to stdout and would break the JSON lines.
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     config = json.loads(sys.argv[1])
     role = sys.argv[2]
     engine = hsstore.Engine(config)
@@ -43,7 +48,7 @@ def main():
     kv = KvGaps()
     store.bind_storage_manager(kv)
     agent = None
-    out = sys.stdout
+    out = replies
 
     def reply(obj):
         out.write(json.dumps(obj) + "\n")
