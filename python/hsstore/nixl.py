@@ -191,7 +191,6 @@ class NixlAgent:
             )
         regions = [(addr, size, 0, "") for addr, size, _pinned in self._transfer.memory_regions()]
         self._registered = self._agent.register_memory(regions, "DRAM", backends=[self.backend])
-        self._metadata = self._agent.get_agent_metadata()
         self._peers: Dict[Tuple[str, int], _Peer] = {}
         self._peers_lock = threading.Lock()
         # READs NIXL could not cancel: their granules stay reserved until release succeeds.
@@ -250,7 +249,8 @@ class NixlAgent:
                     return
                 try:
                     if kind == _HELLO:
-                        _send_frame(conn, _HELLO, self._metadata)
+                        # Fresh each time: memory registered since (by the caller) is included.
+                        _send_frame(conn, _HELLO, self._agent.get_agent_metadata())
                     elif kind == _PULL:
                         reply = self._transfer.serve(payload, self.lease_ms)
                         self._count("served_pulls")
