@@ -21,6 +21,10 @@
 //   READY afterwards. A device-path store publishes once its copies are enqueued, with a CUDA
 //   event (the fence); a host-output retrieve that returns the entry waits for that event (and
 //   only that one), a device-output retrieve makes its stream wait for it on the device.
+// * An export's lease (hss/pool_transfer.hpp) pins the exported entries like a retrieve: pool
+//   pressure skips their keys and their granules are not reused until the lease is released or
+//   expires. An import reserves PENDING entries that a transport fills before they are checked
+//   and published.
 // * Dropping or evicting an entry whose copy is still in flight never waits: its blocks return
 //   to the pool once the copy has landed. Entries read by an unfinished device restore stay
 //   pinned (never eviction victims) until it has finished.
