@@ -102,6 +102,8 @@ class HiddenStateStore::Impl {
   void reserve_import(std::span<const Chunk> chunks, const ChunkExport& source,
                       Reservation::State& state);
   ImportResult publish_import(Reservation::State& state);
+  /// Checks items [first, first + count) of a reservation (no lock); the failures.
+  size_t check_import(Reservation::State& state, size_t first, size_t count) const;
   void abandon_import(Reservation::State& state) noexcept;
   /// Ends the leases past their deadline (no lock held by the caller).
   void expire_leases() noexcept { leases_.expire(detail::LeaseTable::Clock::now()); }

@@ -300,23 +300,39 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
   transfer_counters_.reserved.fetch_add(state.items.size(), std::memory_order_relaxed);
 }
 
+size_t HiddenStateStore::Impl::check_import(Reservation::State& state, size_t first,
+                                            size_t count) const {
+  using Check = Reservation::State::Item::Check;
+  size_t failed = 0;
+  for (size_t i = first; i < first + count; ++i) {
+    Reservation::State::Item& item = state.items[i];
+    const auto pieces = detail::entry_pieces(*item.entry, pool_);
+    item.check = detail::hash_pieces(pieces) == item.header.payload_hash ? Check::kPass
+                                                                         : Check::kBadChecksum;
+    if (item.check == Check::kPass && mac_) {
+      // This store trusts only what a holder of its key exported.
+      const bool ok = item.mac && (item.header.flags & detail::kRemoteFlagMac) != 0 &&
+                      mac_->verify(entry_name(state.chunks[item.chunk].key, item.entry->slot),
+                                   item.header_bytes, pieces, *item.mac);
+      if (!ok) item.check = Check::kUnauthenticated;
+    }
+    failed += item.check == Check::kPass ? 0 : 1;
+  }
+  return failed;
+}
+
 ImportResult HiddenStateStore::Impl::publish_import(Reservation::State& state) {
   HSS_RANGE("transfer/publish");
+  using Check = Reservation::State::Item::Check;
   ImportResult result;
+  for (size_t i = 0; i < state.items.size(); ++i) {
+    if (state.items[i].check == Check::kUnchecked) (void)check_import(state, i, 1);
+  }
   std::vector<uint8_t> pass(state.items.size(), 0);
   std::vector<uint8_t> unauthenticated(state.items.size(), 0);
   for (size_t i = 0; i < state.items.size(); ++i) {
-    const Reservation::State::Item& item = state.items[i];
-    const auto pieces = detail::entry_pieces(*item.entry, pool_);
-    bool ok = detail::hash_pieces(pieces) == item.header.payload_hash;
-    if (ok && mac_) {
-      // This store trusts only what a holder of its key exported.
-      ok = item.mac && (item.header.flags & detail::kRemoteFlagMac) != 0 &&
-           mac_->verify(entry_name(state.chunks[item.chunk].key, item.entry->slot),
-                        item.header_bytes, pieces, *item.mac);
-      unauthenticated[i] = ok ? 0 : 1;
-    }
-    pass[i] = ok ? 1 : 0;
+    pass[i] = state.items[i].check == Check::kPass ? 1 : 0;
+    unauthenticated[i] = state.items[i].check == Check::kUnauthenticated ? 1 : 0;
   }
   {
     std::lock_guard lock(mutex_);

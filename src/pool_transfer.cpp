@@ -62,6 +62,16 @@ uint64_t Reservation::bytes() const {
 
 size_t Reservation::chunks_covered() const { return state_ ? state_->chunks_covered : 0; }
 
+size_t Reservation::check(size_t first, size_t count) {
+  const size_t size = state_ ? state_->items.size() : 0;
+  if (first > size || count > size - first) {
+    throw InvalidArgument("check(first = " + std::to_string(first) + ", count = " +
+                          std::to_string(count) + ") is past the " + std::to_string(size) +
+                          " reserved entries");
+  }
+  return count == 0 ? 0 : state_->impl->check_import(*state_, first, count);
+}
+
 ImportResult Reservation::publish() {
   if (!state_ || state_->items.empty()) return {};
   return state_->impl->publish_import(*state_);
@@ -73,8 +83,20 @@ void Reservation::abandon() noexcept {
 
 std::vector<TransferPiece> transfer_pieces(const ChunkExport& source,
                                            const Reservation& reservation) {
+  return transfer_pieces(source, reservation, 0, reservation.entries().size());
+}
+
+std::vector<TransferPiece> transfer_pieces(const ChunkExport& source,
+                                           const Reservation& reservation, size_t first,
+                                           size_t count) {
+  const auto entries = reservation.entries();
+  if (first > entries.size() || count > entries.size() - first) {
+    throw InvalidArgument("transfer_pieces(first = " + std::to_string(first) + ", count = " +
+                          std::to_string(count) + ") is past the " +
+                          std::to_string(entries.size()) + " reserved entries");
+  }
   std::vector<TransferPiece> pieces;
-  for (const Reservation::Reserved& r : reservation.entries()) {
+  for (const Reservation::Reserved& r : entries.subspan(first, count)) {
     if (r.source_entry >= source.entries.size()) {
       throw InvalidArgument("reservation entry " + std::to_string(r.source_entry) +
                             " is not an entry of this export");

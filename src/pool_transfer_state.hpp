@@ -19,6 +19,9 @@ struct Reservation::State {
     detail::RemoteHeader header;
     std::array<std::byte, kEntryHeaderBytes> header_bytes{};
     std::optional<detail::Mac> mac;
+    /// What check() found: not yet checked, passed, failed the checksum, failed the MAC.
+    enum class Check : uint8_t { kUnchecked, kPass, kBadChecksum, kUnauthenticated };
+    Check check = Check::kUnchecked;
   };
 
   HiddenStateStore::Impl* impl = nullptr;

@@ -263,6 +263,37 @@ TEST(PoolTransfer, CorruptedGranuleIsACountedMissAndThePrefixStopsThere) {
   consumer.store.check_invariants();
 }
 
+TEST(PoolTransfer, CheckedBatchesArePublishedWithTheirVerdictAndTheRestCheckedThen) {
+  ChunkedTokenDatabase db(kChunk, false);
+  Side producer(pool_config(64), db), consumer(pool_config(64), db);
+  const auto tokens = make_tokens(4 * kChunk, 14);
+  store_slots(producer.store, tokens);
+  const auto chunks = db.process_tokens(tokens);
+  const ChunkExport source = producer.transfer.export_chunks(chunks, kSlots, 0, 5s);
+  Reservation reservation = consumer.transfer.reserve(chunks, source);
+  // Batch 1 (chunks 0-1) lands and is checked while batch 2 (chunks 2-3) is "in flight".
+  for (const TransferPiece& p : transfer_pieces(source, reservation, 0, 6)) {
+    std::memcpy(reinterpret_cast<void*>(p.local_addr), reinterpret_cast<const void*>(p.remote_addr),
+                p.bytes);
+  }
+  EXPECT_EQ(reservation.check(0, 6), 0U);
+  EXPECT_EQ(reservation.check(6, 3), 3U);  // not landed yet: garbage fails, as it should
+  EXPECT_THROW((void)reservation.check(10, 3), InvalidArgument);
+  EXPECT_THROW((void)transfer_pieces(source, reservation, 11, 2), InvalidArgument);
+  for (const TransferPiece& p : transfer_pieces(source, reservation, 6, 6)) {
+    std::memcpy(reinterpret_cast<void*>(p.local_addr), reinterpret_cast<const void*>(p.remote_addr),
+                p.bytes);
+  }
+  ASSERT_TRUE(producer.transfer.release_lease(source.lease_id));
+  // A verdict stands: entries 6-8 were checked before their bytes landed and stay rejected;
+  // 9-11 were never checked, so publish checks them now.
+  const ImportResult r = reservation.publish();
+  EXPECT_EQ(r.rejected, 3U);
+  EXPECT_EQ(r.published, 9U);
+  expect_slots(consumer.store, tokens, 2 * kChunk);
+  consumer.store.check_invariants();
+}
+
 TEST(PoolTransfer, MacRequiredByAKeyedConsumer) {
   if (!detail::value_mac_available()) GTEST_SKIP() << "built without OpenSSL";
   ChunkedTokenDatabase db(kChunk, false);

@@ -165,7 +165,14 @@ class Reservation {
   [[nodiscard]] uint64_t bytes() const;
   /// Chunks of the source export that are reserved or already held: the pull's prefix.
   [[nodiscard]] size_t chunks_covered() const;
-  /// Checks and publishes every reserved entry; the reservation is empty afterwards.
+  /// Checks reserved entries [first, first + count) now (xxHash3, and the MAC when the store has a
+  /// key), on the calling thread, so a transport can check what has landed while the rest is in
+  /// flight; publish() then checks only the others. Returns how many failed. Calls on disjoint
+  /// ranges may run concurrently; not concurrently with publish() or abandon(). InvalidArgument
+  /// for a range past entries().
+  size_t check(size_t first, size_t count);
+  /// Checks (what check() has not) and publishes every reserved entry; the reservation is empty
+  /// afterwards.
   ImportResult publish();
   /// Drops every entry not yet published. Never throws; idempotent.
   void abandon() noexcept;
@@ -182,5 +189,9 @@ class Reservation {
 /// entry's two sides differ in length.
 [[nodiscard]] std::vector<TransferPiece> transfer_pieces(const ChunkExport& source,
                                                          const Reservation& reservation);
+/// The same for reserved entries [first, first + count) only (one batch of a pipelined READ).
+[[nodiscard]] std::vector<TransferPiece> transfer_pieces(const ChunkExport& source,
+                                                         const Reservation& reservation,
+                                                         size_t first, size_t count);
 
 }  // namespace hss

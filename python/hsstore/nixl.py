@@ -53,6 +53,8 @@ __all__ = ["NixlAgent", "PullResult", "nixl_available"]
 _HELLO, _PULL, _RELEASE, _ERROR = 1, 2, 3, 4
 _MAX_FRAME = 256 << 20
 _HEADER = struct.Struct("<BI")
+# READ batch: entries are checked per batch as it lands, the later batches still in flight.
+_BATCH_BYTES = 16 << 20
 
 
 def nixl_available() -> bool:
@@ -323,51 +325,91 @@ class NixlAgent:
             raise ConnectionError("out-of-step reply on the control connection")
         return reply
 
-    def _read(self, peer: _Peer, pull, deadline: float, on_posted=None) -> str:
-        """The one-sided READ of every reserved granule. 'DONE', 'ERR' or 'TIMEOUT'."""
-        local_raw, remote_raw = pull.descriptors()
-        if not local_raw:
-            return "DONE"
-        local = np.frombuffer(local_raw, dtype=np.uint64).reshape(-1, 3)
-        remote = np.frombuffer(remote_raw, dtype=np.uint64).reshape(-1, 3)
-        local_descs = self._agent.get_xfer_descs(local, "DRAM")
-        remote_descs = self._agent.get_xfer_descs(remote, "DRAM")
-        handle = self._agent.initialize_xfer(
-            "READ", local_descs, remote_descs, peer.remote_agent, backends=[self.backend]
-        )
+    def _read(self, peer: _Peer, pull, deadline: float, hooks) -> str:
+        """The one-sided READ of every reserved granule: 'DONE', 'ERR', 'TIMEOUT' or 'STUCK'.
+
+        Batches of whole entries (about _BATCH_BYTES each) are all posted at once, so the link
+        stays busy, and each is checked (xxHash3, MAC) as soon as it has landed while the later
+        ones are still in flight: the checks hide behind the transfer instead of following it."""
+        sizes = pull.entry_bytes()
+        batches = []
+        first, acc = 0, 0
+        for i, n in enumerate(sizes):
+            acc += n
+            if acc >= _BATCH_BYTES or i == len(sizes) - 1:
+                batches.append((first, i + 1 - first))
+                first, acc = i + 1, 0
+        handles = []
+        state = "DONE"
         # NIXL raises its own exceptions (e.g. nixlRemoteDisconnectError for a dead producer)
         # besides answering "ERR": both end the READ as failed.
         try:
-            state = self._agent.transfer(handle)
-            if on_posted is not None:
-                on_posted()
-            spins = 0
-            while state == "PROC":
+            for first, count in batches:
+                local_raw, remote_raw = pull.descriptors(first, count)
+                local = np.frombuffer(local_raw, dtype=np.uint64).reshape(-1, 3)
+                remote = np.frombuffer(remote_raw, dtype=np.uint64).reshape(-1, 3)
+                handle = self._agent.initialize_xfer(
+                    "READ",
+                    self._agent.get_xfer_descs(local, "DRAM"),
+                    self._agent.get_xfer_descs(remote, "DRAM"),
+                    peer.remote_agent,
+                    backends=[self.backend],
+                )
+                handles.append(handle)
+                posted = self._agent.transfer(handle)
+                if posted == "ERR":
+                    raise ConnectionError("NIXL refused to post the READ")
+            if "posted" in hooks:
+                hooks["posted"]()
+            pending = list(range(len(batches)))
+            idle = 0
+            while pending and state == "DONE":
+                progressed = False
+                for k in list(pending):
+                    st = self._agent.check_xfer_state(handles[k])
+                    if st == "DONE":
+                        pending.remove(k)
+                        progressed = True
+                        if "landed" in hooks:
+                            hooks["landed"](pull, *batches[k])
+                        pull.check(*batches[k])  # the GIL is released while it hashes
+                    elif st != "PROC":
+                        state = "ERR"
+                        break
+                if state != "DONE" or not pending:
+                    break
                 if time.monotonic() > deadline:
                     state = "TIMEOUT"
                     break
-                spins += 1
-                if spins > 64:
+                idle = 0 if progressed else idle + 1
+                if idle > 64:
                     time.sleep(0.0002)  # past the first microseconds: yield the core
-                state = self._agent.check_xfer_state(handle)
         except Exception:  # noqa: BLE001 (nixl's error types derive from Exception only)
             state = "ERR"
-        try:
-            self._agent.release_xfer_handle(handle)
-        except Exception:  # noqa: BLE001 (NIXL could not cancel: the NIC may still write)
-            self._stuck.append((handle, pull))
+        stuck = []
+        for handle in handles:
+            try:
+                self._agent.release_xfer_handle(handle)
+            except Exception:  # noqa: BLE001 (NIXL could not cancel: the NIC may still write)
+                stuck.append(handle)
+        if stuck:
+            self._stuck.append((stuck, pull))
             return "STUCK"
-        return "DONE" if state == "DONE" else ("TIMEOUT" if state == "TIMEOUT" else "ERR")
+        return state
 
     def _retry_stuck(self) -> None:
         still = []
-        for handle, pull in self._stuck:
-            try:
-                self._agent.release_xfer_handle(handle)
-            except Exception:  # noqa: BLE001
-                still.append((handle, pull))
-                continue
-            pull.abandon()
+        for handles, pull in self._stuck:
+            left = []
+            for handle in handles:
+                try:
+                    self._agent.release_xfer_handle(handle)
+                except Exception:  # noqa: BLE001
+                    left.append(handle)
+            if left:
+                still.append((left, pull))
+            else:
+                pull.abandon()
         self._stuck = still
 
     def pull(
@@ -384,8 +426,8 @@ class NixlAgent:
         Never raises for a producer that is down, slow or wrong: the pull then misses (see
         PullResult.missed) and nothing is left behind. Bounded by ``timeout`` seconds
         (hidden_state_transfer_timeout_ms by default). ``_hooks`` (tests only): callables run at
-        'leased' (after the export, before the READ), 'posted' (READ posted) and 'read' (READ
-        done, before the lease is released; given the pull)."""
+        'leased' (after the export, before the READ), 'posted' (READ posted) and 'landed' (a
+        batch of entries landed, before it is checked; given the pull, first, count)."""
         hooks = _hooks or {}
         started = time.monotonic()
         deadline = started + (self.timeout_s if timeout is None else float(timeout))
@@ -406,9 +448,7 @@ class NixlAgent:
             plan.reserve(self._exchange(peer, _PULL, plan.request, deadline))
             if "leased" in hooks:
                 hooks["leased"]()
-            state = self._read(peer, plan, deadline, hooks.get("posted"))
-            if state == "DONE" and "read" in hooks:
-                hooks["read"](plan)
+            state = self._read(peer, plan, deadline, hooks)
             if state == "STUCK":
                 result.missed = "transfer could not be cancelled"
                 self._count("timeouts")

@@ -9,6 +9,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -117,16 +118,41 @@ void bind_transfer(nb::module_& m) {
       .def_prop_ro("entries", [](PyPull& p) { return p.reservation.entries().size(); })
       .def(
           "descriptors",
-          [](PyPull& p) {
+          [](PyPull& p, size_t first, std::optional<size_t> count) {
             if (!p.source) throw hss::InvalidArgument("descriptors(): nothing reserved yet");
             std::vector<hss::TransferPiece> pieces;
             {
               nb::gil_scoped_release release;
-              pieces = hss::transfer_pieces(*p.source, p.reservation);
+              const size_t n = count.value_or(p.reservation.entries().size() - std::min(
+                  first, p.reservation.entries().size()));
+              pieces = hss::transfer_pieces(*p.source, p.reservation, first, n);
             }
             return nb::make_tuple(pack_triples(pieces, true), pack_triples(pieces, false));
           },
-          "(local, remote): packed uint64 (address, length, 0) triples of the READ, in pairs.")
+          nb::arg("first") = 0, nb::arg("count").none() = nb::none(),
+          "(local, remote): packed uint64 (address, length, 0) triples of the READ of reserved "
+          "entries [first, first + count) (all by default), in pairs.")
+      .def(
+          "entry_bytes",
+          [](PyPull& p) {
+            std::vector<uint64_t> sizes;
+            for (const hss::Reservation::Reserved& r : p.reservation.entries()) {
+              uint64_t n = 0;
+              for (const hss::Extent& x : r.extents) n += x.bytes;
+              sizes.push_back(n);
+            }
+            return sizes;
+          },
+          "Payload bytes of each reserved entry, in order.")
+      .def(
+          "check",
+          [](PyPull& p, size_t first, size_t count) {
+            nb::gil_scoped_release release;
+            return p.reservation.check(first, count);
+          },
+          nb::arg("first"), nb::arg("count"),
+          "Checks reserved entries [first, first + count) now (their READ has landed); the "
+          "failures. publish() checks only the others.")
       .def(
           "publish",
           [](PyPull& p) {

@@ -86,17 +86,23 @@ def main():
                 if cmd.get("kill_after_post"):
                     hooks["posted"] = lambda: os.kill(cmd["kill_after_post"], signal.SIGKILL)
                 if cmd.get("corrupt_at") is not None:
-                    def corrupt(pull):
+                    def corrupt(pull, first, count):
                         # Flips one bit at a byte offset of the reservation (entries in order:
-                        # chunk-major, layer-minor), as a bad link or a buggy NIC would.
-                        local = np.frombuffer(pull.descriptors()[0], dtype=np.uint64).reshape(-1, 3)
+                        # chunk-major, layer-minor) as its batch lands, as a bad link would.
                         at = cmd["corrupt_at"]
+                        for index, size in enumerate(pull.entry_bytes()):
+                            if at < size:
+                                break
+                            at -= size
+                        if not first <= index < first + count:
+                            return
+                        local = np.frombuffer(pull.descriptors(index, 1)[0], dtype=np.uint64).reshape(-1, 3)
                         for addr, size, _ in local:
                             if at < int(size):
                                 ctypes.c_uint8.from_address(int(addr) + at).value ^= 0x10
                                 return
                             at -= int(size)
-                    hooks["read"] = corrupt
+                    hooks["landed"] = corrupt
                 t0 = time.monotonic()
                 result = agent.pull(cmd["address"], tokens, cmd["layers"], timeout=cmd.get("timeout"), _hooks=hooks)
                 elapsed = time.monotonic() - t0
