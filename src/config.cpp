@@ -803,13 +803,14 @@ std::string Config::to_yaml() const {
   };
   if (!hidden_state_mac_key.empty()) out += "# hidden_state_mac_key: set (not shown)\n";
   out += "hidden_state_mac_key_file: " +
-         (hidden_state_mac_key_file.empty() ? std::string("null") : quoted(hidden_state_mac_key_file)) +
+         (hidden_state_mac_key_file.empty() ? std::string("null")
+                                            : quoted(hidden_state_mac_key_file)) +
          "\n";
   out += "hidden_state_transfer: " + std::string(to_string(hidden_state_transfer)) + "\n";
   out += "hidden_state_transfer_backend: " + quoted(hidden_state_transfer_backend) + "\n";
   out += "hidden_state_transfer_lease_ms: " + std::to_string(hidden_state_transfer_lease_ms) + "\n";
-  out +=
-      "hidden_state_transfer_timeout_ms: " + std::to_string(hidden_state_transfer_timeout_ms) + "\n";
+  out += "hidden_state_transfer_timeout_ms: " + std::to_string(hidden_state_transfer_timeout_ms) +
+         "\n";
   out += "hidden_state_transfer_listen: " + quoted(hidden_state_transfer_listen) + "\n";
   out += "hidden_state_restore_impl: " + std::string(to_string(hidden_state_restore_impl)) + "\n";
   out += "hidden_state_store_impl: " + std::string(to_string(hidden_state_store_impl)) + "\n";

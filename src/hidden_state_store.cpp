@@ -258,10 +258,18 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
   s.remote = remote_.stats();
   const detail::LeaseTable::Counts leases = leases_.counts();
   const TransferCounters& t = transfer_counters_;
-  s.transfer = {t.exports.load(),      t.exported_entries.load(), t.exported_bytes.load(),
-                leases.held,           leases.bytes,              leases.released,
-                leases.expired,        t.reserved.load(),         t.imported.load(),
-                t.imported_bytes.load(), t.rejected.load(),       t.unauthenticated.load(),
+  s.transfer = {t.exports.load(),
+                t.exported_entries.load(),
+                t.exported_bytes.load(),
+                leases.held,
+                leases.bytes,
+                leases.released,
+                leases.expired,
+                t.reserved.load(),
+                t.imported.load(),
+                t.imported_bytes.load(),
+                t.rejected.load(),
+                t.unauthenticated.load(),
                 t.abandoned.load()};
   return s;
 }

@@ -56,8 +56,8 @@ std::string entry_name(const CacheEngineKey& key, Slot slot) {
 }  // namespace
 
 std::vector<MemoryRegion> HiddenStateStore::Impl::memory_regions() const {
-  return {{reinterpret_cast<uint64_t>(pool_.block_address(0)), pool_.capacity_bytes(),
-           pool_.pinned()}};
+  return {
+      {reinterpret_cast<uint64_t>(pool_.block_address(0)), pool_.capacity_bytes(), pool_.pinned()}};
 }
 
 ChunkExport HiddenStateStore::Impl::export_chunks(std::span<const Chunk> chunks,
@@ -100,8 +100,8 @@ ChunkExport HiddenStateStore::Impl::export_chunks(std::span<const Chunk> chunks,
         const auto pieces = detail::entry_pieces(*entry, pool_);
         entry->digest.hash = detail::hash_pieces(pieces);
         if (mac_) {
-          detail::RemoteHeader header{static_cast<DType>(entry->storage), entry->rows,
-                                      entry->cols, entry->digest.hash, detail::kRemoteFlagMac};
+          detail::RemoteHeader header{static_cast<DType>(entry->storage), entry->rows, entry->cols,
+                                      entry->digest.hash, detail::kRemoteFlagMac};
           std::array<std::byte, kEntryHeaderBytes> header_bytes{};
           detail::encode_remote_header(header, header_bytes);
           entry->digest.mac =
@@ -134,8 +134,8 @@ bool HiddenStateStore::Impl::release_lease(uint64_t lease_id) noexcept {
   return leases_.release(lease_id, detail::LeaseTable::Clock::now());
 }
 
-std::pair<size_t, size_t> HiddenStateStore::Impl::missing_range(
-    std::span<const Chunk> chunks, std::span<const Slot> slots) const {
+std::pair<size_t, size_t> HiddenStateStore::Impl::missing_range(std::span<const Chunk> chunks,
+                                                                std::span<const Slot> slots) const {
   check_chunks(chunks);
   detail::check_slots(slots);
   size_t from = chunks.size();
@@ -156,8 +156,7 @@ std::pair<size_t, size_t> HiddenStateStore::Impl::missing_range(
 }
 
 void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
-                                            const ChunkExport& source,
-                                            Reservation::State& state) {
+                                            const ChunkExport& source, Reservation::State& state) {
   HSS_RANGE("transfer/reserve");
   check_chunks(chunks);
   // Everything about the source is checked before anything changes: it comes from a peer.
@@ -185,13 +184,15 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
                             std::to_string(header->cols) + " rows x cols for a chunk of " +
                             std::to_string(chunk.size()) + " tokens");
     }
-    const uint64_t payload = detail::remote_payload_bytes(header->dtype, header->rows, header->cols);
+    const uint64_t payload =
+        detail::remote_payload_bytes(header->dtype, header->rows, header->cols);
     uint64_t given = 0;
-    if (e.extents.size() > kMaxExtentsPerEntry) throw InvalidArgument(where + " has too many extents");
+    if (e.extents.size() > kMaxExtentsPerEntry)
+      throw InvalidArgument(where + " has too many extents");
     for (const Extent& x : e.extents) {
       if (x.bytes == 0 || x.bytes > payload - given) {
-        throw InvalidArgument(where + ".extents do not add up to its " +
-                              std::to_string(payload) + " payload bytes");
+        throw InvalidArgument(where + ".extents do not add up to its " + std::to_string(payload) +
+                              " payload bytes");
       }
       given += x.bytes;
     }
@@ -205,7 +206,8 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
     item.header_bytes = e.header;
     item.mac = e.mac;
     const auto storage = static_cast<kernels::ElemType>(static_cast<int>(header->dtype));
-    item.entry = std::make_shared<detail::Entry>(pool_, header->rows, header->cols, storage, e.slot);
+    item.entry =
+        std::make_shared<detail::Entry>(pool_, header->rows, header->cols, storage, e.slot);
     // Capacity only: granules are granted under the lock (an Entry releases what `blocks` holds).
     item.entry->blocks.reserve(pool_.blocks_for(payload));
     items.push_back(std::move(item));

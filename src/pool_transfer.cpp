@@ -65,9 +65,9 @@ size_t Reservation::chunks_covered() const { return state_ ? state_->chunks_cove
 size_t Reservation::check(size_t first, size_t count) {
   const size_t size = state_ ? state_->items.size() : 0;
   if (first > size || count > size - first) {
-    throw InvalidArgument("check(first = " + std::to_string(first) + ", count = " +
-                          std::to_string(count) + ") is past the " + std::to_string(size) +
-                          " reserved entries");
+    throw InvalidArgument("check(first = " + std::to_string(first) +
+                          ", count = " + std::to_string(count) + ") is past the " +
+                          std::to_string(size) + " reserved entries");
   }
   return count == 0 ? 0 : state_->impl->check_import(*state_, first, count);
 }
@@ -91,8 +91,8 @@ std::vector<TransferPiece> transfer_pieces(const ChunkExport& source,
                                            size_t count) {
   const auto entries = reservation.entries();
   if (first > entries.size() || count > entries.size() - first) {
-    throw InvalidArgument("transfer_pieces(first = " + std::to_string(first) + ", count = " +
-                          std::to_string(count) + ") is past the " +
+    throw InvalidArgument("transfer_pieces(first = " + std::to_string(first) +
+                          ", count = " + std::to_string(count) + ") is past the " +
                           std::to_string(entries.size()) + " reserved entries");
   }
   std::vector<TransferPiece> pieces;

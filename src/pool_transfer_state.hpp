@@ -25,8 +25,8 @@ struct Reservation::State {
   };
 
   HiddenStateStore::Impl* impl = nullptr;
-  std::vector<Chunk> chunks;         ///< the consumer's chunk list (keys of the entries)
-  std::vector<Item> items;           ///< PENDING entries, parallel to `reserved`
+  std::vector<Chunk> chunks;  ///< the consumer's chunk list (keys of the entries)
+  std::vector<Item> items;    ///< PENDING entries, parallel to `reserved`
   std::vector<Reservation::Reserved> reserved;
   size_t chunks_covered = 0;
 };

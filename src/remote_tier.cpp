@@ -208,7 +208,8 @@ std::optional<Clock::time_point> RedisRemoteTier::maintain_connections(bool init
       }
     }
     if (!error) {
-      if (writer_down) shard.writes_denied.store(false, std::memory_order_relaxed);  // ACL may change
+      if (writer_down)
+        shard.writes_denied.store(false, std::memory_order_relaxed);  // ACL may change
       if (!initial) {
         counters_.reconnects.fetch_add(1, std::memory_order_relaxed);
         log(LogLevel::kInfo, "remote tier: connected to " + shard.endpoint.display());
@@ -486,7 +487,8 @@ void RedisRemoteTier::fetch_each(std::span<const RemoteRequest> requests,
     if (reply.type() != RedisReply::Type::kString) return;  // nil (absent) or an error reply
     const RemoteRequest& r = requests[i];
     const std::string name = mac_ ? remote_key(r.key, r.kind, r.layer) : std::string();
-    const DecodedValue decoded = decode_remote_value(reply.bytes(), r.rows, r.cols, mac_.get(), name);
+    const DecodedValue decoded =
+        decode_remote_value(reply.bytes(), r.rows, r.cols, mac_.get(), name);
     if (decoded.status != DecodeStatus::kOk) {
       ++corrupt;
       if (decoded.status == DecodeStatus::kUnauthenticated) ++unauthenticated;

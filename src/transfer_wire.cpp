@@ -21,7 +21,11 @@ constexpr size_t kMaxString = 4096;
 
 class Writer {
  public:
-  explicit Writer(std::string_view magic) { out_.append(magic); put<uint16_t>(kWireVersion); put<uint16_t>(0); }
+  explicit Writer(std::string_view magic) {
+    out_.append(magic);
+    put<uint16_t>(kWireVersion);
+    put<uint16_t>(0);
+  }
 
   template <typename Int>
   void put(Int value) {
@@ -36,7 +40,8 @@ class Writer {
     out_.append(reinterpret_cast<const char*>(data.data()), data.size());
   }
   void str(const std::string& text) {
-    if (text.size() > kMaxString) throw InvalidArgument("transfer message: a key string is over 4 KiB");
+    if (text.size() > kMaxString)
+      throw InvalidArgument("transfer message: a key string is over 4 KiB");
     put<uint16_t>(static_cast<uint16_t>(text.size()));
     out_ += text;
   }
@@ -84,7 +89,8 @@ class Reader {
   size_t count(size_t limit, size_t min_bytes, const char* what) {
     const size_t n = get<uint32_t>();
     if (n > limit || n * min_bytes > in_.size() - at_) {
-      malformed(std::string(what) + " count " + std::to_string(n) + " is over the limit or the message");
+      malformed(std::string(what) + " count " + std::to_string(n) +
+                " is over the limit or the message");
     }
     return n;
   }
@@ -102,7 +108,8 @@ class Reader {
 
 Slot read_slot(Reader& r) {
   const auto kind = static_cast<ActivationKind>(r.get<uint8_t>());
-  if (!is_valid(kind)) malformed("unknown activation kind " + std::to_string(static_cast<int>(kind)));
+  if (!is_valid(kind))
+    malformed("unknown activation kind " + std::to_string(static_cast<int>(kind)));
   return {kind, r.get<int64_t>()};
 }
 

@@ -78,8 +78,8 @@ Mac ValueMac::compute(std::string_view name, std::span<const std::byte> header,
                       std::span<const std::span<const std::byte>> payload) const {
   const std::unique_ptr<EVP_MAC_CTX, MacCtxDeleter> ctx(EVP_MAC_CTX_new(hmac_algorithm()));
   char digest[] = "SHA256";
-  const OSSL_PARAM params[] = {
-      OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_END};
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                               OSSL_PARAM_END};
   const auto* key = reinterpret_cast<const unsigned char*>(key_.data());
   if (!ctx || EVP_MAC_init(ctx.get(), key, key_.size(), params) != 1) {
     throw Error("HMAC-SHA256 init failed: " + openssl_error());

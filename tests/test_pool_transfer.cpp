@@ -24,8 +24,8 @@ using namespace std::chrono_literals;
 
 constexpr int64_t kChunk = 16;
 constexpr int64_t kCols = 32;
-const std::vector<Slot> kSlots = {{ActivationKind::kHidden, -1}, {ActivationKind::kHidden, 0},
-                                  {ActivationKind::kHidden, 5}};
+const std::vector<Slot> kSlots = {
+    {ActivationKind::kHidden, -1}, {ActivationKind::kHidden, 0}, {ActivationKind::kHidden, 5}};
 const std::string kKey = "0123456789abcdef-test-key";
 
 Config pool_config(int64_t pool_chunks, int64_t block_bytes = 0, std::string mac_key = {}) {
@@ -37,8 +37,7 @@ Config pool_config(int64_t pool_chunks, int64_t block_bytes = 0, std::string mac
 
 // One side: a store, its KV, its primitives.
 struct Side {
-  Side(const Config& config, const ChunkedTokenDatabase& db)
-      : store(config, db), transfer(store) {
+  Side(const Config& config, const ChunkedTokenDatabase& db) : store(config, db), transfer(store) {
     store.bind_storage_manager(&kv);
   }
   test::ControlledKv kv;
@@ -74,6 +73,16 @@ void copy_pieces(const ChunkExport& source, const Reservation& reservation) {
     std::memcpy(reinterpret_cast<void*>(p.local_addr), reinterpret_cast<const void*>(p.remote_addr),
                 p.bytes);
   }
+}
+
+// The bytes an exported entry's extents hold now.
+std::vector<std::byte> bytes_at(const std::vector<Extent>& extents) {
+  std::vector<std::byte> bytes;
+  for (const Extent& x : extents) {
+    const auto* p = reinterpret_cast<const std::byte*>(x.addr);
+    bytes.insert(bytes.end(), p, p + x.bytes);
+  }
+  return bytes;
 }
 
 // What a consumer does: reserve, READ, release the lease, publish (or abandon).
@@ -149,6 +158,18 @@ TEST(PoolTransfer, ExportStartsAtFirstChunkAndImportSkipsWhatIsHeld) {
   EXPECT_TRUE(none.entries.empty());
 }
 
+// Stores every slot of a prompt of `chunks` chunks for each seed (pool pressure on the producer).
+void press(HiddenStateStore& store, uint64_t first_seed, uint64_t seeds, int64_t chunks,
+           std::span<const Slot> slots) {
+  for (uint64_t seed = first_seed; seed < first_seed + seeds; ++seed) {
+    const auto other = make_tokens(chunks * kChunk, seed);
+    for (const Slot& slot : slots) {
+      const auto rows = make_rows(other, 0, slot.layer_idx, kCols);
+      (void)store.store_hidden_states(other, view_of(rows, kCols), {slot.layer_idx, 0});
+    }
+  }
+}
+
 TEST(PoolTransfer, LeasedGranulesAreNotReusedUnderPressureUntilReleased) {
   ChunkedTokenDatabase db(kChunk, false);
   Side producer(pool_config(12), db);  // 12 chunks of one slot: 4 prompts of 1 chunk x 3 slots
@@ -158,60 +179,27 @@ TEST(PoolTransfer, LeasedGranulesAreNotReusedUnderPressureUntilReleased) {
   const ChunkExport source = producer.transfer.export_chunks(chunks, kSlots, 0, 60s);
   ASSERT_EQ(source.entries.size(), 6U);
   std::vector<std::vector<std::byte>> before;
-  for (const ExportedEntry& e : source.entries) {
-    std::vector<std::byte> bytes;
-    for (const Extent& x : e.extents) {
-      const auto* p = reinterpret_cast<const std::byte*>(x.addr);
-      bytes.insert(bytes.end(), p, p + x.bytes);
-    }
-    before.push_back(std::move(bytes));
-  }
+  for (const ExportedEntry& e : source.entries) before.push_back(bytes_at(e.extents));
   // Pool pressure: many other prompts, each needing room. The leased key is LRU, yet stays.
-  for (uint64_t seed = 100; seed < 120; ++seed) {
-    const auto other = make_tokens(2 * kChunk, seed);
-    for (const Slot& slot : kSlots) {
-      const auto rows = make_rows(other, 0, slot.layer_idx, kCols);
-      (void)producer.store.store_hidden_states(other, view_of(rows, kCols), {slot.layer_idx, 0});
-    }
-  }
+  press(producer.store, 100, 20, 2, kSlots);
   EXPECT_GT(producer.store.stats().hs_evictions, 0U);
   for (const Chunk& c : chunks) EXPECT_TRUE(producer.store.has_chunk(c.key, 0));
   // drop_key takes the key out of the index, but its granules stay with the lease.
   EXPECT_TRUE(producer.store.drop_key(chunks[0].key));
-  for (uint64_t seed = 200; seed < 210; ++seed) {
-    const auto other = make_tokens(2 * kChunk, seed);
-    const auto rows = make_rows(other, 0, 0, kCols);
-    (void)producer.store.store_hidden_states(other, view_of(rows, kCols), {0, 0});
-  }
+  press(producer.store, 200, 10, 2, std::span(kSlots).first(1));
   for (size_t i = 0; i < source.entries.size(); ++i) {
-    std::vector<std::byte> now;
-    for (const Extent& x : source.entries[i].extents) {
-      const auto* p = reinterpret_cast<const std::byte*>(x.addr);
-      now.insert(now.end(), p, p + x.bytes);
-    }
-    ASSERT_EQ(now, before[i]) << "leased entry " << i << " was overwritten";
+    ASSERT_EQ(bytes_at(source.entries[i].extents), before[i])
+        << "leased entry " << i << " was overwritten";
   }
-  const uint64_t leased_bytes = producer.store.stats().transfer.leased_bytes;
-  EXPECT_EQ(leased_bytes, 6U * kChunk * kCols * 4);
+  EXPECT_EQ(producer.store.stats().transfer.leased_bytes, 6U * kChunk * kCols * 4);
   producer.store.check_invariants();
   // Released: the same pressure now evicts the key and reuses its granules.
   ASSERT_TRUE(producer.transfer.release_lease(source.lease_id));
-  for (uint64_t seed = 300; seed < 320; ++seed) {
-    const auto other = make_tokens(2 * kChunk, seed);
-    for (const Slot& slot : kSlots) {
-      const auto rows = make_rows(other, 0, slot.layer_idx, kCols);
-      (void)producer.store.store_hidden_states(other, view_of(rows, kCols), {slot.layer_idx, 0});
-    }
-  }
+  press(producer.store, 300, 20, 2, kSlots);
   EXPECT_FALSE(producer.store.has_chunk(chunks[1].key, 0));
   bool reused = false;
-  for (size_t i = 0; i < source.entries.size() && !reused; ++i) {
-    std::vector<std::byte> now;
-    for (const Extent& x : source.entries[i].extents) {
-      const auto* p = reinterpret_cast<const std::byte*>(x.addr);
-      now.insert(now.end(), p, p + x.bytes);
-    }
-    reused = now != before[i];
+  for (size_t i = 0; i < source.entries.size(); ++i) {
+    reused = reused || bytes_at(source.entries[i].extents) != before[i];
   }
   EXPECT_TRUE(reused) << "the released granules were never reused";
   producer.store.check_invariants();

@@ -72,7 +72,8 @@ TEST(ValueMac, KeyFileIsReadWhenTheStoreIsBuiltAndAMissingOneIsAConfigError) {
   const detail::ValueMac same(kKey);  // the trailing newline is not part of the key
   const std::string payload = "payload";
   const auto piece = bytes_of(payload);
-  EXPECT_EQ(mac->compute("k", {}, std::span(&piece, 1)), same.compute("k", {}, std::span(&piece, 1)));
+  EXPECT_EQ(mac->compute("k", {}, std::span(&piece, 1)),
+            same.compute("k", {}, std::span(&piece, 1)));
   std::filesystem::remove(path);
 }
 
@@ -103,7 +104,8 @@ TEST(RemoteCodecMac, ValueWithMacDecodesOnlyWithTheKeyAndItsName) {
   EXPECT_EQ(detail::decode_remote_value(bytes_of(value), 2, 3, &mac, "hss:v1:k:hidden:1").status,
             DecodeStatus::kUnauthenticated);
   // A forged value: valid header and xxHash3, no MAC.
-  const std::string forged = detail::encode_remote_value(DType::kFloat32, 2, 3, std::span(&piece, 1));
+  const std::string forged =
+      detail::encode_remote_value(DType::kFloat32, 2, 3, std::span(&piece, 1));
   EXPECT_EQ(detail::decode_remote_value(bytes_of(forged), 2, 3).status, DecodeStatus::kOk);
   EXPECT_EQ(detail::decode_remote_value(bytes_of(forged), 2, 3, &mac, "hss:v1:k:hidden:0").status,
             DecodeStatus::kUnauthenticated);
@@ -162,8 +164,8 @@ TEST(RemoteMac, ForgedValueWithAValidChecksumButNoValidMacIsACountedMiss) {
   const std::vector<float> evil(static_cast<size_t>(kChunk * kCols), 1e6F);
   const auto piece = std::as_bytes(std::span(evil));
   const std::string key2 = detail::remote_key(chunks[2].key, "hidden", 0);
-  ASSERT_TRUE(server.set(key2, detail::encode_remote_value(DType::kFloat32, kChunk, kCols,
-                                                           std::span(&piece, 1))));
+  ASSERT_TRUE(server.set(
+      key2, detail::encode_remote_value(DType::kFloat32, kChunk, kCols, std::span(&piece, 1))));
   HiddenStateStore b(remote_config(server.url(), kKey), db);
   expect_prefix(b, tokens, 2 * kChunk);  // chunks 0, 1 authenticated; the forged one never served
   EXPECT_EQ(b.stats().remote.unauthenticated_values, 1U);
@@ -180,7 +182,8 @@ TEST(RemoteMac, ReadOnlyAclUserReadsAndItsWritesFailCleanlyAndAreCounted) {
   HSS_REQUIRE_REDIS();
   RedisTestServer server;
   ASSERT_TRUE(server.command({"ACL", "SETUSER", "reader", "on", ">reader-pass", "~*", "+@read"}));
-  const std::string reader_url = "redis://reader:reader-pass@127.0.0.1:" + std::to_string(server.port());
+  const std::string reader_url =
+      "redis://reader:reader-pass@127.0.0.1:" + std::to_string(server.port());
   ChunkedTokenDatabase db(kChunk, false);
   const auto shared = make_tokens(3 * kChunk, 41), own = make_tokens(3 * kChunk, 42);
   {
@@ -189,7 +192,7 @@ TEST(RemoteMac, ReadOnlyAclUserReadsAndItsWritesFailCleanlyAndAreCounted) {
   }
   HiddenStateStore reader(remote_config(reader_url), db);
   EXPECT_EQ(reader.stats().remote.servers_connected, 1U);  // +@read cannot PING: still up
-  expect_prefix(reader, shared, 3 * kChunk);              // reads work
+  expect_prefix(reader, shared, 3 * kChunk);               // reads work
   EXPECT_EQ(reader.stats().remote.hits, 3U);
   store_prompt(reader, own);
   reader.flush();

@@ -5,13 +5,6 @@
 
 #include <gtest/gtest.h>
 
-// GCC 12 -O3 reports a copied hss::Config's hidden_state_layers "may be used uninitialized" in
-// NativeBf16RestoredIntoBf16IsBitIdentical (a known false positive of inlined std::optional
-// copies; the value is a default-constructed Config).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 #include <atomic>
 #include <cstring>
 #include <memory>

@@ -9,12 +9,12 @@ namespace hss {
 struct RemoteStats {
   bool enabled = false;  ///< a remote URL is configured (and the build has the tier)
   uint64_t servers = 0;
-  uint64_t servers_connected = 0;    ///< servers whose read connection is up now
-  uint64_t hits = 0;                 ///< (chunk, slot) values fetched and checked
-  uint64_t misses = 0;               ///< values asked for and not returned (absent, down, corrupt)
-  uint64_t corrupt_values = 0;       ///< present but failing a check (also counted as misses)
+  uint64_t servers_connected = 0;  ///< servers whose read connection is up now
+  uint64_t hits = 0;               ///< (chunk, slot) values fetched and checked
+  uint64_t misses = 0;             ///< values asked for and not returned (absent, down, corrupt)
+  uint64_t corrupt_values = 0;     ///< present but failing a check (also counted as misses)
   uint64_t unauthenticated_values = 0;  ///< failing the MAC (also in corrupt_values and misses)
-  uint64_t bytes_read = 0;           ///< payload bytes of the hits
+  uint64_t bytes_read = 0;              ///< payload bytes of the hits
   uint64_t read_through_chunks = 0;  ///< (chunk, slot) entries inserted into the pool by retrieves
   uint64_t writes_enqueued = 0;
   uint64_t writes_sent = 0;  ///< acknowledged by the server

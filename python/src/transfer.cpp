@@ -90,12 +90,12 @@ void bind_transfer(nb::module_& m) {
   nb::class_<PyPull>(m, "PoolPull",
                      "A consumer's pull of one prompt: request bytes for the producer, then the "
                      "reservation its READ fills (hsstore.nixl drives it).")
-      .def_prop_ro("request",
-                   [](PyPull& p) {
-                     const hss::PullRequest q{p.chunks, p.slots,
-                                              static_cast<uint32_t>(p.first_chunk), 0};
-                     return to_bytes(hss::encode_pull_request(q));
-                   })
+      .def_prop_ro(
+          "request",
+          [](PyPull& p) {
+            const hss::PullRequest q{p.chunks, p.slots, static_cast<uint32_t>(p.first_chunk), 0};
+            return to_bytes(hss::encode_pull_request(q));
+          })
       .def_prop_ro("first_chunk", [](PyPull& p) { return p.first_chunk; })
       .def_prop_ro("end_chunk", [](PyPull& p) { return p.chunks.size(); })
       .def(
@@ -123,8 +123,8 @@ void bind_transfer(nb::module_& m) {
             std::vector<hss::TransferPiece> pieces;
             {
               nb::gil_scoped_release release;
-              const size_t n = count.value_or(p.reservation.entries().size() - std::min(
-                  first, p.reservation.entries().size()));
+              const size_t n = count.value_or(p.reservation.entries().size() -
+                                              std::min(first, p.reservation.entries().size()));
               pieces = hss::transfer_pieces(*p.source, p.reservation, first, n);
             }
             return nb::make_tuple(pack_triples(pieces, true), pack_triples(pieces, false));
@@ -213,9 +213,10 @@ void bind_transfer(nb::module_& m) {
           },
           nb::arg("request"), nb::arg("lease_ms"),
           "Producer: a pull request in, the export (leased for lease_ms) out, as bytes.")
-      .def("release", [](PyPoolTransfer& t, uint64_t lease_id) {
-            return t.transfer->release_lease(lease_id);
-          }, nb::arg("lease_id"),
+      .def(
+          "release",
+          [](PyPoolTransfer& t, uint64_t lease_id) { return t.transfer->release_lease(lease_id); },
+          nb::arg("lease_id"),
           "Producer: ends a lease; True when it was held and not past its deadline.")
       .def(
           "begin_pull",
@@ -266,16 +267,19 @@ void bind_transfer(nb::module_& m) {
   add("hidden_state_transfer_listen",
       [](const hss::Config& c) { return c.hidden_state_transfer_listen; });
 
-  m.def("transfer_settings", [](const hss::Config& c) {
-    nb::dict d;
-    d["transfer"] = std::string(hss::to_string(c.hidden_state_transfer));
-    d["backend"] = c.hidden_state_transfer_backend;
-    d["lease_ms"] = c.hidden_state_transfer_lease_ms;
-    d["timeout_ms"] = c.hidden_state_transfer_timeout_ms;
-    d["listen"] = c.hidden_state_transfer_listen;
-    d["mac"] = !c.hidden_state_mac_key.empty() || !c.hidden_state_mac_key_file.empty();
-    return d;
-  }, nb::arg("config"), "The point-to-point transfer keys of a Config, as a dict.");
+  m.def(
+      "transfer_settings",
+      [](const hss::Config& c) {
+        nb::dict d;
+        d["transfer"] = std::string(hss::to_string(c.hidden_state_transfer));
+        d["backend"] = c.hidden_state_transfer_backend;
+        d["lease_ms"] = c.hidden_state_transfer_lease_ms;
+        d["timeout_ms"] = c.hidden_state_transfer_timeout_ms;
+        d["listen"] = c.hidden_state_transfer_listen;
+        d["mac"] = !c.hidden_state_mac_key.empty() || !c.hidden_state_mac_key_file.empty();
+        return d;
+      },
+      nb::arg("config"), "The point-to-point transfer keys of a Config, as a dict.");
 }
 
 }  // namespace hss::python
