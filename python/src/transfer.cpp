@@ -224,23 +224,23 @@ void bind_transfer(nb::module_& m) {
             auto& t = nb::cast<PyPoolTransfer&>(self);
             TokenIds ids = token_ids_from(token_ids, "token_ids");
             std::vector<hss::Slot> slots = slots_from(layers, "layers");
-            auto pull = std::make_unique<PyPull>();
+            PyPull pull;
             {
               nb::gil_scoped_release release;
               std::vector<hss::Chunk> chunks = ids.visit(
                   [&](auto span) { return t.py_store->token_database->process_tokens(span); });
               const auto [from, end] = t.transfer->missing_range(chunks, slots);
               chunks.resize(end);
-              pull->chunks = std::move(chunks);
-              pull->slots = std::move(slots);
-              pull->first_chunk = from;
+              pull.chunks = std::move(chunks);
+              pull.slots = std::move(slots);
+              pull.first_chunk = from;
             }
-            if (pull->first_chunk >= pull->chunks.size()) return nb::none();
+            if (pull.first_chunk >= pull.chunks.size()) return nb::none();
             // The pull keeps the transfer (and so the store) alive while it holds entries.
-            pull->owner = std::shared_ptr<PyPoolTransfer>(nb::inst_ptr<PyPoolTransfer>(self),
-                                                          [keep = nb::borrow(self)](auto*) {});
-            pull->store_object = t.store_object;
-            return nb::cast(std::move(*pull.release()), nb::rv_policy::move);
+            pull.owner = std::shared_ptr<PyPoolTransfer>(nb::inst_ptr<PyPoolTransfer>(self),
+                                                         [keep = nb::borrow(self)](auto*) {});
+            pull.store_object = t.store_object;
+            return nb::cast(std::move(pull), nb::rv_policy::move);
           },
           nb::arg("token_ids"), nb::arg("layers"),
           "Consumer: a pull of the chunks not held here whose KV is present here, or None when "
