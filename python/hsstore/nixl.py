@@ -445,7 +445,15 @@ class NixlAgent:
         peer = None
         try:
             peer = self._peer(address, deadline)
-            plan.reserve(self._exchange(peer, _PULL, plan.request, deadline))
+            try:
+                reply = self._exchange(peer, _PULL, plan.request, deadline)
+            except (OSError, ConnectionError):
+                # A cached connection the producer dropped (a restart) fails before any reply:
+                # one fresh connection and one retry, within the same deadline.
+                self._drop_peer(address, peer)
+                peer = self._peer(address, deadline)
+                reply = self._exchange(peer, _PULL, plan.request, deadline)
+            plan.reserve(reply)
             if "leased" in hooks:
                 hooks["leased"]()
             state = self._read(peer, plan, deadline, hooks)

@@ -159,3 +159,26 @@ def test_malformed_control_messages_get_an_error_and_the_producer_keeps_serving(
     r = pull(consumer, producer)
     assert r["rows"] == TOKENS and r["equal"]
     assert producer.send(cmd="stats")["agent"]["serve_errors"] == 4
+
+
+def test_a_restarted_producer_is_reached_again_on_the_next_pull(peers):
+    producer, consumer = peers(("producer", config(64, hidden_state_transfer_listen="127.0.0.1:0")),
+                               ("consumer", config(64)))
+    store(producer, n=2 * CHUNK)
+    assert pull(consumer, producer, n=2 * CHUNK)["rows"] == 2 * CHUNK
+    address = producer.address
+    producer.close()  # gone: its agent, pool and socket
+    dead = consumer.send(cmd="pull", address=address, seed=2, n=2 * CHUNK, layers=LAYERS, cols=COLS)
+    assert dead["result"]["missed"].startswith("producer failed") and dead["rows"] == 0
+    port = int(address.rsplit(":", 1)[1])
+    (again,) = peers(("producer", config(64, hidden_state_transfer_listen=f"127.0.0.1:{port}")))
+    store(again, seed=3, n=2 * CHUNK)
+    r = consumer.send(cmd="pull", address=again.address, seed=3, n=2 * CHUNK, layers=LAYERS, cols=COLS)
+    assert r["result"]["missed"] is None and r["rows"] == 2 * CHUNK and r["equal"]
+    # Restarted again, unnoticed: the cached connection fails on first use and is replaced.
+    again.close()
+    (third,) = peers(("producer", config(64, hidden_state_transfer_listen=f"127.0.0.1:{port}")))
+    store(third, seed=4, n=2 * CHUNK)
+    r = consumer.send(cmd="pull", address=third.address, seed=4, n=2 * CHUNK, layers=LAYERS, cols=COLS)
+    assert r["result"]["missed"] is None and r["rows"] == 2 * CHUNK and r["equal"]
+    assert r["agent"]["peer_failures"] == 1
