@@ -13,7 +13,7 @@ TSAN_SECONDS ?= 60
 PYENV := $(BUILD_DIR)/pyenv
 PYTHON_FLAGS = -DHSS_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(abspath $(PYENV))/bin/python
 
-.PHONY: all bootstrap configure build test test-lmcache demo demo-remote asan tsan fuzz bench format clean
+.PHONY: all bootstrap configure build test test-lmcache test-nixl demo demo-remote asan tsan fuzz bench format clean
 
 all: build
 
@@ -37,6 +37,12 @@ test: build
 # The drop-in inside the real LMCache 0.5.6 (a cached venv outside the clone, ~6 GB with torch).
 test-lmcache: bootstrap
 	scripts/lmcache_venv
+
+# hsstore.nixl between real processes on loopback (UCX over TCP), in a small venv outside the clone
+# with nixl from PyPI (scripts/nixl_venv, ~60 MB, its own UCX inside) and the build tree's package.
+test-nixl: build
+	PYTHONPATH=$(abspath $(BUILD_DIR))/python HSS_LOG_LEVEL=warn UCX_TLS=tcp,self UCX_NET_DEVICES=lo \
+	  PYTHONDONTWRITEBYTECODE=1 $$(scripts/nixl_venv) -m pytest -q -p no:cacheprovider python/tests_nixl
 
 demo: build
 	$(BUILD_DIR)/tools/hss-demo

@@ -14,6 +14,7 @@
 #include "hss/activation.hpp"
 #include "hss/config.hpp"
 #include "hss/error.hpp"
+#include "transfer_py.hpp"
 
 namespace hss::python {
 
@@ -49,7 +50,19 @@ bool looks_like_yaml_text(std::string_view text) {
 
 }  // namespace
 
+namespace {
+hss::Config config_from_source(nb::handle source);
+}  // namespace
+
 hss::Config config_from(nb::handle source) {
+  hss::Config config = config_from_source(source);
+  check_transfer_available(config);
+  return config;
+}
+
+namespace {
+
+hss::Config config_from_source(nb::handle source) {
   if (source.is_none()) return hss::Config::from_env();
   if (nb::isinstance<hss::Config>(source)) return nb::cast<const hss::Config&>(source);
   if (nb::isinstance<nb::str>(source)) {
@@ -80,6 +93,8 @@ hss::Config config_from(nb::handle source) {
   }
   return hss::Config::from_yaml(to_yaml_text(values));
 }
+
+}  // namespace
 
 void bind_config(nb::module_& m) {
   nb::class_<hss::Config>(m, "Config",

@@ -93,6 +93,46 @@ namespace {
 
 hss::HiddenStateStore& live(PyHiddenStateStore& s) { return *s.store; }
 
+nb::dict remote_stats_dict(const hss::RemoteStats& r) {
+  nb::dict d;
+  d["enabled"] = r.enabled;
+  d["servers"] = r.servers;
+  d["servers_connected"] = r.servers_connected;
+  d["hits"] = r.hits;
+  d["misses"] = r.misses;
+  d["corrupt_values"] = r.corrupt_values;
+  d["unauthenticated_values"] = r.unauthenticated_values;
+  d["bytes_read"] = r.bytes_read;
+  d["read_through_chunks"] = r.read_through_chunks;
+  d["writes_enqueued"] = r.writes_enqueued;
+  d["writes_sent"] = r.writes_sent;
+  d["bytes_written"] = r.bytes_written;
+  d["dropped_writes"] = r.dropped_writes;
+  d["writes_denied"] = r.writes_denied;
+  d["reconnects"] = r.reconnects;
+  d["errors"] = r.errors;
+  d["queue_bytes"] = r.queue_bytes;
+  return d;
+}
+
+nb::dict transfer_stats_dict(const hss::TransferStats& t) {
+  nb::dict d;
+  d["exports"] = t.exports;
+  d["exported_entries"] = t.exported_entries;
+  d["exported_bytes"] = t.exported_bytes;
+  d["leases_held"] = t.leases_held;
+  d["leased_bytes"] = t.leased_bytes;
+  d["leases_released"] = t.leases_released;
+  d["leases_expired"] = t.leases_expired;
+  d["reserved_entries"] = t.reserved_entries;
+  d["imported_entries"] = t.imported_entries;
+  d["imported_bytes"] = t.imported_bytes;
+  d["rejected_entries"] = t.rejected_entries;
+  d["unauthenticated_entries"] = t.unauthenticated_entries;
+  d["abandoned_entries"] = t.abandoned_entries;
+  return d;
+}
+
 nb::dict stats_dict(const hss::HiddenStateStats& st) {
   nb::dict d;
   d["keys_held"] = st.keys_held;
@@ -127,6 +167,8 @@ nb::dict stats_dict(const hss::HiddenStateStats& st) {
         entry;
   }
   d["per_kind"] = per_kind;
+  d["remote"] = remote_stats_dict(st.remote);
+  d["transfer"] = transfer_stats_dict(st.transfer);
   return d;
 }
 
@@ -142,8 +184,6 @@ hss::ActivationKind kind_from(nb::handle kind) {
       "'mlp_intermediate', got " +
       nb::cast<std::string>(nb::repr(kind)));
 }
-
-namespace {
 
 // Layer indices (kind hidden) or (kind, layer) tuples, mixed freely.
 std::vector<hss::Slot> slots_from(nb::handle items, const char* name) {
@@ -172,6 +212,8 @@ std::vector<hss::Slot> slots_from(nb::handle items, const char* name) {
   }
   return slots;
 }
+
+namespace {
 
 hss::Stream as_stream(void* stream) { return static_cast<hss::Stream>(stream); }
 
