@@ -93,6 +93,11 @@ class PromptCapture:
         max_kept: finished prompts held at most; the oldest untaken are dropped (and counted).
     """
 
+    #: What stats() counts (rows are prompt rows; a request's rows are restored or computed).
+    COUNTERS = ("requests", "rows_computed", "rows_restored", "rows_stored", "chunks_written",
+                "recomputes", "tokens_recomputed", "prompts_completed",
+                "results_dropped_untaken", "requests_skipped_no_token_ids")
+
     def __init__(self, store, layer_specs: Sequence[Any], block_size: int, *, keep: bool = True,
                  max_kept: int = 4096) -> None:
         self.store = store
@@ -109,7 +114,7 @@ class PromptCapture:
         self._plan: List[Tuple[_Request, int, int, int]] = []
         self._fired: set = set()
         self._invalid_blocks: set = set()
-        self.counters = collections.Counter()
+        self.counters = collections.Counter({name: 0 for name in self.COUNTERS})
 
     # -- wiring -------------------------------------------------------------------------------
 

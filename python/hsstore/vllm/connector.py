@@ -52,6 +52,7 @@ logger = logging.getLogger("hsstore.vllm")
 # Worker-side connectors of this process by engine_id: install()/take() find the capture here,
 # and a scheduler in the same process asks the store for coverage.
 _WORKERS: Dict[str, "_HiddenStates"] = {}
+_COUNTERS: Dict[str, Any] = {}
 
 
 def worker_connector(engine_id: Optional[str] = None) -> "_HiddenStates":
@@ -89,10 +90,11 @@ class _HiddenStates:
                              "hidden state lives on the last stage only)")
         self.store: Any = None
         self.capture: Optional[PromptCapture] = None
-        self.lock = threading.Lock()
-        self.counters: Dict[str, int] = {"lookups": 0, "lookup_hits_capped": 0,
-                                         "lookup_tokens_capped": 0, "local_hits_capped": 0,
-                                         "local_tokens_capped": 0}
+        # One set of counters per engine and process: a scheduler that shares its worker's
+        # process (in-process engines, vLLM's default engine core) counts into the same one.
+        self.lock, self.counters = _COUNTERS.setdefault(self.engine_id, (threading.Lock(), {
+            "lookups": 0, "lookup_hits_capped": 0, "lookup_tokens_capped": 0,
+            "local_hits_capped": 0, "local_tokens_capped": 0}))
 
     def count(self, **deltas: int) -> None:
         with self.lock:
