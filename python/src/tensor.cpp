@@ -84,8 +84,10 @@ ImportedTensor import_dlpack(nb::handle obj_in, const char* name, void** stream_
   } catch (const nb::python_error& e) {
     // The producer refused the export (a read-only buffer, a device DLPack cannot describe):
     // name the argument, as every other bad input does.
+    const nb::handle error = e.value();
     throw InvalidArgument(std::string(name) + " cannot be exported through DLPack (" +
-                          py_type_name(obj) + "): " + e.what());
+                          py_type_name(obj) + "): " + py_type_name(error) + ": " +
+                          nb::cast<std::string>(nb::str(error)));
   }
 }
 
