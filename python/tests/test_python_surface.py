@@ -2,6 +2,9 @@
 read-only NumPy arrays read (or refused naming the argument), tensors without data refused as
 ValueError, and the C++ calls retrieve_layers_into and coverage(scope=...) in Python."""
 
+import pathlib
+import re
+
 import numpy as np
 import pytest
 
@@ -148,3 +151,10 @@ def test_coverage_scope(fix):
     assert fix.store.coverage(tokens, [0],
                               scope=hsstore.CoverageScope.local_and_remote) == 2 * CHUNK
     assert fix.store.coverage(tokens, [1], scope=hsstore.CoverageScope.local) == 0
+
+
+def test_readme_config_table_lists_every_key():
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+    table = readme.read_text().split("\n## Configuration keys\n", 1)[1].split("\n\n", 1)[0]
+    listed = re.findall(r"^\| `([a-z_]+)` \|", table, re.M)
+    assert sorted(listed) == sorted(hsstore.Config.keys())

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import logging
 import re
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -96,7 +97,11 @@ class PromptCapture:
     #: What stats() counts (rows are prompt rows; a request's rows are restored or computed).
     COUNTERS = ("requests", "rows_computed", "rows_restored", "rows_stored", "chunks_written",
                 "recomputes", "tokens_recomputed", "prompts_completed",
-                "results_dropped_untaken", "requests_skipped_no_token_ids")
+                "results_dropped_untaken", "requests_skipped_no_token_ids",
+                # Where the time goes (ns), in steps that capture rows: the hooks' copies, the
+                # stores after the forward, the restores before it, and the whole step (from the
+                # restores to the stores).
+                "capture_ns", "store_ns", "restore_ns", "step_ns", "steps")
 
     def __init__(self, store, layer_specs: Sequence[Any], block_size: int, *, keep: bool = True,
                  max_kept: int = 4096) -> None:
@@ -114,6 +119,7 @@ class PromptCapture:
         self._plan: List[Tuple[_Request, int, int, int]] = []
         self._fired: set = set()
         self._invalid_blocks: set = set()
+        self._step_started = 0
         self.counters = collections.Counter({name: 0 for name in self.COUNTERS})
 
     # -- wiring -------------------------------------------------------------------------------
@@ -146,6 +152,7 @@ class PromptCapture:
         def hook(module, args, output):
             if not self._plan:
                 return
+            started = time.perf_counter_ns()
             if summed:  # a decoder layer returns (hidden, residual): the stream is their sum
                 hidden, residual = output[0], output[1]
                 for req, src, dst, n in self._plan:
@@ -156,6 +163,7 @@ class PromptCapture:
                 for req, src, dst, n in self._plan:
                     req.outs[label][dst : dst + n].copy_(hidden[src : src + n])
             self._fired.add(label)
+            self.counters["capture_ns"] += time.perf_counter_ns() - started
 
         return hook
 
@@ -169,6 +177,7 @@ class PromptCapture:
         runner = self.model_runner
         if runner is None:
             return
+        self._step_started = time.perf_counter_ns()
         batch = runner.input_batch
         num_reqs = batch.num_reqs
         if num_reqs == 0:
@@ -188,8 +197,12 @@ class PromptCapture:
                     continue
             if req.done or req.failed or position >= req.prompt_len:
                 continue
-            if position > req.have and not self._restore(req, position, live.get(req_id)):
-                continue
+            if position > req.have:
+                started = time.perf_counter_ns()
+                restored = self._restore(req, position, live.get(req_id))
+                self.counters["restore_ns"] += time.perf_counter_ns() - started
+                if not restored:
+                    continue
             if req.offset is None or position < req.offset:
                 req.offset = position
             self._plan.append((req, int(starts[i]), position, min(count, req.prompt_len - position)))
@@ -207,6 +220,7 @@ class PromptCapture:
                 "the model is compiled (torch.compile inlines decoder layers); build the LLM with "
                 "enforce_eager=True to capture intermediate layers"
             )
+        started = time.perf_counter_ns()
         touched = []
         for req, _, position, count in plan:
             if position <= req.have:
@@ -217,6 +231,10 @@ class PromptCapture:
             self._store_complete_chunks(req)
             if req.done:
                 self._finish(req)
+        finished = time.perf_counter_ns()
+        self.counters["store_ns"] += finished - started
+        self.counters["step_ns"] += finished - self._step_started
+        self.counters["steps"] += 1
 
     def take_invalid_blocks(self) -> set:
         blocks, self._invalid_blocks = self._invalid_blocks, set()
