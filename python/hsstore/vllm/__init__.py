@@ -53,12 +53,27 @@ def _worker_install(worker: Any, engine_id: str) -> List[int]:
     return hs.capture.attach(worker.model_runner)
 
 
-def _worker_take(worker: Any, engine_id: str, request_id: str):
+def _worker_take(worker: Any, engine_id: str, request_id: str, as_bytes: bool = False):
     hs = _connector(engine_id)
     if hs.capture is None or getattr(hs, "rank", 0) != 0:
         return None
     states = hs.capture.take(request_id)
-    return None if states is None else [[label, tensor] for label, tensor in states.items()]
+    if states is None:
+        return None
+    if not as_bytes:  # in-process: the capture's own buffers, no copy
+        return [[label, tensor] for label, tensor in states.items()]
+    # Across processes: raw bytes (vLLM's channels carry bytes as they are, tensors not always).
+    import torch
+
+    return [[label, list(t.shape), str(t.dtype).replace("torch.", ""),
+             t.contiguous().view(torch.uint8).numpy().tobytes()]  # any dtype, bfloat16 included
+            for label, t in states.items()]
+
+
+def _tensor_from_bytes(shape: List[int], dtype: str, data: bytes):
+    import torch
+
+    return torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)).reshape(shape)
 
 
 def _worker_stats(worker: Any, engine_id: str) -> dict:
@@ -125,6 +140,8 @@ class HiddenStates:
         self.recompute = recompute
         self.worker_init = worker_init
         self._llm: Optional[weakref.ref] = None
+        self._in_process = True
+        self._by_extension = False
         self._engine_id: Optional[str] = None
         self.labels: List[int] = []
 
@@ -169,6 +186,9 @@ class HiddenStates:
         self._llm = weakref.ref(llm)
         self._engine_id = transfer.engine_id
         self._by_extension = config.parallel_config.worker_extension_cls == WORKER_EXTENSION
+        # One process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor "uni"): tensors pass as they are.
+        self._in_process = (type(llm.llm_engine.engine_core).__name__ == "InprocClient"
+                            and config.parallel_config.distributed_executor_backend == "uni")
         labels = [r for r in self._rpc("install") if r]
         self.labels = labels[0] if labels else []
         return self.labels
@@ -178,9 +198,13 @@ class HiddenStates:
         a RequestOutput or its request_id. KeyError if none are held for it (not captured, not
         yet prefilled, or taken already); RuntimeError if they could not be completed."""
         request_id = getattr(request, "request_id", request)
-        for result in self._rpc("take", str(request_id)):
-            if result is not None:
+        for result in self._rpc("take", str(request_id), not self._in_process):
+            if result is None:
+                continue
+            if self._in_process:
                 return {int(label): tensor for label, tensor in result}
+            return {int(label): _tensor_from_bytes(shape, dtype, data)
+                    for label, shape, dtype, data in result}
         raise KeyError(f"hsstore.vllm: no hidden states held for request {request_id!r}")
 
     def stats(self) -> List[dict]:
