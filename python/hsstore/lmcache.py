@@ -138,20 +138,11 @@ class HiddenStateStore:
         lmcache_chunks = self._chunk(token_ids)
         if not lmcache_chunks or lmcache_chunks[-1][1] <= token_offset:
             return 0
-        chunks = self._begin_call(lmcache_chunks)
-        try:
-            # Rows past the last chunk (an unsaved partial chunk) are not part of any key.
-            covered = hidden_states[: lmcache_chunks[-1][1] - token_offset]
-            written = self._store.store_chunks(
-                chunks, covered, layer_idx=layer_idx, token_offset=token_offset
-            )
-        finally:
-            self._end_call()
-        if written:
-            for (_, _, native), (_, _, key) in zip(chunks, lmcache_chunks):
-                self._stored_keys[native] = key
-            self._prune_stored_keys()
-        return written
+        # Rows past the last chunk (an unsaved partial chunk) are not part of any key.
+        covered = hidden_states[: lmcache_chunks[-1][1] - token_offset]
+        return self.store_chunks(
+            lmcache_chunks, covered, layer_idx=layer_idx, token_offset=token_offset
+        )
 
     def retrieve_hidden_states(self, token_ids, *, layer_idx: int = 0):
         """The cached prefix for layer_idx as a CPU float32 torch tensor, or None. Stops at the
