@@ -117,9 +117,10 @@ void bind_config(nb::module_& m) {
                    [](const hss::Config& c) {
                      return std::string(hss::to_string(c.hidden_state_restore_impl));
                    })
-      .def_prop_ro(
-          "hidden_state_store_impl",
-          [](const hss::Config& c) { return std::string(hss::to_string(c.hidden_state_store_impl)); })
+      .def_prop_ro("hidden_state_store_impl",
+                   [](const hss::Config& c) {
+                     return std::string(hss::to_string(c.hidden_state_store_impl));
+                   })
       .def_ro("hidden_state_staging_bytes", &hss::Config::hidden_state_staging_bytes)
       .def_ro("hidden_state_launch_slots", &hss::Config::hidden_state_launch_slots)
       .def_ro("hidden_state_output_cache_bytes", &hss::Config::hidden_state_output_cache_bytes)
@@ -134,17 +135,18 @@ void bind_config(nb::module_& m) {
             return names;
           },
           "Every key hsstore reads (each is a read-only attribute of a Config).")
-      .def("to_dict",
-           [](const hss::Config& c) {
-             nb::dict d;
-             nb::object self = nb::cast(c);
-             for (const std::string_view key : hss::Config::keys()) {
-               const std::string name(key);
-               d[name.c_str()] = self.attr(name.c_str());
-             }
-             return d;
-           },
-           "The effective value of every key, as a dict (Config(config.to_dict()) equals it).")
+      .def(
+          "to_dict",
+          [](const hss::Config& c) {
+            nb::dict d;
+            nb::object self = nb::cast(c);
+            for (const std::string_view key : hss::Config::keys()) {
+              const std::string name(key);
+              d[name.c_str()] = self.attr(name.c_str());
+            }
+            return d;
+          },
+          "The effective value of every key, as a dict (Config(config.to_dict()) equals it).")
       .def("to_yaml", &hss::Config::to_yaml)
       .def("layer_allowed", &hss::Config::layer_allowed, nb::arg("layer_idx"))
       .def("__repr__", [](const hss::Config& c) {

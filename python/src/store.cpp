@@ -385,10 +385,9 @@ void bind_store(nb::module_& m) {
             const hss::RetrieveLayersOptions options{
                 row_begin, borrowed.empty() ? nullptr : as_stream(borrowed.front().stream)};
             nb::gil_scoped_release release;
-            return live(s).retrieve_layers_into(std::span<const hss::Chunk>(chunks),
-                                                std::span<const hss::Slot>(slots),
-                                                std::span<const hss::MutableTensorView>(views),
-                                                options);
+            return live(s).retrieve_layers_into(
+                std::span<const hss::Chunk>(chunks), std::span<const hss::Slot>(slots),
+                std::span<const hss::MutableTensorView>(views), options);
           },
           nb::arg("token_ids").none(), nb::arg("layer_idxs").none(), nb::arg("outs").none(),
           nb::kw_only(), nb::arg("row_begin") = 0,

@@ -241,8 +241,9 @@ std::optional<BorrowedTensor> borrow_numpy(nb::handle obj, const char* name, Acc
   if (!read_only) return out;
   const std::string n(name);
   if (access == Access::kWrite) {
-    throw InvalidArgument(n + " is a read-only NumPy array: hsstore writes the restored rows "
-                              "into it (pass a writable array)");
+    throw InvalidArgument(n +
+                          " is a read-only NumPy array: hsstore writes the restored rows "
+                          "into it (pass a writable array)");
   }
   if (!out) {
     std::string shape = "(";
@@ -255,7 +256,8 @@ std::optional<BorrowedTensor> borrow_numpy(nb::handle obj, const char* name, Acc
                           "', shape " + shape +
                           ") that hsstore cannot read as it is: it needs 2-D float32 or float16 "
                           "rows, contiguous within a row, with a row stride >= hidden_dim (pass "
-                          "np.ascontiguousarray(" + n + ", np.float32))");
+                          "np.ascontiguousarray(" +
+                          n + ", np.float32))");
   }
   return out;
 }
