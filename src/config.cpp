@@ -735,6 +735,8 @@ bool Config::slot_allowed(ActivationKind kind, int64_t layer_idx) const {
           std::ranges::find(*hidden_state_kinds, kind) != hidden_state_kinds->end());
 }
 
+std::span<const std::string_view> Config::keys() { return kKnownKeys; }
+
 std::string Config::to_yaml() const {
   std::string out;
   out += "chunk_size: " + std::to_string(chunk_size) + "\n";

@@ -401,6 +401,13 @@ int64_t HiddenStateStore::retrieve_layers_into(std::span<const int64_t> t,
                                                const RetrieveLayersOptions& o) {
   return impl_->retrieve_layers_into(t, slots, outs, o);
 }
+int64_t HiddenStateStore::retrieve_layers_into(std::span<const Chunk> c,
+                                               std::span<const Slot> slots,
+                                               std::span<const MutableTensorView> outs,
+                                               const RetrieveLayersOptions& o) {
+  Impl::check_chunks(c);
+  return impl_->retrieve_chunk_layers_into(c, c.empty() ? 0 : c.back().end, slots, outs, o);
+}
 std::vector<StoreResult> HiddenStateStore::store_batch(std::span<const StoreItem> items) {
   return impl_->store_batch(items);
 }

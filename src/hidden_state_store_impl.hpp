@@ -61,6 +61,11 @@ class HiddenStateStore::Impl {
   int64_t retrieve_layers_into(std::span<const Token> token_ids, std::span<const Slot> slots,
                                std::span<const MutableTensorView> outs,
                                const RetrieveLayersOptions& opt);
+  /// retrieve_layers_into over a chunk list of n_tokens tokens (the token forms' one rule).
+  int64_t retrieve_chunk_layers_into(std::span<const Chunk> chunks, int64_t n_tokens,
+                                     std::span<const Slot> slots,
+                                     std::span<const MutableTensorView> outs,
+                                     const RetrieveLayersOptions& opt);
 
   // ---- batch calls (hidden_state_store_batch.cpp)
   std::vector<StoreResult> store_batch(std::span<const StoreItem> items);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -136,6 +137,10 @@ struct Config {
 
   /// The effective values as YAML (round-trips through from_yaml).
   [[nodiscard]] std::string to_yaml() const;
+
+  /// Every key hsstore reads: the one table of config keys (from_yaml, to_yaml, the Python
+  /// bindings and the docs are checked against it).
+  [[nodiscard]] static std::span<const std::string_view> keys();
 };
 
 [[nodiscard]] std::string_view to_string(StorageDType dtype);

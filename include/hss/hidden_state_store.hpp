@@ -238,6 +238,11 @@ class HiddenStateStore {
   int64_t retrieve_layers_into(std::span<const int64_t> token_ids, std::span<const Slot> slots,
                                std::span<const MutableTensorView> outs,
                                const RetrieveLayersOptions& options = {});
+  /// The same with caller-computed chunks (contiguous from 0, as store_chunks): an engine's own
+  /// token database (LMCache's keys) restores several slots in one all-or-nothing walk.
+  int64_t retrieve_layers_into(std::span<const Chunk> chunks, std::span<const Slot> slots,
+                               std::span<const MutableTensorView> outs,
+                               const RetrieveLayersOptions& options = {});
 
   /// Many stores in one call (an engine step: requests x layers). Results are those the single
   /// calls would give, in item order; items sharing a token list (same span) share one key pass;
