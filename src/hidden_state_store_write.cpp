@@ -96,6 +96,7 @@ void HiddenStateStore::Impl::reserve_and_apply(const TensorView& hidden, const S
   // Finished device restores let go of their pins and landed copies of dropped entries give
   // their granules back before this call decides what to evict.
   reclaim_device_resources();
+  expire_leases();  // granules of ended leases are free for this store
   detail::RecordLookups lookups(plan.chunks.size());
   PlanContext context;
   context.lookups = &lookups;

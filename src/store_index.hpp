@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -59,6 +61,15 @@ struct Entry {
   std::shared_ptr<CopyFence> fence;     ///< set by device-path stores
   DeferredRelease* deferred = nullptr;  ///< where blocks wait for an in-flight copy (device path)
   bool ready = false;                   ///< published to retrieve (guarded by the index mutex)
+
+  /// The payload's xxHash3 and keyed MAC, computed once, when the entry is first exported (a
+  /// READY entry's bytes never change; pool_transfer.hpp).
+  struct Digest {
+    uint64_t hash = 0;
+    std::optional<std::array<std::byte, 32>> mac;
+  };
+  mutable std::once_flag digest_once;
+  mutable Digest digest;
 };
 using EntryRef = std::shared_ptr<Entry>;
 

@@ -21,6 +21,10 @@
 //   READY afterwards. A device-path store publishes once its copies are enqueued, with a CUDA
 //   event (the fence); a host-output retrieve that returns the entry waits for that event (and
 //   only that one), a device-output retrieve makes its stream wait for it on the device.
+// * An export's lease (hss/pool_transfer.hpp) pins the exported entries like a retrieve: pool
+//   pressure skips their keys and their granules are not reused until the lease is released or
+//   expires. An import reserves PENDING entries that a transport fills before they are checked
+//   and published.
 // * Dropping or evicting an entry whose copy is still in flight never waits: its blocks return
 //   to the pool once the copy has landed. Entries read by an unfinished device restore stay
 //   pinned (never eviction victims) until it has finished.
@@ -68,6 +72,7 @@
 #include "hss/storage_manager.hpp"
 #include "hss/tensor.hpp"
 #include "hss/token_database.hpp"
+#include "hss/transfer_stats.hpp"
 
 namespace hss {
 
@@ -134,6 +139,7 @@ struct HiddenStateStats {
   uint64_t device_launches = 0;
   std::array<KindStats, kNumActivationKinds> per_kind{};  ///< indexed by ActivationKind
   RemoteStats remote;  ///< the shared remote tier (all zero when hidden_state_remote_url is unset)
+  TransferStats transfer;  ///< point-to-point exports and imports (hss/pool_transfer.hpp)
 };
 
 /// What coverage() counts: the local pool only, or the local pool and the remote tier.
@@ -234,6 +240,11 @@ class HiddenStateStore {
   int64_t retrieve_layers_into(std::span<const int64_t> token_ids, std::span<const Slot> slots,
                                std::span<const MutableTensorView> outs,
                                const RetrieveLayersOptions& options = {});
+  /// The same with caller-computed chunks (contiguous from 0, as store_chunks): an engine's own
+  /// token database (LMCache's keys) restores several slots in one all-or-nothing walk.
+  int64_t retrieve_layers_into(std::span<const Chunk> chunks, std::span<const Slot> slots,
+                               std::span<const MutableTensorView> outs,
+                               const RetrieveLayersOptions& options = {});
 
   /// Many stores in one call (an engine step: requests x layers). Results are those the single
   /// calls would give, in item order; items sharing a token list (same span) share one key pass;
@@ -290,6 +301,7 @@ class HiddenStateStore {
   class Impl;
 
  private:
+  friend class PoolTransfer;  // hss/pool_transfer.hpp: export, lease and import primitives
   std::unique_ptr<Impl> impl_;
 };
 
