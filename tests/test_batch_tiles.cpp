@@ -19,6 +19,24 @@
 namespace hss {
 namespace {
 
+// Host twins of the batch kernels: every lane of a block, one tile after another, through the
+// kernels' own per-lane loops (as the CUDA runtime model's twins run them).
+void run_store_tiles_on_host(std::span<const kernels::BatchStoreTile> tiles) {
+  for (const kernels::BatchStoreTile& tile : tiles) {
+    for (int lane = 0; lane < kernels::kBlockThreads; ++lane) {
+      kernels::store_tile_any(tile.src, tile.seg, lane, kernels::kBlockThreads);
+    }
+  }
+}
+
+void run_restore_tiles_on_host(std::span<const kernels::BatchRestoreTile> tiles) {
+  for (const kernels::BatchRestoreTile& tile : tiles) {
+    for (int lane = 0; lane < kernels::kBlockThreads; ++lane) {
+      kernels::restore_tile_any(tile.seg, tile.out, lane, kernels::kBlockThreads);
+    }
+  }
+}
+
 // ---- the launch tables
 
 TEST(BatchTiles, TablesCoverEveryElementOnceAndResumeAcrossTables) {
@@ -51,7 +69,7 @@ TEST(BatchTiles, TablesCoverEveryElementOnceAndResumeAcrossTables) {
         EXPECT_LE(t.seg.src_elem % t.src.cols + t.seg.count, t.src.cols);
       }
     }
-    detail::run_store_tiles_on_host(std::span(table.data(), n));
+    run_store_tiles_on_host(std::span(table.data(), n));
   }
   EXPECT_EQ(cursor.job, 3u);
   EXPECT_EQ(tables, 3u);
@@ -79,7 +97,7 @@ TEST(BatchTiles, TablesCoverEveryElementOnceAndResumeAcrossTables) {
   size_t rtiles = 0;
   for (size_t n; (n = detail::fill_restore_tiles(restores, rc, rtable)) > 0;) {
     rtiles += n;
-    detail::run_restore_tiles_on_host(std::span(rtable.data(), n));
+    run_restore_tiles_on_host(std::span(rtable.data(), n));
   }
   EXPECT_EQ(rtiles, 9u);  // one per output row
   for (int64_t e = 0; e < 45; ++e) {
@@ -143,7 +161,7 @@ TEST(BatchTiles, TwinsEqualTheHostPathForEveryTypePairWidthAndOffset) {
   std::vector<kernels::BatchStoreTile> table(detail::kBatchTilesPerTable);
   const size_t n = detail::fill_store_tiles(jobs, cursor, table);
   EXPECT_EQ(cursor.job, jobs.size());  // every job in one table: one launch
-  detail::run_store_tiles_on_host(std::span(table.data(), n));
+  run_store_tiles_on_host(std::span(table.data(), n));
   for (size_t j = 0; j < jobs.size(); ++j) EXPECT_EQ(pools_twin[j], pools_host[j]) << "store " << j;
 
   // Restores of every pool above into every output type, strided and not, in one table.
@@ -176,7 +194,7 @@ TEST(BatchTiles, TwinsEqualTheHostPathForEveryTypePairWidthAndOffset) {
   std::vector<kernels::BatchRestoreTile> rtable(detail::kBatchTilesPerTable);
   const size_t rn = detail::fill_restore_tiles(restores, rc, rtable);
   EXPECT_EQ(rc.job, restores.size());
-  detail::run_restore_tiles_on_host(std::span(rtable.data(), rn));
+  run_restore_tiles_on_host(std::span(rtable.data(), rn));
   for (size_t r = 0; r < restores.size(); ++r) {
     EXPECT_EQ(outs_twin[r], outs_host[r]) << "restore " << r;
   }

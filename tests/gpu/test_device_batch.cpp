@@ -1,7 +1,7 @@
 // Batched device calls on a real device (ctest label gpu): one launch per stream for a batch of
 // mixed source types, strides, odd widths and offsets, outputs of every dtype, with results
-// bit-identical to the host path's single calls, for float32 and native storage. The same rules
-// run in CI on the simulated path (tests/test_sim_batch.cpp).
+// bit-identical to the host path's single calls, for float32 and native storage. CI runs them on
+// the CUDA runtime model (label gpu-model); tests/gpu/test_device_batch_rules.cpp has the rules.
 
 #include <gtest/gtest.h>
 

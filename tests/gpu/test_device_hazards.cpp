@@ -2,8 +2,8 @@
 // host, independent streams, many staging rounds in flight, a store under pressure right after a
 // device restore, device->device round trips for every (input, output, storage) dtype, an odd
 // base offset with cols = 2051, batch vs single calls, and wrong-device pointers. Each test skips
-// with the reason when no device is usable. The same rules run in CI on the simulated path
-// (tests/test_sim_store_rules.cpp); these prove the CUDA path keeps them.
+// with the reason when no device is usable. CI runs them on the CUDA runtime model (label
+// gpu-model), where StreamGate holds a stream as long as a test needs.
 
 #include <gtest/gtest.h>
 
