@@ -268,7 +268,8 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
     }
   }
   for (size_t i = 0; i < items.size(); ++i) {
-    walk_finish(walks[i], /*wait_for_copies=*/items[i].out.device != Device::kCuda);
+    walk_finish(walks[i], items[i].out.device == Device::kCuda ? PendingCopies::kOrderOnDevice
+                                                               : PendingCopies::kWaitOnHost);
   }
   // Every output against its walk before anything is written.
   for (size_t i = 0; i < items.size(); ++i) {
@@ -372,7 +373,7 @@ void HiddenStateStore::Impl::restore_batch_walks(std::span<Walk> walks,
     rows[i] = walks[i].prefix_tokens - row_begin;
     segments.push_back(plan_restore(walks[i], 0, row_begin));
     const kernels::OutputView view{out.data, walks[i].cols(0), out.stride(),
-                                   static_cast<kernels::ElemType>(static_cast<int>(out.dtype))};
+                                   detail::to_elem_type(out.dtype)};
     auto& group = group_for(groups, out.device_index, items[i].options.stream);
     group.jobs.push_back({segments.back(), view});
     group.items.push_back(i);

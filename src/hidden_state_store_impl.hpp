@@ -20,6 +20,7 @@
 #include "block_pool.hpp"
 #include "data_path.hpp"
 #include "deferred_release.hpp"
+#include "dtype_codes.hpp"
 #include "hss/hidden_state_store.hpp"
 #include "hss/pool_transfer.hpp"
 #include "lease_table.hpp"
@@ -133,15 +134,20 @@ class HiddenStateStore::Impl {
   };
   /// Walks the chunks: slot presence under the lock, KV presence outside it, fence waits. Pins
   /// what it returns; changes nothing. Throws hss::Error when the store is closed.
-  /// `wait_for_copies` false (device output): no host wait; the restore orders itself after the
-  /// entries' fences on the device instead (Walk::fences).
+  /// What the walk does about a chunk whose device copy is still in flight:
+  ///   kWaitOnHost     host outputs, exports: wait for the copy; a failed one ends the prefix.
+  ///   kOrderOnDevice  device outputs: no host wait; the restore orders itself after the entries'
+  ///                   fences on the device (Walk::fences); cached failure flags end the prefix.
+  ///   kQuery          coverage(): no host wait and no ordering; the copy counts as there unless a
+  ///                   non-blocking query says it failed (a restore would get its rows).
+  enum class PendingCopies { kWaitOnHost, kOrderOnDevice, kQuery };
   Walk plan_walk(std::span<const Chunk> chunks, std::span<const Slot> slots,
-                 bool wait_for_copies = true) const;
+                 PendingCopies pending = PendingCopies::kWaitOnHost) const;
   /// plan_walk in two parts: the index part (caller holds mutex_), then KV and fences (no lock).
   /// `lookups` (optional): the chunk list's record lookups, shared by the items of a batch.
   void walk_index_locked(Walk& w, std::span<const Chunk> chunks, std::span<const Slot> slots,
                          detail::RecordLookups* lookups = nullptr) const;
-  void walk_finish(Walk& w, bool wait_for_copies) const;
+  void walk_finish(Walk& w, PendingCopies pending) const;
   /// apply_walk with mutex_ held by the caller, and its counting part (no lock).
   /// `touch_from`: the chunks before it are touched again later in the same locked section (a
   /// batch's later item of the same list), so touching them here would not change the order.

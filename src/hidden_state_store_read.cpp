@@ -20,7 +20,7 @@ using detail::EntryRef;
 
 HiddenStateStore::Impl::Walk HiddenStateStore::Impl::plan_walk(std::span<const Chunk> chunks,
                                                                std::span<const Slot> slots,
-                                                               bool wait_for_copies) const {
+                                                               PendingCopies pending) const {
   HSS_RANGE("retrieve/walk");
   Walk w;
   {
@@ -28,7 +28,7 @@ HiddenStateStore::Impl::Walk HiddenStateStore::Impl::plan_walk(std::span<const C
     check_open_locked();
     walk_index_locked(w, chunks, slots);
   }
-  walk_finish(w, wait_for_copies);
+  walk_finish(w, pending);
   return w;
 }
 
@@ -57,7 +57,7 @@ void HiddenStateStore::Impl::walk_index_locked(Walk& w, std::span<const Chunk> c
   w.hits = static_cast<int64_t>(present);
 }
 
-void HiddenStateStore::Impl::walk_finish(Walk& w, bool wait_for_copies) const {
+void HiddenStateStore::Impl::walk_finish(Walk& w, PendingCopies pending) const {
   const std::span<const Chunk> chunks = w.chunks;
   const size_t present = static_cast<size_t>(w.hits);
   // KV outside the lock (contains() takes the KV backend's own lock), for every chunk of the
@@ -87,15 +87,25 @@ void HiddenStateStore::Impl::walk_finish(Walk& w, bool wait_for_copies) const {
   for (size_t i = 0; i < hits; ++i) {
     for (size_t s = 0; s < w.slots; ++s) {
       const detail::Entry& entry = *w.pinned[i * w.slots + s];
-      const bool failed =
-          wait_for_copies ? entry.fence && !entry.fence->wait() : entry.copy_failed();
+      bool failed = false;
+      switch (pending) {
+        case PendingCopies::kWaitOnHost:
+          failed = entry.fence && !entry.fence->wait();
+          break;
+        case PendingCopies::kOrderOnDevice:
+          failed = entry.copy_failed();
+          break;
+        case PendingCopies::kQuery:
+          failed = entry.fence && entry.fence->ready() && entry.fence->failed();
+          break;
+      }
       if (failed) {
         drop_failed(i, entry);
         break;
       }
     }
   }
-  if (!wait_for_copies) {
+  if (pending == PendingCopies::kOrderOnDevice) {
     for (size_t i = 0; i < hits * w.slots; ++i) {
       const detail::FenceRef& fence = w.pinned[i]->fence;
       if (fence && !fence->settled() && (w.fences.empty() || w.fences.back() != fence)) {
@@ -271,7 +281,8 @@ int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunk
   const bool all_device = std::all_of(outs.begin(), outs.end(), [](const MutableTensorView& o) {
     return o.device == Device::kCuda;
   });
-  Walk w = plan_walk(chunks, slots, /*wait_for_copies=*/!all_device);
+  Walk w = plan_walk(chunks, slots,
+                     all_device ? PendingCopies::kOrderOnDevice : PendingCopies::kWaitOnHost);
   const int64_t rows = restore_walk_into(w, outs, row_begin, stream);
   apply_walk(w, n_tokens);
   return rows;
@@ -315,7 +326,7 @@ int64_t HiddenStateStore::Impl::restore_walk_into(Walk& w, std::span<const Mutab
     const MutableTensorView& out = outs[s];
     // Any output dtype: same-type copies are bit-identical, narrowing rounds to nearest-even.
     const kernels::OutputView view{out.data, w.cols(s), out.stride(),
-                                   static_cast<kernels::ElemType>(static_cast<int>(out.dtype))};
+                                   detail::to_elem_type(out.dtype)};
     if (out.device == Device::kCuda) {
       device_segments.push_back(plan_restore(w, s, row_begin));
       device_jobs.push_back({{}, view});
@@ -381,7 +392,10 @@ int64_t HiddenStateStore::Impl::coverage(std::span<const Chunk> chunks,
   // The checks retrieve_chunks applies, so coverage never answers for input retrieve rejects.
   check_chunks(chunks);
   detail::check_slots(slots);
-  return plan_walk(chunks, slots).prefix_tokens;
+  // Never a host wait: a copy in flight counts (a device restore orders itself after it, a host
+  // restore waits for it); one a non-blocking query sees failed ends the prefix, as a restore
+  // would.
+  return plan_walk(chunks, slots, PendingCopies::kQuery).prefix_tokens;
 }
 
 template std::vector<HostTensor> HiddenStateStore::Impl::retrieve_tokens(std::span<const int32_t>,

@@ -86,7 +86,7 @@ size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
 
 HiddenStateStore::Impl::InsertResult HiddenStateStore::Impl::insert_fetched(
     const Chunk& chunk, Slot slot, const detail::RemoteValue& value, uint64_t guard) {
-  const auto storage = static_cast<kernels::ElemType>(static_cast<int>(value.dtype));
+  const auto storage = detail::to_elem_type(value.dtype);
   auto entry = std::make_shared<detail::Entry>(pool_, value.rows, value.cols, storage, slot);
   const size_t need = pool_.blocks_for(entry->payload_bytes());
   entry->blocks.resize(need);

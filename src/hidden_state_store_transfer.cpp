@@ -76,7 +76,7 @@ ChunkExport HiddenStateStore::Impl::export_chunks(std::span<const Chunk> chunks,
   }
   if (chunks.size() > UINT32_MAX) throw InvalidArgument("more than 2^32 chunks");
   expire_leases();
-  Walk w = plan_walk(chunks, slots, /*wait_for_copies=*/true);
+  Walk w = plan_walk(chunks, slots, PendingCopies::kWaitOnHost);
   {
     std::lock_guard lock(mutex_);
     apply_walk_locked(w);  // drops an orphan (KV gone here), touches the prefix; no retrieve
@@ -100,7 +100,7 @@ ChunkExport HiddenStateStore::Impl::export_chunks(std::span<const Chunk> chunks,
         const auto pieces = detail::entry_pieces(*entry, pool_);
         entry->digest.hash = detail::hash_pieces(pieces);
         if (mac_) {
-          detail::RemoteHeader header{static_cast<DType>(entry->storage), entry->rows, entry->cols,
+          detail::RemoteHeader header{detail::to_dtype(entry->storage), entry->rows, entry->cols,
                                       entry->digest.hash, detail::kRemoteFlagMac};
           std::array<std::byte, kEntryHeaderBytes> header_bytes{};
           detail::encode_remote_header(header, header_bytes);
@@ -111,8 +111,8 @@ ChunkExport HiddenStateStore::Impl::export_chunks(std::span<const Chunk> chunks,
       ExportedEntry e;
       e.chunk = static_cast<uint32_t>(c);
       e.slot = slots[s];
-      const detail::RemoteHeader header{static_cast<DType>(entry->storage), entry->rows,
-                                        entry->cols, entry->digest.hash,
+      const detail::RemoteHeader header{detail::to_dtype(entry->storage), entry->rows, entry->cols,
+                                        entry->digest.hash,
                                         entry->digest.mac ? detail::kRemoteFlagMac : uint8_t{0}};
       detail::encode_remote_header(header, e.header);
       e.mac = entry->digest.mac;
@@ -205,7 +205,7 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
     item.header = *header;
     item.header_bytes = e.header;
     item.mac = e.mac;
-    const auto storage = static_cast<kernels::ElemType>(static_cast<int>(header->dtype));
+    const auto storage = detail::to_elem_type(header->dtype);
     item.entry =
         std::make_shared<detail::Entry>(pool_, header->rows, header->cols, storage, e.slot);
     // Capacity only: granules are granted under the lock (an Entry releases what `blocks` holds).

@@ -86,7 +86,7 @@ StoreResult HiddenStateStore::Impl::store_validated(std::span<const Chunk> chunk
 ElemType HiddenStateStore::Impl::storage_for(const TensorView& hidden) const {
   return (config_.hidden_state_storage_dtype == StorageDType::kNative &&
           hidden.dtype != DType::kFloat32)
-             ? static_cast<ElemType>(static_cast<int>(hidden.dtype))
+             ? detail::to_elem_type(hidden.dtype)
              : ElemType::kFloat32;
 }
 
@@ -245,8 +245,7 @@ kernels::SourceView HiddenStateStore::Impl::plan_segments(StorePlan& plan, const
           segments.push_back({dst, src_row0, first, count, entry.storage});
         });
   }
-  return {hidden.data, static_cast<ElemType>(static_cast<int>(hidden.dtype)), hidden.cols,
-          hidden.stride()};
+  return {hidden.data, detail::to_elem_type(hidden.dtype), hidden.cols, hidden.stride()};
 }
 
 void HiddenStateStore::Impl::publish(StorePlan& plan) noexcept {

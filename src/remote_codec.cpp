@@ -9,6 +9,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "dtype_codes.hpp"
 #include "hss/error.hpp"
 
 namespace hss::detail {
@@ -33,12 +34,6 @@ Int get_le(const std::byte* in) {
   U bits = 0;
   for (size_t i = sizeof(U); i-- > 0;) bits = static_cast<U>((bits << 8) | static_cast<U>(in[i]));
   return static_cast<Int>(bits);
-}
-
-bool known_dtype(uint8_t code) {
-  return code == static_cast<uint8_t>(DType::kFloat32) ||
-         code == static_cast<uint8_t>(DType::kFloat16) ||
-         code == static_cast<uint8_t>(DType::kBFloat16);
 }
 
 // Payload bytes, or nothing when the shape is negative or does not fit a size_t.
@@ -95,7 +90,7 @@ void encode_remote_header(const RemoteHeader& header,
                           std::span<std::byte, kRemoteHeaderBytes> out) {
   std::memcpy(out.data(), kMagic.data(), kMagic.size());
   put_le<uint16_t>(out.data() + 4, kRemoteFormatVersion);
-  out[6] = static_cast<std::byte>(static_cast<uint8_t>(header.dtype));
+  out[6] = static_cast<std::byte>(wire_code(header.dtype));
   out[7] = static_cast<std::byte>(header.flags);
   put_le<int64_t>(out.data() + 8, header.rows);
   put_le<int64_t>(out.data() + 16, header.cols);
@@ -115,8 +110,9 @@ std::optional<RemoteHeader> decode_remote_header(std::span<const std::byte> byte
   header.cols = get_le<int64_t>(bytes.data() + 16);
   header.payload_hash = get_le<uint64_t>(bytes.data() + 24);
   header.flags = flags;
-  if (!known_dtype(dtype_code) || (flags & ~kRemoteFlagMac) != 0) return std::nullopt;
-  header.dtype = static_cast<DType>(dtype_code);
+  const std::optional<DType> dtype = dtype_from_wire(dtype_code);
+  if (!dtype || (flags & ~kRemoteFlagMac) != 0) return std::nullopt;
+  header.dtype = *dtype;
   if (!checked_payload_bytes(header.dtype, header.rows, header.cols) || header.cols == 0) {
     return std::nullopt;
   }
@@ -197,11 +193,12 @@ DecodedValue decode_remote_value(std::span<const std::byte> value, int64_t expec
   out.header.payload_hash = get_le<uint64_t>(value.data() + 24);
   const auto flags = static_cast<uint8_t>(value[7]);
   out.header.flags = flags;
-  if (!known_dtype(dtype_code) || (flags & ~kRemoteFlagMac) != 0) {
+  const std::optional<DType> dtype = dtype_from_wire(dtype_code);
+  if (!dtype || (flags & ~kRemoteFlagMac) != 0) {
     out.status = DecodeStatus::kBadHeader;
     return out;
   }
-  out.header.dtype = static_cast<DType>(dtype_code);
+  out.header.dtype = *dtype;
   const auto payload = checked_payload_bytes(out.header.dtype, out.header.rows, out.header.cols);
   if (!payload || out.header.cols == 0) {
     out.status = DecodeStatus::kBadHeader;

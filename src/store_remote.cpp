@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "dtype_codes.hpp"
 #include "hss/error.hpp"
 
 namespace hss::detail {
@@ -61,7 +62,7 @@ void StoreRemote::write_behind(const CacheEngineKey& key, const EntryRef& entry,
   const RemoteWrite write{key,
                           std::string(to_string(entry->slot.kind)),
                           entry->slot.layer_idx,
-                          static_cast<DType>(entry->storage),
+                          to_dtype(entry->storage),
                           entry->rows,
                           entry->cols};
   const uint64_t bytes = entry->payload_bytes();

@@ -3,12 +3,16 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "dtype_codes.hpp"
 #include "hss/error.hpp"
 #include "redis_url.hpp"
 #include "remote_codec.hpp"
@@ -133,6 +137,38 @@ TEST(RemoteCodec, RejectsEveryDamagedValue) {
   std::string huge = good;
   for (int i = 8; i < 16; ++i) huge[static_cast<size_t>(i)] = static_cast<char>(0x7f);
   EXPECT_EQ(decode_remote_value(as_span(huge), 0, 0).status, DecodeStatus::kBadHeader);
+}
+
+// The element type is byte 6 of every value, as a fixed wire code, not an enumerator ordinal:
+// values already in Redis/Valkey and peers on other builds read these bytes.
+TEST(RemoteCodec, ElementTypesHaveFixedWireCodes) {
+  const std::pair<DType, uint8_t> codes[] = {
+      {DType::kFloat32, 0}, {DType::kFloat16, 1}, {DType::kBFloat16, 2}};
+  for (const auto& [dtype, code] : codes) {
+    EXPECT_EQ(wire_code(dtype), code) << to_string(dtype);
+    EXPECT_EQ(dtype_from_wire(code), dtype) << to_string(dtype);
+    EXPECT_EQ(to_dtype(to_elem_type(dtype)), dtype) << to_string(dtype);
+    EXPECT_EQ(kernels::elem_bytes(to_elem_type(dtype)), element_size(dtype)) << to_string(dtype);
+    RemoteHeader header{dtype, 3, 5, 0x1122334455667788ULL};
+    std::array<std::byte, kRemoteHeaderBytes> bytes{};
+    encode_remote_header(header, bytes);
+    EXPECT_EQ(static_cast<uint8_t>(bytes[6]), code) << to_string(dtype);
+    const auto back = decode_remote_header(bytes);
+    ASSERT_TRUE(back.has_value()) << to_string(dtype);
+    EXPECT_EQ(back->dtype, dtype);
+    EXPECT_EQ(back->rows, 3);
+    EXPECT_EQ(back->cols, 5);
+  }
+  for (int code = 3; code < 256; ++code) {
+    EXPECT_FALSE(dtype_from_wire(static_cast<uint8_t>(code)).has_value()) << code;
+    RemoteHeader header{DType::kFloat32, 1, 1, 0};
+    std::array<std::byte, kRemoteHeaderBytes> bytes{};
+    encode_remote_header(header, bytes);
+    bytes[6] = static_cast<std::byte>(code);
+    EXPECT_FALSE(decode_remote_header(bytes).has_value()) << code;
+  }
+  EXPECT_EQ(to_elem_type(DType::kFloat16), kernels::ElemType::kFloat16);
+  EXPECT_EQ(to_elem_type(DType::kBFloat16), kernels::ElemType::kBFloat16);
 }
 
 TEST(RemoteCodec, RejectsPiecesThatDoNotMatchTheShape) {

@@ -262,6 +262,8 @@ class HiddenStateStore {
 
   /// Tokens of the prefix retrieve_layers would return for these chunks and slots (the same walk,
   /// the same checks): coverage == rows of retrieve_layers(..., row_begin = 0). Changes nothing.
+  /// Never waits on the host: a chunk whose device copy is in flight counts as covered (the
+  /// restore orders itself after it, or waits for it); one whose copy failed ends the prefix.
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks,
                                  std::span<const int64_t> layer_idxs) const;
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks, std::span<const Slot> slots) const;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <random>
 #include <string>
 #include <thread>
@@ -103,6 +104,42 @@ TEST(DeviceHazards, StoreOnAHeldStreamReturnsAtOnce) {
 #endif
   }
   CUDA_OK(cudaStreamSynchronize(stream.stream));
+}
+
+// coverage() never waits on the host (docs/design.md, "What may block the host"): a chunk whose
+// device copy is still in flight counts as covered, because a device restore orders itself after
+// that copy on the device and a host restore waits for it. On the held stream, a coverage() that
+// waited would not return until the gate opens.
+TEST(DeviceHazards, CoverageNeverWaitsForACopyInFlight) {
+  HSS_REQUIRE_DEVICE();
+  ChunkedTokenDatabase db(256, false);
+  const int64_t rows = 1024, cols = 256;
+  HiddenStateStore store(config_for(256, 0.25), db);
+  DeviceBytes dev(static_cast<size_t>(rows * cols) * 4);
+  ASSERT_NE(dev.ptr, nullptr);
+  StreamHolder stream;
+  StoreOptions o;
+  o.stream = stream.stream;
+  const auto tokens = tokens_of(rows, 11);
+  const auto chunks = db.process_tokens(std::span<const int64_t>(tokens));
+  const std::vector<int64_t> layer0{0};  // StoreOptions::layer_idx's default
+  std::future<int64_t> covered;
+  {
+    test::StreamGate gate(stream.stream);
+    (void)store.store_hidden_states(tokens,
+                                    {dev.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, o);
+    covered = std::async(std::launch::async, [&] { return store.coverage(chunks, layer0); });
+    EXPECT_EQ(covered.wait_for(std::chrono::seconds(5)), std::future_status::ready)
+        << "coverage() waited on the host for the held stream";
+    EXPECT_EQ(cudaStreamQuery(stream.stream), cudaErrorNotReady);  // the copy is still pending
+    (void)cudaGetLastError();
+  }  // the gate opens here, so a coverage() that waited returns now and the test goes on
+  EXPECT_EQ(covered.get(), rows);
+  CUDA_OK(cudaStreamSynchronize(stream.stream));
+  EXPECT_EQ(store.coverage(chunks, layer0), rows);
+  const auto back = store.retrieve_hidden_states(tokens);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->rows(), rows);
 }
 
 TEST(DeviceHazards, TwoStreamsAreIndependent) {

@@ -10,7 +10,9 @@
 
 namespace hss::kernels {
 
-/// Storage/element type codes shared with hss::DType (same order).
+/// The element types the pool stores and the kernels read. hss::DType names the same three; they
+/// convert only through src/dtype_codes.hpp (switches, not ordinals), which also owns the wire
+/// codes.
 enum class ElemType : uint8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 HSS_HOST_DEVICE constexpr uint32_t elem_bytes(ElemType t) {
