@@ -22,6 +22,7 @@ on the workers' ``PYTHONPATH``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections import OrderedDict
@@ -255,6 +256,23 @@ class HiddenStateStore:
                 self._stored_keys[key] = lmcache_key
             self._prune_stored_keys()
         return written
+
+    @contextlib.contextmanager
+    def native_chunks(self, chunks, *, remember: bool = False):
+        """hsstore's (start, end, key) list for LMCache's `chunks`, for native calls made inside
+        the block (an hsstore.nixl pull into :attr:`native`, say): KV presence asked meanwhile on
+        this thread goes to LMCache's storage manager with each chunk's LMCache key.
+        `remember`: keep the key mapping afterwards, for entries the block added (an import), so
+        later presence checks and the ``_lru`` view know their LMCache keys."""
+        native = self._begin_call(chunks)
+        try:
+            yield native
+        finally:
+            self._end_call()
+            if remember:
+                for (_, _, key), (_, _, lmcache_key) in zip(native, chunks):
+                    self._stored_keys[key] = lmcache_key
+                self._prune_stored_keys()
 
     # -- internals ---------------------------------------------------------------------------------
 
