@@ -54,6 +54,7 @@ constexpr std::string_view kHiddenStateRestoreImpl = "hidden_state_restore_impl"
 constexpr std::string_view kHiddenStateStoreImpl = "hidden_state_store_impl";
 constexpr std::string_view kHiddenStateStagingBytes = "hidden_state_staging_bytes";
 constexpr std::string_view kHiddenStateLaunchSlots = "hidden_state_launch_slots";
+constexpr std::string_view kHiddenStateDevice = "hidden_state_device";
 constexpr std::string_view kHiddenStateOutputCacheBytes = "hidden_state_output_cache_bytes";
 constexpr std::string_view kHiddenStateStreamThresholdBytes = "hidden_state_stream_threshold_bytes";
 
@@ -324,6 +325,8 @@ bool apply_key(Config& cfg, std::string_view key, const YAML::Node& value, std::
     cfg.hidden_state_staging_bytes = parse_int(key, value, where);
   } else if (key == kHiddenStateLaunchSlots) {
     cfg.hidden_state_launch_slots = parse_int(key, value, where);
+  } else if (key == kHiddenStateDevice) {
+    cfg.hidden_state_device = parse_int(key, value, where);
   } else if (key == kHiddenStateOutputCacheBytes) {
     cfg.hidden_state_output_cache_bytes = parse_int(key, value, where);
   } else if (key == kHiddenStateStreamThresholdBytes) {
@@ -358,6 +361,7 @@ constexpr std::array kKnownKeys = {kChunkSize,
                                    kHiddenStateStoreImpl,
                                    kHiddenStateStagingBytes,
                                    kHiddenStateLaunchSlots,
+                                   kHiddenStateDevice,
                                    kHiddenStateOutputCacheBytes,
                                    kHiddenStateStreamThresholdBytes};
 
@@ -524,6 +528,11 @@ void validate_with(const Config& cfg, const Origins& origins) {
   if (cfg.hidden_state_launch_slots < 1 || cfg.hidden_state_launch_slots > 4096) {
     fail_key(origins, kHiddenStateLaunchSlots, "must be in 1..4096 (launch slots per device)",
              std::to_string(cfg.hidden_state_launch_slots));
+  }
+  if (cfg.hidden_state_device < -1 || cfg.hidden_state_device > 1023) {
+    fail_key(origins, kHiddenStateDevice,
+             "must be -1 (the constructing thread's current device) or a device index",
+             std::to_string(cfg.hidden_state_device));
   }
   if (cfg.hidden_state_output_cache_bytes < 0) {
     fail_key(origins, kHiddenStateOutputCacheBytes, "must be >= 0 (bytes)",
@@ -818,6 +827,7 @@ std::string Config::to_yaml() const {
   out += "hidden_state_store_impl: " + std::string(to_string(hidden_state_store_impl)) + "\n";
   out += "hidden_state_staging_bytes: " + std::to_string(hidden_state_staging_bytes) + "\n";
   out += "hidden_state_launch_slots: " + std::to_string(hidden_state_launch_slots) + "\n";
+  out += "hidden_state_device: " + std::to_string(hidden_state_device) + "\n";
   out +=
       "hidden_state_output_cache_bytes: " + std::to_string(hidden_state_output_cache_bytes) + "\n";
   out += "hidden_state_stream_threshold_bytes: " +

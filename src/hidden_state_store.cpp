@@ -4,6 +4,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "cuda_runtime.hpp"
 #include "hidden_state_store_impl.hpp"
 #include "hss/detail/host_buffer.hpp"
 #include "hss/error.hpp"
@@ -42,7 +43,7 @@ HiddenStateStore::Impl::Impl(const Config& config, const TokenDatabase& token_da
     : config_(config),
       token_database_(token_database),
       pool_(checked_pool_bytes(config), static_cast<uint64_t>(config.hidden_state_block_bytes),
-            /*try_pinned=*/true, /*prefault=*/true),
+            /*try_pinned=*/true, /*prefault=*/true, detail::store_device(config)),
       device_path_(detail::DevicePath::create(config)),
       mac_(detail::ValueMac::from_config(config)),
       // Queued writes may keep half the pool from eviction; beyond that they copy.
@@ -72,6 +73,10 @@ void HiddenStateStore::Impl::check_pointer(const void* data, Device device, int 
   if (device_path_ && data != nullptr) {
     device_path_->check_pointer(data, device == Device::kCuda, device_index, what);
   }
+}
+
+void HiddenStateStore::Impl::check_stream(Device device, Stream stream) const {
+  if (device_path_ && device == Device::kCuda) device_path_->check_stream(stream);
 }
 
 void HiddenStateStore::Impl::check_open_locked() const {
@@ -111,7 +116,8 @@ bool HiddenStateStore::Impl::has_chunk(const CacheEngineKey& key, Slot slot) con
   const detail::KeyRecord* record = index_.find(key);
   if (record == nullptr) return false;
   const EntryRef* entry = record->find(slot);
-  return entry != nullptr && (*entry)->ready;
+  // A failed device copy (the cached flag) is as good as absent: its rows never land.
+  return entry != nullptr && (*entry)->ready && !(*entry)->copy_failed();
 }
 
 bool HiddenStateStore::Impl::drop_key(const CacheEngineKey& key) {
@@ -249,6 +255,7 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
   s.hs_evictions = counters_.hs_evictions.load();
   s.coupled_evictions = counters_.coupled_evictions.load();
   s.allocation_failures = counters_.allocation_failures.load();
+  s.copy_failures = counters_.copy_failures.load();
   s.staging_waits = device_path_ ? device_path_->staging_waits() : 0;
   s.device_launches = device_path_ ? device_path_->launches() : 0;
   s.launch_waits = device_path_ ? device_path_->launch_waits() : 0;

@@ -157,7 +157,9 @@ class HiddenStateStore::Impl {
   void apply_walk(const Walk& w, int64_t n_tokens) noexcept;
   /// Views and slots of a restore into caller buffers: counts match, views valid, pointers where
   /// their device says (InvalidArgument naming the view otherwise).
-  void check_outputs(std::span<const Slot> slots, std::span<const MutableTensorView> outs) const;
+  /// The outputs' views and pointers, and `stream` when an output is device memory.
+  void check_outputs(std::span<const Slot> slots, std::span<const MutableTensorView> outs,
+                     Stream stream) const;
   /// Walk + restore into `outs` (one per slot) + apply; the rows written (0 on a miss).
   int64_t retrieve_slots_into(std::span<const Chunk> chunks, int64_t n_tokens,
                               std::span<const Slot> slots, std::span<const MutableTensorView> outs,
@@ -214,6 +216,8 @@ class HiddenStateStore::Impl {
   void reclaim_device_resources() noexcept;
   /// Pointer checks of the device path (device memory of device_index, or not device memory).
   void check_pointer(const void* data, Device device, int device_index, const char* what) const;
+  /// hss::Error (nothing changed) when device work on `stream` would be captured into a graph.
+  void check_stream(Device device, Stream stream) const;
 
   enum class InsertResult { kInserted, kPresent, kNoRoom };
   /// One fetched value as a READY entry, evicting LRU keys not guarded by `guard` for space.
@@ -238,7 +242,7 @@ class HiddenStateStore::Impl {
 
   struct Counters {
     std::atomic<uint64_t> stores{0}, chunks_written{0}, retrieves{0}, hit_tokens{0}, miss_tokens{0},
-        hs_evictions{0}, coupled_evictions{0}, allocation_failures{0};
+        hs_evictions{0}, coupled_evictions{0}, allocation_failures{0}, copy_failures{0};
     std::array<std::atomic<uint64_t>, kNumActivationKinds> kind_chunks_written{};
   };
   mutable Counters counters_;

@@ -28,6 +28,7 @@ StoreResult HiddenStateStore::Impl::store_tokens(std::span<const Token> token_id
   detail::check_store_arguments(static_cast<int64_t>(token_ids.size()), hidden, opt,
                                 device_path_ != nullptr);
   check_pointer(hidden.data, hidden.device, hidden.device_index, "hidden_states");
+  check_stream(hidden.device, opt.stream);
   std::vector<Chunk> chunks;
   {
     HSS_RANGE("store/keys");
@@ -44,6 +45,7 @@ StoreResult HiddenStateStore::Impl::store_chunks(std::span<const Chunk> chunks,
   detail::check_store_arguments(chunks.empty() ? 0 : chunks.back().end, hidden, opt,
                                 device_path_ != nullptr);
   check_pointer(hidden.data, hidden.device, hidden.device_index, "hidden_states");
+  check_stream(hidden.device, opt.stream);
   return store_validated(chunks, hidden, opt);
 }
 

@@ -35,7 +35,7 @@ struct Entry {
   /// pool once the fence is seen landed (only the cached flag is read here: this may run under
   /// the index lock). Without `deferred` (or out of memory) it waits, as a last resort.
   ~Entry() {
-    if (fence && !fence->landed()) {
+    if (fence && !fence->settled()) {
       if (deferred != nullptr && deferred->defer(blocks, fence)) return;
       (void)fence->wait();  // never hand back blocks a DMA may still write
     }
@@ -49,7 +49,9 @@ struct Entry {
   }
   /// True while a device-to-host copy into the blocks may still be in flight, as last seen (the
   /// cached flag: no device query under the index lock; DevicePath::poll() refreshes it).
-  [[nodiscard]] bool copy_in_flight() const { return fence && !fence->landed(); }
+  [[nodiscard]] bool copy_in_flight() const { return fence && !fence->settled(); }
+  /// True when the copy into the blocks failed, as last seen: the rows must never be served.
+  [[nodiscard]] bool copy_failed() const { return fence && fence->failed(); }
 
   BlockPool& pool;
   BlockList blocks;  ///< empty until the pool granted them (so a dropped plan releases nothing)

@@ -85,6 +85,12 @@ struct Config {
   /// the host (counted in stats().launch_waits). Each slot, created on first use, holds a pinned
   /// tile table of ~0.6 MiB and cub scratch. 1..4096.
   int64_t hidden_state_launch_slots = 64;
+  /// The store's CUDA device: its page-locked pool and its device state (staging, launch slots,
+  /// loaded kernels) are created on it at construction, from a helper thread, so that no other
+  /// device gets a context and the caller's current device is left as it was. -1 (default): the
+  /// constructing thread's current device. Set it where a thread may not have selected its
+  /// device yet (CUDA then reports device 0). >= -1; must name a device the process sees.
+  int64_t hidden_state_device = -1;
   /// Bytes of released restore outputs the process keeps for reuse (HostTensor recycler). >= 0.
   /// HSS_OUTPUT_CACHE_MB overrides it (debugging aid).
   int64_t hidden_state_output_cache_bytes = int64_t{2048} << 20;

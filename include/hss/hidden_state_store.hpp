@@ -131,8 +131,10 @@ struct HiddenStateStats {
   uint64_t hs_evictions = 0;         ///< keys evicted for pool pressure (HS only)
   uint64_t coupled_evictions = 0;    ///< keys dropped because their KV was gone
   uint64_t allocation_failures = 0;  ///< stores that stopped early for want of pool space
-  uint64_t staging_waits = 0;        ///< device stores that waited on the host for staging space
-  uint64_t launch_waits = 0;         ///< device launches that waited on the host for a launch slot
+  /// Chunks dropped because the device copy into them failed (never served)
+  uint64_t copy_failures = 0;
+  uint64_t staging_waits = 0;  ///< device stores that waited on the host for staging space
+  uint64_t launch_waits = 0;   ///< device launches that waited on the host for a launch slot
   /// Kernel launches and copy calls the device path enqueued (a batch: one per device and stream)
   uint64_t device_launches = 0;
   std::array<KindStats, kNumActivationKinds> per_kind{};  ///< indexed by ActivationKind

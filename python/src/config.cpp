@@ -138,6 +138,7 @@ void bind_config(nb::module_& m) {
                    })
       .def_ro("hidden_state_staging_bytes", &hss::Config::hidden_state_staging_bytes)
       .def_ro("hidden_state_launch_slots", &hss::Config::hidden_state_launch_slots)
+      .def_ro("hidden_state_device", &hss::Config::hidden_state_device)
       .def_ro("hidden_state_output_cache_bytes", &hss::Config::hidden_state_output_cache_bytes)
       .def_ro("hidden_state_stream_threshold_bytes",
               &hss::Config::hidden_state_stream_threshold_bytes)

@@ -156,6 +156,7 @@ nb::dict stats_dict(const hss::HiddenStateStats& st) {
   d["staging_waits"] = st.staging_waits;
   d["device_launches"] = st.device_launches;
   d["launch_waits"] = st.launch_waits;
+  d["copy_failures"] = st.copy_failures;
   nb::dict per_kind;
   for (int k = 0; k < hss::kNumActivationKinds; ++k) {
     const hss::KindStats& ks = st.per_kind[static_cast<size_t>(k)];
