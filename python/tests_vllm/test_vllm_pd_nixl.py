@@ -10,25 +10,18 @@ Both engines prefill in steps of at most 256 tokens (LMCache's chunk size), so r
 recomputed prefixes end at the same step boundaries (conftest.STEP_TOKENS says why that is the
 bit-exact reference)."""
 
-import json
-import os
 import pathlib
-import shutil
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
 import torch
 
 from conftest import STEP_TOKENS
+from pd_engine import EngineProcess, Redis, free_port
 
 pytest.importorskip("nixl", reason="the nixl package is not in this venv (scripts/vllm_venv.lock)")
 
-HERE = pathlib.Path(__file__).resolve().parent
 LAYERS = [-1, 1]  # the final state and an intermediate layer
 CHUNK = 256
 PREFIX, TAIL = 1024, 100  # 4 full chunks cross; LMCache keeps no partial chunk
@@ -36,101 +29,6 @@ PREFIX, TAIL = 1024, 100  # 4 full chunks cross; LMCache keeps no partial chunk
 # generous here (a loaded CI machine; the first NIXL transfer between two agents warms UCX up).
 PULL_TIMEOUT_MS = 5000
 LOOKUP_TIMEOUT_MS = 30000
-REPLY_TIMEOUT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Redis:
-    """A throw-away redis-server (scripts/bootstrap installs it), no persistence."""
-
-    def __init__(self, directory: pathlib.Path) -> None:
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is missing (scripts/bootstrap installs it)"
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(directory)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while self.command("PING") != b"+PONG":
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.1)
-
-    def command(self, *args: str) -> bytes:
-        request = f"*{len(args)}\r\n" + "".join(f"${len(a)}\r\n{a}\r\n" for a in args)
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
-                s.sendall(request.encode())
-                return s.recv(4096).strip()
-        except OSError:
-            return b""
-
-    def has(self, key: str) -> bool:
-        return self.command("EXISTS", key) == b":1"
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-
-class Engine:
-    """A pd_engine.py process: send() a command, get its JSON reply (bounded by a timeout)."""
-
-    def __init__(self, role: str, spec: dict, log: pathlib.Path) -> None:
-        env = dict(os.environ)
-        env.update(UCX_TLS="tcp,self", UCX_NET_DEVICES="lo", NIXL_LOG_LEVEL="WARN",
-                   PYTHONHASHSEED=os.environ.get("PYTHONHASHSEED", "0"))
-        env["PYTHONPATH"] = str(HERE) + os.pathsep + env.get("PYTHONPATH", "")
-        self.role = role
-        self.log = log
-        self._log_file = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "pd_engine.py"), json.dumps(spec)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log_file, text=True, env=env)
-
-    def read(self, timeout: float = REPLY_TIMEOUT_S) -> dict:
-        result = {}
-        reader = threading.Thread(target=lambda: result.update(line=self.proc.stdout.readline()),
-                                  daemon=True)
-        reader.start()
-        reader.join(timeout)
-        tail = self.log.read_text()[-3000:]
-        assert "line" in result, f"{self.role}: no reply in {timeout} s\n{tail}"
-        assert result["line"], f"{self.role} exited ({self.proc.poll()})\n{tail}"
-        reply = json.loads(result["line"])
-        assert "error" not in reply, f"{self.role}: {reply['error']}\n{reply.get('trace', '')}"
-        return reply
-
-    def send(self, **cmd) -> dict:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def generate(self, prompt, path: pathlib.Path, skip_prefix_cache: bool = False) -> dict:
-        reply = self.send(cmd="generate", prompt=prompt, save=str(path),
-                          skip_prefix_cache=skip_prefix_cache)
-        reply["states"] = torch.load(path)
-        return reply
-
-    def signal(self, signum: int) -> None:
-        os.kill(self.proc.pid, signum)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.signal(signal.SIGCONT)
-                self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-        self._log_file.close()
 
 
 @pytest.fixture(scope="module")
@@ -142,9 +40,9 @@ def pd(tiny_model, tmp_path_factory):
     nixl_port = free_port()
     common = {"model": str(tiny_model), "redis_port": redis.port, "layers": LAYERS,
               "step_tokens": STEP_TOKENS, "lookup_timeout_ms": LOOKUP_TIMEOUT_MS}
-    prefill = Engine("prefill", {**common, "nixl": {"listen": f"127.0.0.1:{nixl_port}"}},
+    prefill = EngineProcess("prefill", {**common, "nixl": {"listen": f"127.0.0.1:{nixl_port}"}},
                      directory / "prefill.log")
-    decode = Engine("decode", {**common, "nixl": {"producer": f"127.0.0.1:{nixl_port}",
+    decode = EngineProcess("decode", {**common, "nixl": {"producer": f"127.0.0.1:{nixl_port}",
                                                   "timeout_ms": PULL_TIMEOUT_MS}},
                     directory / "decode.log")
     try:
