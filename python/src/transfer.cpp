@@ -222,13 +222,11 @@ void bind_transfer(nb::module_& m) {
           "begin_pull",
           [](nb::handle self, nb::handle token_ids, nb::handle layers) -> nb::object {
             auto& t = nb::cast<PyPoolTransfer&>(self);
-            TokenIds ids = token_ids_from(token_ids, "token_ids");
+            std::vector<hss::Chunk> chunks = chunks_for(*t.py_store, token_ids, "token_ids");
             std::vector<hss::Slot> slots = slots_from(layers, "layers");
             PyPull pull;
             {
               nb::gil_scoped_release release;
-              std::vector<hss::Chunk> chunks = ids.visit(
-                  [&](auto span) { return t.py_store->token_database->process_tokens(span); });
               const auto [from, end] = t.transfer->missing_range(chunks, slots);
               chunks.resize(end);
               pull.chunks = std::move(chunks);
@@ -243,8 +241,9 @@ void bind_transfer(nb::module_& m) {
             return nb::cast(std::move(pull), nb::rv_policy::move);
           },
           nb::arg("token_ids"), nb::arg("layers"),
-          "Consumer: a pull of the chunks not held here whose KV is present here, or None when "
-          "there is nothing to pull.");
+          "Consumer: a pull of the chunks not held here whose KV is present here (token ids, or "
+          "(start, end, key) chunks keyed by the caller, e.g. LMCache's), or None when there is "
+          "nothing to pull.");
 
   // The transfer and MAC keys as read-only attributes of hsstore.Config, like its other keys
   // (added here, beside the code that reads them, rather than in config.cpp).

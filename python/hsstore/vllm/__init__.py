@@ -20,6 +20,13 @@ connector: ``{"kv_connector": "HiddenStateLMCacheConnector", "kv_connector_modul
 "kv_connector_extra_config": {"hsstore.layers": [-1, 2]}}`` (hsstore.vllm.connector has the
 keys). Without LMCache: ``HiddenStates(lmcache=False)`` (an hsstore Engine per worker, vLLM's
 own prefix cache for the KV).
+
+Prefill and decode in different engines (hsstore.vllm.transfer): the KV crosses through LMCache's
+remote backend, the hidden states over NIXL from the prefill worker's pool::
+
+    prefill = HiddenStates(layers=[-1, 2], nixl={"listen": "0.0.0.0:5555"})
+    decode = HiddenStates(layers=[-1, 2], nixl={"producer": "prefill-host:5555"})
+    # both: lmcache={..., "remote_url": "redis://cache-host:6379", "remote_serde": "naive"}
 """
 
 from __future__ import annotations
@@ -123,16 +130,25 @@ class HiddenStates:
         recompute: kv_load_failure_policy "recompute" (vLLM recomputes a prefix whose hidden
             states went missing) rather than "fail" (vLLM fails such a request).
         worker_init: "module:function" to call in each worker before LMCache starts.
+        nixl: prefill/decode over NIXL (hsstore.vllm.transfer): {"listen": "host:port"} serves
+            this engine's hidden states, {"producer": "host:port"} pulls those a KV hit lacks
+            from that engine before the hit is capped. Needs LMCache and store="hsstore".
     """
 
     def __init__(self, layers: Sequence[LayerSpec] = (FINAL,), *, lmcache: bool = True,
                  store: str = "hsstore", config: Optional[dict] = None, keep: bool = True,
-                 recompute: bool = True, worker_init: Optional[str] = None) -> None:
+                 recompute: bool = True, worker_init: Optional[str] = None,
+                 nixl: Optional[Dict[str, Any]] = None) -> None:
         self.layers = check_specs(layers)
         if store not in ("hsstore", "lmcache"):
             raise ValueError(f"store must be 'hsstore' or 'lmcache', got {store!r}")
         if not lmcache and store != "hsstore":
             raise ValueError("store='lmcache' needs lmcache=True")
+        if nixl is not None:
+            from .transfer import parse_options
+
+            parse_options(nixl, lmcache=lmcache, store=store)  # the connector checks it again
+        self.nixl = dict(nixl) if nixl is not None else None
         self.lmcache = lmcache
         self.store = store
         self.config = dict(config or {})
@@ -158,6 +174,8 @@ class HiddenStates:
             extra["hsstore.config"] = dict(self.config)
         if self.worker_init:
             extra["hsstore.worker_init"] = self.worker_init
+        if self.nixl is not None:
+            extra["hsstore.nixl"] = dict(self.nixl)
         for key, value in (lmcache or {}).items():
             extra[f"lmcache.{key}"] = value
         return KVTransferConfig(
@@ -209,7 +227,8 @@ class HiddenStates:
 
     def stats(self) -> List[dict]:
         """Per worker: the capture's counters (rows computed, restored, stored; recomputes;
-        lookup and local hits capped) and the store's own stats."""
+        lookup and local hits capped; NIXL pulls) and the store's own stats ("store_stats"),
+        and with hsstore.nixl the agent's ("nixl": pulls, served pulls, its address)."""
         return self._rpc("stats")
 
     def shutdown(self) -> None:

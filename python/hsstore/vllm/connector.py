@@ -26,6 +26,10 @@ Configuration is ``kv_connector_extra_config`` (hsstore.vllm.HiddenStates writes
     hsstore.keep          hold finished prompts for take() (default true)
     hsstore.worker_init   "module:function" called in each worker before LMCache starts (tests
                           install LMCache's CPU copy path with it: hsstore.vllm.testing)
+    hsstore.nixl          prefill/decode over NIXL (HiddenStateLMCacheConnector, hsstore's store):
+                          {"listen": "host:port"} serves this worker's hidden states,
+                          {"producer": "host:port"} pulls the ones a KV hit lacks from there
+                          before the hit is capped (hsstore.vllm.transfer has the keys)
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCac
 
 from .capture import PromptCapture
 from .layers import check_specs, resolve_layers
+from .transfer import HiddenStateTransfer, parse_options
 
 __all__ = ["HiddenStateConnector", "HiddenStateLMCacheConnector", "worker_connector"]
 
@@ -68,7 +73,7 @@ def worker_connector(engine_id: Optional[str] = None) -> "_HiddenStates":
 class _HiddenStates:
     """The part both connectors share: options, the capture, the caps and their counters."""
 
-    def __init__(self, vllm_config: Any, role: KVConnectorRole) -> None:
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, *, lmcache: bool) -> None:
         transfer = vllm_config.kv_transfer_config
         extra = dict(transfer.kv_connector_extra_config or {})
         self.engine_id = transfer.engine_id
@@ -88,13 +93,19 @@ class _HiddenStates:
         if vllm_config.parallel_config.pipeline_parallel_size != 1:
             raise ValueError("hsstore.vllm: pipeline parallelism is not supported (the final "
                              "hidden state lives on the last stage only)")
+        # Checked in every role (the scheduler's too): a bad value fails at configuration time.
+        self.transfer_options = parse_options(extra.get("hsstore.nixl"), lmcache=lmcache,
+                                              store=self.store_kind)
         self.store: Any = None
         self.capture: Optional[PromptCapture] = None
+        self.transfer: Optional[HiddenStateTransfer] = None
         # One set of counters per engine and process: a scheduler that shares its worker's
         # process (in-process engines, vLLM's default engine core) counts into the same one.
         self.lock, self.counters = _COUNTERS.setdefault(self.engine_id, (threading.Lock(), {
             "lookups": 0, "lookup_hits_capped": 0, "lookup_tokens_capped": 0,
-            "local_hits_capped": 0, "local_tokens_capped": 0}))
+            "local_hits_capped": 0, "local_tokens_capped": 0,
+            # hsstore.nixl pulls (decode side): attempts, chunks brought, misses, time.
+            "pulls": 0, "pulled_chunks": 0, "pulls_missed": 0, "pull_ns": 0}))
 
     def count(self, **deltas: int) -> None:
         with self.lock:
@@ -116,7 +127,20 @@ class _HiddenStates:
         self.capture = PromptCapture(store, self.layer_specs, self.block_size, keep=self.keep)
         _WORKERS[self.engine_id] = self
 
+    def start_transfer(self, lookup_timeout_ms: int) -> None:
+        """hsstore.nixl: this worker's agent (rank 0, which keeps the hidden states)."""
+        if self.transfer_options is not None and self.rank == 0:
+            self.transfer = HiddenStateTransfer(self.transfer_options, self.store, self.count,
+                                                lookup_timeout_ms)
+
+    def close_transfer(self) -> None:
+        """Stops serving and pulling (before the store closes: NIXL has its pool registered)."""
+        transfer, self.transfer = self.transfer, None
+        if transfer is not None:
+            transfer.close()
+
     def unregister(self) -> None:
+        self.close_transfer()
         if _WORKERS.get(self.engine_id) is self:
             del _WORKERS[self.engine_id]
         if self.capture is not None:
@@ -141,13 +165,16 @@ class _HiddenStates:
             out.update(self.counters)
         if self.store is not None:
             out["store_stats"] = self.store.stats()
+        if self.transfer is not None:
+            out["nixl"] = self.transfer.stats()
         return out
 
     # -- caps -----------------------------------------------------------------------------------
 
     def cap_lmcache_lookups(self, engine: Any) -> None:
         """Wraps engine.lookup (LMCache's lookup server calls it, on its own thread): the hit is
-        at most the hidden-state coverage of every label."""
+        at most the hidden-state coverage of every label. With a producer (hsstore.nixl), the
+        chunks of the hit the store lacks are pulled from it first."""
         original = engine.lookup
         store, labels, token_database = self.store, self.labels, engine.token_database
 
@@ -167,6 +194,9 @@ class _HiddenStates:
                     break
                 chunks.append(chunk)
             covered = store.coverage(chunks, labels)
+            if covered < hit and self.transfer is not None:
+                self.transfer.fill(chunks, labels, hit)
+                covered = store.coverage(chunks, labels)
             if covered < hit:
                 self.count(lookup_hits_capped=1, lookup_tokens_capped=hit - covered)
                 return covered
@@ -219,6 +249,7 @@ class _StepMetadata:
         return meta
 
     def shutdown(self) -> None:
+        self._hs.close_transfer()  # first: the store's pool goes with LMCache's engine
         try:
             super().shutdown()  # type: ignore[misc]
         finally:
@@ -229,7 +260,7 @@ class HiddenStateLMCacheConnector(_StepMetadata, LMCacheConnectorV1):
     """LMCache's connector with hidden states that are never a truncated prefix."""
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
-        self._hs = _HiddenStates(vllm_config, role)
+        self._hs = _HiddenStates(vllm_config, role, lmcache=True)
         if role == KVConnectorRole.WORKER:
             # LMCache is first imported here, after vLLM set the worker up (earlier breaks vLLM).
             self._hs.run_worker_init()
@@ -247,6 +278,7 @@ class HiddenStateLMCacheConnector(_StepMetadata, LMCacheConnectorV1):
             if engine is None:
                 raise RuntimeError("hsstore.vllm: LMCache built no engine in this worker")
             self._hs.register_worker(store_for_lmcache_engine(engine))
+            self._hs.start_transfer(int(engine.config.lookup_timeout_ms))
             self._hs.cap_lmcache_lookups(engine)
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
@@ -278,7 +310,7 @@ class HiddenStateConnector(_StepMetadata, KVConnectorBase_V1):
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        self._hs = _HiddenStates(vllm_config, role)
+        self._hs = _HiddenStates(vllm_config, role, lmcache=False)
         if role == KVConnectorRole.WORKER:
             import hsstore
 

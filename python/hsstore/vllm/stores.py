@@ -2,6 +2,7 @@
 
 * :class:`DropInStore`: hsstore's LMCache drop-in (``hsstore.lmcache.HiddenStateStore``) inside a
   real LMCache engine. Chunks and keys are LMCache's, KV presence is LMCache's storage manager.
+  The only one that pulls from another process's pool (``pull``, hsstore.vllm.transfer).
 * :class:`LMCacheStore`: LMCache's own ``HiddenStateStore``, through its public API only (the
   reference the tests and the benchmark compare against).
 * :class:`EngineStore`: an hsstore ``Engine``'s store, without LMCache: the KV is vLLM's own
@@ -74,6 +75,17 @@ class DropInStore:
                 upto, outs[label][token_offset:end], layer_idx=label, token_offset=token_offset
             )
         return written
+
+    @property
+    def native(self) -> Any:
+        """The hsstore store underneath (its pool is what hsstore.nixl registers and serves)."""
+        return self.store.native
+
+    def pull(self, agent: Any, producer: str, chunks, labels: Sequence[int], timeout: float) -> Any:
+        """Pulls the chunks this store lacks (KV present here) from `producer` over NIXL
+        (hsstore.nixl.NixlAgent over :attr:`native`) within `timeout` seconds; the PullResult."""
+        with self.store.native_chunks(chunks, remember=True) as native:
+            return agent.pull(producer, native, list(labels), timeout=timeout)
 
     def stats(self) -> dict:
         return dict(self.store.stats())

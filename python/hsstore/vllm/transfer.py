@@ -1,0 +1,158 @@
+"""Prefill/decode disaggregation: a decode worker pulls the prompt's hidden states from the prefill
+worker's pool over NIXL (hsstore.nixl), while the KV crosses as LMCache moves it (a shared remote
+backend such as ``remote_url: redis://...``).
+
+Configuration, one key of ``kv_connector_extra_config`` (``HiddenStates(nixl=...)`` writes it)::
+
+    prefill:  "hsstore.nixl": {"listen": "0.0.0.0:5555"}          serve this worker's pool
+    decode:   "hsstore.nixl": {"producer": "prefill-host:5555"}    pull what is missing from it
+
+``listen``, ``backend``, ``lease_ms`` and ``timeout_ms`` are hsstore's ``hidden_state_transfer_*``
+config keys (README, "Configuration keys"), validated by the same table; ``producer`` is the
+prefill worker's ``listen`` address. Both may be given (a worker that serves and pulls).
+``timeout_ms`` bounds one pull and must stay below LMCache's ``lookup_timeout_ms`` (3000 by
+default): the lookup that waits for the pull is abandoned by LMCache's lookup client at that bound
+(as no hit), so a longer pull could only be wasted. Unset, it is half of ``lookup_timeout_ms``.
+
+Where the pull happens (decode side): LMCache's lookup, which the connector already wraps to cap
+the hit at the hidden-state coverage (connector.py). When LMCache reports a KV hit that the local
+hidden states do not cover, the missing chunks of that hit are pulled first, and the cap applies
+to what the store holds afterwards. So KV presence on this side still decides the prefix (a pull
+asks only for chunks whose KV LMCache holds here), and a pull that fails, times out or brings
+fewer chunks only means a smaller hit and a recompute, never a truncated prefix. A pull waits at
+most ``timeout_ms`` (the lookup, and so the scheduler, waits with it), and is tried once per
+lookup: LMCache caches a request's lookup, so a dead producer costs each request one refused
+connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+__all__ = ["HiddenStateTransfer", "TransferOptions", "parse_options"]
+
+logger = logging.getLogger("hsstore.vllm")
+
+# The "hsstore.nixl" keys that are hsstore config keys (one table: README, "Configuration keys").
+_CONFIG_KEYS = {
+    "listen": "hidden_state_transfer_listen",
+    "backend": "hidden_state_transfer_backend",
+    "lease_ms": "hidden_state_transfer_lease_ms",
+    "timeout_ms": "hidden_state_transfer_timeout_ms",
+}
+_KEYS = ("producer", *_CONFIG_KEYS)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferOptions:
+    """The parsed "hsstore.nixl" value."""
+
+    config: Any  # hsstore.Config with hidden_state_transfer: nixl and the keys given
+    serve: bool  # "listen" given: this worker serves its pool
+    producer: Optional[str]  # "producer" given: this worker pulls from there
+    timeout_ms: Optional[int]  # "timeout_ms" as given (None: derived from LMCache's lookup)
+
+
+def _check_address(value: Any) -> str:
+    host, sep, port = str(value).rpartition(":") if isinstance(value, str) else ("", "", "")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"hsstore.nixl: 'producer' must be 'host:port' (the prefill worker's "
+                         f"'listen' address), got {value!r}")
+    return value
+
+
+def parse_options(value: Any, *, lmcache: bool = True,
+                  store: str = "hsstore") -> Optional[TransferOptions]:
+    """The "hsstore.nixl" option (None: off) of a capture with (`lmcache`, `store`). ValueError
+    naming the key for a malformed value, or where the capture cannot pull (no LMCache: no KV
+    hits to fill; LMCache's own store: no pool to register); hsstore.ConfigError for a bad hsstore
+    key, or where the nixl package is not installed."""
+    if value is None:
+        return None
+    if not lmcache or store != "hsstore":
+        raise ValueError("hsstore.nixl needs LMCache and hsstore's store (lmcache=True, "
+                         f"store='hsstore'; got lmcache={lmcache}, store={store!r}): the decode "
+                         "side pulls hidden states for the KV hits LMCache reports")
+    if not isinstance(value, dict):
+        raise ValueError(f"hsstore.nixl must be a dict ({{'listen': 'host:port'}} on the prefill "
+                         f"side, {{'producer': 'host:port'}} on the decode side), got {value!r}")
+    unknown = sorted(set(value) - set(_KEYS))
+    if unknown:
+        raise ValueError(f"hsstore.nixl: unknown keys {unknown} (known: {list(_KEYS)})")
+    if "listen" not in value and "producer" not in value:
+        raise ValueError("hsstore.nixl needs 'listen' (prefill: serve this worker's hidden states) "
+                         "or 'producer' (decode: pull missing ones from that address), or both")
+    producer = _check_address(value["producer"]) if "producer" in value else None
+    import hsstore
+
+    settings = {"hidden_state_transfer": "nixl"}
+    settings.update({_CONFIG_KEYS[k]: v for k, v in value.items() if k in _CONFIG_KEYS})
+    config = hsstore.Config(settings)  # the table's checks; ConfigError without nixl
+    return TransferOptions(config=config, serve="listen" in value, producer=producer,
+                           timeout_ms=int(value["timeout_ms"]) if "timeout_ms" in value else None)
+
+
+def pull_timeout_ms(options: TransferOptions, lookup_timeout_ms: int) -> int:
+    """The bound on one pull: "timeout_ms", below LMCache's lookup_timeout_ms (ValueError
+    otherwise), or half of it when unset."""
+    if options.timeout_ms is None:
+        return max(1, lookup_timeout_ms // 2)
+    if options.timeout_ms >= lookup_timeout_ms:
+        raise ValueError(f"hsstore.nixl: timeout_ms ({options.timeout_ms}) must be below LMCache's "
+                         f"lookup_timeout_ms ({lookup_timeout_ms}): LMCache's lookup client gives "
+                         "up on the lookup that waits for the pull at that bound")
+    return options.timeout_ms
+
+
+class HiddenStateTransfer:
+    """One worker's NIXL side: an agent over its store's pool (registered once), serving it
+    (``listen``) and pulling from a producer (``producer``).
+
+    Thread safety: ``fill`` runs on LMCache's lookup thread, the agent's server on its own; both
+    are hsstore.nixl's (any thread). ``count`` is the connector's counter function."""
+
+    def __init__(self, options: TransferOptions, store: Any, count: Callable[..., None],
+                 lookup_timeout_ms: int) -> None:
+        import hsstore.nixl
+
+        self.store = store
+        self.producer = options.producer
+        self.timeout_s = pull_timeout_ms(options, lookup_timeout_ms) / 1000.0
+        self._count = count
+        self.agent = hsstore.nixl.NixlAgent(store.native, options.config, serve=options.serve)
+        if options.serve:
+            logger.info("hsstore.vllm: serving hidden states over NIXL on %s", self.agent.address)
+
+    def fill(self, chunks: Sequence[Any], labels: List[int], hit: int) -> None:
+        """Pulls, from the producer, the chunks of the hit [0, hit) that the local store lacks
+        (only those whose KV is present here); the caller then caps the hit at the coverage."""
+        if self.producer is None:
+            return
+        wanted = [chunk for chunk in chunks if chunk[0] < hit]
+        started = time.perf_counter_ns()
+        try:
+            result = self.store.pull(self.agent, self.producer, wanted, labels, self.timeout_s)
+        except Exception:  # noqa: BLE001 (a pull must never break LMCache's lookup)
+            self._count(pulls=1, pulls_missed=1, pull_ns=time.perf_counter_ns() - started)
+            logger.exception("hsstore.vllm: pulling hidden states from %s failed; the hit is "
+                             "capped at what is held here", self.producer)
+            return
+        self._count(pulls=1, pulled_chunks=result.chunks_pulled,
+                    pulls_missed=1 if result.missed else 0,
+                    pull_ns=time.perf_counter_ns() - started)
+        if result.missed:
+            logger.warning("hsstore.vllm: pulled %d of %d chunks of hidden states from %s (%s); "
+                           "the rest is recomputed", result.chunks_pulled, result.chunks_wanted,
+                           self.producer, result.missed)
+
+    def stats(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = dict(self.agent.stats())
+        out["producer"] = self.producer
+        out["address"] = self.agent.address if self.agent.serving else None
+        return out
+
+    def close(self) -> None:
+        self.agent.close()
