@@ -31,7 +31,8 @@ void check_view_shape(DType dtype, Device device, int64_t rows, int64_t cols, in
   }
 }
 
-int64_t view_span_bytes(DType dtype, int64_t rows, int64_t cols, int64_t row_stride) {
+int64_t view_span_bytes(DType dtype, int64_t rows, int64_t cols, int64_t row_stride,
+                        std::string_view name) {
   if (rows == 0) return 0;
   const int64_t stride = row_stride == 0 ? cols : row_stride;
   const int64_t elems =
@@ -39,9 +40,9 @@ int64_t view_span_bytes(DType dtype, int64_t rows, int64_t cols, int64_t row_str
   const int64_t bytes =
       mul_or_throw(elems, static_cast<int64_t>(element_size(dtype)), "view bytes");
   if (bytes > limits::kMaxViewBytes) {
-    throw InvalidArgument("view of " + std::to_string(rows) + " rows with row_stride " +
-                          std::to_string(stride) + " spans " + std::to_string(bytes) +
-                          " bytes, more than 2^48");
+    throw InvalidArgument(std::string(name) + ": " + std::to_string(rows) +
+                          " rows with row_stride " + std::to_string(stride) + " spans " +
+                          std::to_string(bytes) + " bytes, more than 2^48");
   }
   return bytes;
 }

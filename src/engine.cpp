@@ -44,7 +44,7 @@ void check_host_view(const TensorView& view, const char* name) {
   if (view.rows > 0 && view.data == nullptr) {
     throw InvalidArgument(std::string(name) + ".data is null");
   }
-  (void)detail::view_span_bytes(view.dtype, view.rows, view.cols, view.row_stride);
+  (void)detail::view_span_bytes(view.dtype, view.rows, view.cols, view.row_stride, name);
 }
 
 }  // namespace

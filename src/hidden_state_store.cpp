@@ -353,6 +353,7 @@ int64_t HiddenStateStore::retrieve_hidden_states_into(std::span<const int64_t> t
 int64_t HiddenStateStore::retrieve_chunks_into(std::span<const Chunk> c,
                                                const MutableTensorView& out,
                                                const RetrieveOptions& o) {
+  detail::check_retrieve_options(o);
   Impl::check_chunks(c);
   return impl_->retrieve_chunk_list_into(c, c.empty() ? 0 : c.back().end, out, o);
 }

@@ -240,7 +240,7 @@ int64_t HiddenStateStore::Impl::retrieve_chunk_list_into(std::span<const Chunk> 
                                                          int64_t n_tokens,
                                                          const MutableTensorView& out,
                                                          const RetrieveOptions& opt) {
-  detail::check_retrieve_options(opt);
+  // The public entry points checked opt (once); retrieve_slots_into checks the output.
   const Slot slot{opt.kind, opt.layer_idx};
   return retrieve_slots_into(chunks, n_tokens, std::span<const Slot>(&slot, 1),
                              std::span<const MutableTensorView>(&out, 1), opt.row_begin,
@@ -364,7 +364,6 @@ int64_t HiddenStateStore::Impl::retrieve_chunk_layers_into(std::span<const Chunk
   if (opt.row_begin < 0) {
     throw InvalidArgument("row_begin = " + std::to_string(opt.row_begin) + " is negative");
   }
-  check_outputs(slots, outs, opt.stream);
   return retrieve_slots_into(chunks, n_tokens, slots, outs, opt.row_begin, opt.stream);
 }
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "hss/detail/checked.hpp"
 #include "hss/error.hpp"
 
 namespace hss::detail {
@@ -22,27 +23,10 @@ void check_kind(ActivationKind kind, const char* name) {
 
 void check_view(const TensorView& view, const char* name, bool device_ok) {
   const std::string n(name);
-  if (!is_valid(view.dtype)) {
-    throw InvalidArgument(n + ".dtype has an unknown value " + str(static_cast<int>(view.dtype)));
-  }
-  if (!is_valid(view.device)) {
-    throw InvalidArgument(n + ".device has an unknown value " + str(static_cast<int>(view.device)));
-  }
-  if (view.rows < 0) throw InvalidArgument(n + ".rows = " + str(view.rows) + " is negative");
-  if (view.rows > kMaxRows) {
-    throw InvalidArgument(n + ".rows = " + str(view.rows) + " exceeds the limit of 2^31");
-  }
-  if (view.cols <= 0) {
-    throw InvalidArgument(n + ".cols = " + str(view.cols) +
-                          ": hidden states must be 2-D with at least one column");
-  }
-  if (view.cols > kMaxCols) {
-    throw InvalidArgument(n + ".cols = " + str(view.cols) + " exceeds the limit of 2^24");
-  }
-  if (view.row_stride != 0 && (view.row_stride < view.cols || view.row_stride > kMaxCols * 64)) {
-    throw InvalidArgument(n + ".row_stride = " + str(view.row_stride) +
-                          " must be 0 or in [cols = " + str(view.cols) + ", 2^30]");
-  }
+  // The one shape validator (hss/detail/checked.hpp), shared with the KV backend, then the byte
+  // span: every loop and kernel may then index the view in int64_t without overflow (layout.hpp).
+  check_view_shape(view.dtype, view.device, view.rows, view.cols, view.row_stride, n);
+  (void)view_span_bytes(view.dtype, view.rows, view.cols, view.row_stride, n);
   if (view.rows > 0 && view.data == nullptr) {
     throw InvalidArgument(n + ".data is null with rows = " + str(view.rows));
   }

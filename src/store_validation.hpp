@@ -13,8 +13,10 @@ namespace hss::detail {
 inline constexpr int64_t kMaxCols = limits::kMaxCols;  // the documented limits (hss::limits)
 inline constexpr int64_t kMaxRows = limits::kMaxRows;
 
-/// dtype and device in their enums, rows in [0, kMaxRows], cols in [1, kMaxCols], row_stride 0
-/// or >= cols, data non-null when rows > 0, a cuda view only when `device_ok`.
+/// The view validator every public entry point uses: check_view_shape (dtype and device in their
+/// enums, rows in [0, 2^31], cols in [1, 2^24], row_stride 0 or in [cols, 2^32]), the byte span
+/// at most 2^48 (view_span_bytes), data non-null when rows > 0, a cuda view only when `device_ok`,
+/// element-aligned device data, device_index >= 0. Impl trusts what passed it.
 void check_view(const TensorView& view, const char* name, bool device_ok);
 
 /// A store of hidden_states for a token list of n_tokens tokens: token_offset in [0, n_tokens],

@@ -162,6 +162,32 @@ TEST_F(Safety, BadArgumentsLeaveStatsUnchanged) {
   EXPECT_TRUE(same(before, store_->stats()));
 }
 
+// One view validator for every entry point (hss/detail/checked.hpp): the limits of check_view_shape
+// and a byte span of at most 2^48, so no loop or kernel indexes past int64_t. A store view of 2^19
+// rows at a row stride of 2^30 elements spans 2^51 bytes: refused, naming the argument, with
+// nothing read and nothing changed; a retrieve output of the same shape too.
+TEST_F(Safety, AViewSpanningMoreThan2To48BytesIsInvalidArgumentNamingIt) {
+  const int64_t rows = int64_t{1} << 19;
+  const auto t = make_tokens(rows, 12);
+  std::vector<float> tiny(kCols);
+  const TensorView huge{tiny.data(), DType::kFloat32, rows, kCols, int64_t{1} << 30};
+  const HiddenStateStats before = store_->stats();
+  try {
+    (void)store_->store_hidden_states(t, huge);
+    ADD_FAILURE() << "a 2^51-byte view was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("hidden_states"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("2^48"), std::string::npos) << e.what();
+  }
+  MutableTensorView out{tiny.data(), DType::kFloat32, rows, kCols, int64_t{1} << 30};
+  EXPECT_THROW((void)store_->retrieve_hidden_states_into(t, out), InvalidArgument);
+  // The row stride limit is the documented 2^32 elements (hss::limits), for every entry point.
+  const TensorView too_strided{tiny.data(), DType::kFloat32, 1, kCols, (int64_t{1} << 32) + 1};
+  EXPECT_THROW((void)store_->store_hidden_states(std::span<const int32_t>(t).first(1), too_strided),
+               InvalidArgument);
+  EXPECT_TRUE(same(before, store_->stats()));
+}
+
 TEST_F(Safety, AStoreThatStoresNothingChangesNothingInThePool) {
   config_.hidden_state_layers = std::vector<int64_t>{};  // empty allowlist: no layer
   store_ = std::make_unique<HiddenStateStore>(config_, db_);

@@ -64,6 +64,7 @@ void check_view_shape(DType dtype, Device device, int64_t rows, int64_t cols, in
 
 /// Bytes spanned by rows x cols with row_stride (elements) of dtype: (rows - 1) * stride + cols
 /// elements. InvalidArgument beyond kMaxViewBytes. Call after check_view_shape.
-[[nodiscard]] int64_t view_span_bytes(DType dtype, int64_t rows, int64_t cols, int64_t row_stride);
+[[nodiscard]] int64_t view_span_bytes(DType dtype, int64_t rows, int64_t cols, int64_t row_stride,
+                                      std::string_view name = "view");
 
 }  // namespace hss::detail
