@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "block_pool.hpp"
+#include "copy_workers.hpp"
 #include "data_path.hpp"
 #include "deferred_release.hpp"
 #include "hss/hidden_state_store.hpp"
@@ -184,6 +185,10 @@ class HiddenStateStore::Impl {
   bool evict_for_space(uint64_t guard) noexcept;
 
   void check_open_locked() const;
+  /// How this store's host copies run (strategy and workers).
+  [[nodiscard]] detail::HostCopyContext host_copy_context() const {
+    return {&host_copy_, copy_workers_.get()};
+  }
   /// Outside the index lock, before eviction decisions: refresh fence flags, release finished
   /// restores' pins and granules whose copies landed (none of it waits).
   void reclaim_device_resources() noexcept;
@@ -203,6 +208,10 @@ class HiddenStateStore::Impl {
   // goes.
   detail::BlockPool pool_;
   detail::DeferredRelease deferred_{pool_};
+  // Host copies: the strategy chosen for this machine (calibrated on the empty pool, once per
+  // process) and the workers that split large copies (none with hidden_state_copy_threads 1).
+  const detail::HostCopy host_copy_;
+  std::unique_ptr<detail::CopyWorkers> copy_workers_;
   std::unique_ptr<detail::DevicePath> device_path_;
   std::atomic<const StorageManager*> storage_manager_{nullptr};
 

@@ -211,8 +211,7 @@ void HiddenStateStore::Impl::copy_rows(StorePlan& plan, const TensorView& hidden
     plan.fence = device_path_->store(source, hidden.device_index, plan.segments, opt.stream);
   } else {
     HSS_RANGE("store/gather_cast");
-    detail::host_store(source, plan.segments,
-                       static_cast<uint64_t>(config_.hidden_state_stream_threshold_bytes));
+    detail::host_store(source, plan.segments, host_copy_context());
   }
 }
 

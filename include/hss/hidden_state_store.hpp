@@ -64,6 +64,7 @@
 #include "hss/activation.hpp"
 #include "hss/cache_key.hpp"
 #include "hss/config.hpp"
+#include "hss/host_copy_stats.hpp"
 #include "hss/remote_stats.hpp"
 #include "hss/storage_manager.hpp"
 #include "hss/tensor.hpp"
@@ -132,6 +133,7 @@ struct HiddenStateStats {
   uint64_t device_launches = 0;
   std::array<KindStats, kNumActivationKinds> per_kind{};  ///< indexed by ActivationKind
   RemoteStats remote;  ///< the shared remote tier (all zero when hidden_state_remote_url is unset)
+  HostCopyStats host_copy;  ///< the host copy strategy chosen for this machine, copy threads
 };
 
 /// What coverage() counts: the local pool only, or the local pool and the remote tier.
