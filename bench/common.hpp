@@ -38,8 +38,9 @@ struct BareStore {
   HiddenStateStore store;
 
   /// pool_bytes is rounded up to what Config can express; the pool is prefaulted here.
+  /// copy_threads: hidden_state_copy_threads.
   BareStore(int64_t chunk_size, uint64_t pool_bytes, StorageDType storage,
-            StoreImpl store_impl = StoreImpl::kStaging);
+            StoreImpl store_impl = StoreImpl::kStaging, int copy_threads = 1);
   /// Drops every key of `tokens` (untimed resets between reps).
   void drop(std::span<const int32_t> tokens);
 };
@@ -74,8 +75,14 @@ class CopyBuffer {
 [[nodiscard]] Timed memcpy_reference(const void* src, size_t bytes, int copies = 1,
                                      const std::string& name = "memcpy");
 
-/// The same copy with non-temporal stores (the bench's own loop): the most a streaming copy gets
-/// out of this machine's memory, for figures whose candidate streams. Plain memcpy off x86-64.
+/// memcpy of the same bytes split into `threads` contiguous parts, the calling thread copying the
+/// first and persistent helper threads (woken per run, as hidden_state_copy_threads' workers
+/// are) the others: the reference of multi-threaded copies. Named "memcpy N threads".
+[[nodiscard]] Timed memcpy_threads_reference(const void* src, size_t bytes, int threads);
+
+/// The same copy with non-temporal stores (the bench's own loop, 32-byte stores with AVX2, else
+/// 16-byte): the most a streaming copy gets out of this machine's memory, for figures whose
+/// candidate streams. Plain memcpy off x86-64.
 void stream_copy(void* dst, const void* src, size_t bytes);
 [[nodiscard]] Timed stream_copy_reference(const void* src, size_t bytes, int copies = 1);
 

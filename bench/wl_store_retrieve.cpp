@@ -62,12 +62,14 @@ struct StoreRig {
   std::vector<int32_t> tokens;
   int64_t pool_esize;
 
-  StoreRig(const Shape& s, DType in_type, StorageDType st, std::shared_ptr<Input> shared_input)
+  StoreRig(const Shape& s, DType in_type, StorageDType st, std::shared_ptr<Input> shared_input,
+           int copy_threads = 1)
       : shape(s), in(in_type), storage(st), input(std::move(shared_input)) {
     pool_esize = (storage == StorageDType::kNative && in != DType::kFloat32) ? 2 : 4;
     const int64_t chunks = s.tokens / s.chunk * s.layers;
-    hss = std::make_shared<BareStore>(
-        s.chunk, pool_bytes_for(chunks, s.chunk, s.hidden, pool_esize), storage);
+    hss =
+        std::make_shared<BareStore>(s.chunk, pool_bytes_for(chunks, s.chunk, s.hidden, pool_esize),
+                                    storage, StoreImpl::kStaging, copy_threads);
     tokens = make_tokens(s.tokens, 11);
   }
 
@@ -135,6 +137,22 @@ void store_case(Context& ctx, const std::string& name, const Shape& s, DType in,
   (void)ctx.report.measure("store", name, params_of(s, in, storage, ""), rig.timed(name), refs);
 }
 
+/// hidden_state_copy_threads 1 and 2 against a 2-thread memcpy of the bytes the pool receives
+/// (and the single-thread memcpy), float32 rows.
+void store_copy_threads_case(Context& ctx, const Shape& s) {
+  auto input = std::make_shared<Input>(DType::kFloat32, s.tokens * s.hidden);
+  const auto bytes = static_cast<size_t>(s.tokens * s.hidden * 4);
+  auto ref_src = std::make_shared<CopyBuffer>(bytes);
+  std::vector<Timed> refs{memcpy_threads_reference(ref_src->data(), bytes, 2),
+                          memcpy_reference(ref_src->data(), bytes)};
+  for (int threads : {1, 2}) {
+    StoreRig rig(s, DType::kFloat32, StorageDType::kFloat32, input, threads);
+    Params p = params_of(s, DType::kFloat32, StorageDType::kFloat32, "");
+    p.threads = threads;
+    (void)ctx.report.measure("store", "f32 copy threads", p, rig.timed("f32 copy threads"), refs);
+  }
+}
+
 /// bfloat16 input kept native against the same input widened to float32: tokens/s of each.
 void store_native_vs_float32(Context& ctx, const Shape& s) {
   auto input = std::make_shared<Input>(DType::kBFloat16, s.tokens * s.hidden);
@@ -165,10 +183,11 @@ struct RetrieveRig {
   std::shared_ptr<std::vector<int32_t>> tokens;
   std::shared_ptr<Input> input;
 
-  RetrieveRig(const Shape& s, DType in, StorageDType storage) : shape(s) {
+  RetrieveRig(const Shape& s, DType in, StorageDType storage, int copy_threads = 1) : shape(s) {
     const int64_t esize = (storage == StorageDType::kNative && in != DType::kFloat32) ? 2 : 4;
     hss = std::make_shared<BareStore>(
-        s.chunk, pool_bytes_for(s.tokens / s.chunk * s.layers, s.chunk, s.hidden, esize), storage);
+        s.chunk, pool_bytes_for(s.tokens / s.chunk * s.layers, s.chunk, s.hidden, esize), storage,
+        StoreImpl::kStaging, copy_threads);
     tokens = std::make_shared<std::vector<int32_t>>(make_tokens(s.tokens, 13));
     input = std::make_shared<Input>(in, s.tokens * s.hidden);
     const TensorView view = host_view(input->data(), in, s.tokens, s.hidden);
@@ -269,6 +288,23 @@ void retrieve_case(Context& ctx, const std::string& name, const Shape& s, DType 
   }
 }
 
+/// hidden_state_copy_threads 1 and 2, fresh tensor and caller's buffer, against a 2-thread
+/// memcpy of the float32 output bytes (and the single-thread memcpy).
+void retrieve_copy_threads_case(Context& ctx, const Shape& s) {
+  const auto bytes = static_cast<size_t>(s.tokens * s.hidden * 4);
+  auto src = std::make_shared<CopyBuffer>(bytes);
+  std::vector<Timed> refs{memcpy_threads_reference(src->data(), bytes, 2),
+                          memcpy_reference(src->data(), bytes)};
+  for (int threads : {1, 2}) {
+    RetrieveRig rig(s, DType::kFloat32, StorageDType::kFloat32, threads);
+    Params p = params_of(s, DType::kFloat32, StorageDType::kFloat32, "fresh");
+    p.threads = threads;
+    (void)ctx.report.measure("retrieve", "f32 fresh copy threads", p, rig.fresh(), refs);
+    p.output = "into";
+    (void)ctx.report.measure("retrieve", "f32 into copy threads", p, rig.into(), refs);
+  }
+}
+
 }  // namespace
 
 void run_store(Context& ctx) {
@@ -276,6 +312,7 @@ void run_store(Context& ctx) {
   store_case(ctx, "f32", base, DType::kFloat32, StorageDType::kFloat32, true);
   store_case(ctx, "bf16 float32-storage", base, DType::kBFloat16, StorageDType::kFloat32, true);
   store_native_vs_float32(ctx, base);
+  store_copy_threads_case(ctx, base);
   if (ctx.quick) {
     store_case(ctx, "f32", {64, 1024, 2048, 3}, DType::kFloat32, StorageDType::kFloat32, false);
   } else {
@@ -305,6 +342,7 @@ void run_retrieve(Context& ctx) {
   const Shape base = ctx.quick ? Shape{256, 1024, 2048, 1} : Shape{};
   retrieve_case(ctx, "f32", base, DType::kFloat32, StorageDType::kFloat32, true, true);
   retrieve_case(ctx, "bf16 native", base, DType::kBFloat16, StorageDType::kNative, true, false);
+  retrieve_copy_threads_case(ctx, base);
   if (ctx.quick) {
     retrieve_case(ctx, "f32", {64, 1024, 2048, 3}, DType::kFloat32, StorageDType::kFloat32, false,
                   false);
