@@ -156,6 +156,9 @@ class HiddenStateStore::Impl {
   void reserve_and_apply(const TensorView& hidden, const StoreOptions& opt,
                          kernels::ElemType storage, StorePlan& plan);
   void copy_rows(StorePlan& plan, const TensorView& hidden, const StoreOptions& opt);
+  /// Host stores: merges segments that continue each other in the source and the pool.
+  static void merge_host_runs(std::pmr::vector<kernels::WriteSegment>& segments,
+                              int64_t cols) noexcept;
   /// The pool segments of the plan's granted writes (into plan.segments, reserved in phase 1)
   /// and the caller's tensor as the kernels see it.
   kernels::SourceView plan_segments(StorePlan& plan, const TensorView& hidden,
