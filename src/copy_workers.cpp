@@ -1,10 +1,12 @@
 #include "copy_workers.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 namespace hss::detail {
 
-CopyWorkers::CopyWorkers(int threads) {
+CopyWorkers::CopyWorkers(int threads) : owner_(static_cast<int>(getpid())) {
   const size_t workers = threads > 1 ? static_cast<size_t>(threads - 1) : 0;
   workers_.reserve(workers);
   try {
@@ -29,7 +31,9 @@ void CopyWorkers::stop() noexcept {
 }
 
 void CopyWorkers::run_parts(size_t parts, PartFn fn, void* ctx) {
-  if (parts <= 1 || workers_.empty() || busy_.exchange(true, std::memory_order_acquire)) {
+  // A forked child has none of the workers (fork copies the calling thread only): it copies alone.
+  if (parts <= 1 || workers_.empty() || getpid() != owner_ ||
+      busy_.exchange(true, std::memory_order_acquire)) {
     for (size_t i = 0; i < parts; ++i) fn(ctx, i);
     return;
   }

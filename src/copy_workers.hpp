@@ -10,7 +10,7 @@
 // Thread safety: run() may be called from many threads. One call at a time uses the workers; a
 // call that finds them busy runs every part on its own thread rather than wait for another
 // caller's copy. Workers sleep on a condition variable between calls and are joined by the
-// destructor.
+// destructor. In a child made by fork() (which has none of the workers) every call copies alone.
 
 #include <atomic>
 #include <condition_variable>
@@ -66,6 +66,7 @@ class CopyWorkers {
   bool stopping_ = false;
   std::atomic<bool> busy_{false};  // a call holds the workers
   std::atomic<uint64_t> split_runs_{0};
+  const int owner_;  // the process that started the workers (getpid)
   std::vector<std::thread> workers_;
 };
 

@@ -16,6 +16,7 @@
 
 #include "copy_workers.hpp"
 #include "data_path.hpp"
+#include "fork_child.hpp"
 #include "host_copy.hpp"
 #include "hss/hss.hpp"
 #include "hss/kernels/layout.hpp"
@@ -520,6 +521,22 @@ TEST(CopyWorkers, ConcurrentCallersEachGetEveryPartRun) {
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_LE(workers.split_runs(), static_cast<uint64_t>(kCallers * kCalls));
   EXPECT_GT(workers.split_runs(), 0u);
+}
+
+TEST(CopyWorkers, AForkedChildCopiesAloneInsteadOfWaitingForWorkersItHasNot) {
+  CopyWorkers workers(3);
+  const auto child = test::run_in_child([&](int fd) {
+    std::atomic<int> runs{0};
+    auto part = [&](size_t) { runs.fetch_add(1); };
+    workers.run(3, part);  // would wait forever for the parent's workers
+    const char ok = runs.load() == 3 ? 'y' : 'n';
+    (void)::write(fd, &ok, 1);
+    std::_Exit(0);
+  });
+  ASSERT_TRUE(child);
+  EXPECT_TRUE(WIFEXITED(child->status) && WEXITSTATUS(child->status) == 0);
+  EXPECT_EQ(child->output, "y");
+  EXPECT_EQ(workers.split_runs(), 0u);  // the parent's workers never ran the child's call
 }
 
 }  // namespace
