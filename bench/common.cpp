@@ -1,5 +1,7 @@
 #include "common.hpp"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -101,33 +103,46 @@ uint64_t pool_bytes_for(int64_t entries, int64_t chunk_size, int64_t hidden_dim,
   return static_cast<uint64_t>((entries + 1) * chunk_size * hidden_dim * elem_bytes);
 }
 
+void CopyBuffer::Unmap::operator()(std::byte*) const {
+  if (base != nullptr) munmap(base, bytes);
+}
+
 CopyBuffer::CopyBuffer(size_t bytes) : size_(bytes) {
-  constexpr size_t kPage = 4096;
-  const size_t rounded = (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage;
-  data_.reset(static_cast<std::byte*>(std::aligned_alloc(kPage, rounded)));
-  if (!data_) throw std::bad_alloc();
-  std::memset(data_.get(), 1, rounded);
+  constexpr size_t kPage = 4096, kHuge = size_t{2} << 20;
+  const size_t align = bytes >= kHuge ? kHuge : kPage;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + align - 1) / align * align;
+  const size_t mapped = rounded + align;  // room to align the start
+  void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) throw std::bad_alloc();
+  const auto start = (reinterpret_cast<uintptr_t>(base) + align - 1) / align * align;
+  auto* data = reinterpret_cast<std::byte*>(start);
+  if (align == kHuge) (void)madvise(data, rounded, MADV_HUGEPAGE);  // before the first touch
+  data_ = std::unique_ptr<std::byte, Unmap>(data, Unmap{base, mapped});
+  std::memset(data, 1, rounded);
 }
 
 CopyBuffer::CopyBuffer(const void* src, size_t bytes) : CopyBuffer(bytes) {
   std::memcpy(data_.get(), src, bytes);
 }
 
-Timed memcpy_reference(const void* src_in, size_t bytes, int copies, const std::string& name) {
+Timed memcpy_reference(std::shared_ptr<const CopyBuffer> src, int copies, const std::string& name) {
+  const size_t bytes = src->size();
   auto dst = std::make_shared<CopyBuffer>(bytes * static_cast<size_t>(copies));
-  auto aligned_src = std::make_shared<CopyBuffer>(src_in, bytes);
   Timed t;
   t.name = name;
-  t.run = [dst, aligned_src, bytes, copies] {
-    const std::byte* src = aligned_src->data();
+  t.run = [dst, src, bytes, copies] {
     for (int i = 0; i < copies; ++i) {
       std::byte* to = dst->data() + bytes * static_cast<size_t>(i);
-      std::memcpy(to, src, bytes);
+      std::memcpy(to, src->data(), bytes);
       do_not_optimize(to);
     }
   };
   t.bytes = static_cast<double>(bytes) * copies;
   return t;
+}
+
+Timed memcpy_reference(const void* src_in, size_t bytes, int copies, const std::string& name) {
+  return memcpy_reference(std::make_shared<const CopyBuffer>(src_in, bytes), copies, name);
 }
 
 namespace {
@@ -190,25 +205,45 @@ class HelperThreads {
 
 }  // namespace
 
-Timed memcpy_threads_reference(const void* src_in, size_t bytes, int threads) {
+namespace {
+
+Timed threads_reference(std::shared_ptr<const CopyBuffer> src, int threads, bool streaming) {
+  const size_t bytes = src->size();
   auto dst = std::make_shared<CopyBuffer>(bytes);
-  auto aligned_src = std::make_shared<CopyBuffer>(src_in, bytes);
   auto helpers = std::make_shared<HelperThreads>(threads);
   // Parts on 4 KiB boundaries, as the store's split falls on whole cache lines.
   const size_t part = (bytes / static_cast<size_t>(threads) + 4095) / 4096 * 4096;
   auto copy_part = std::make_shared<std::function<void(int)>>([=](int i) {
     const size_t begin = std::min(bytes, part * static_cast<size_t>(i));
     const size_t end = std::min(bytes, begin + part);
-    std::memcpy(dst->data() + begin, aligned_src->data() + begin, end - begin);
+    if (streaming) {
+      stream_copy(dst->data() + begin, src->data() + begin, end - begin);
+    } else {
+      std::memcpy(dst->data() + begin, src->data() + begin, end - begin);
+    }
   });
   Timed t;
-  t.name = "memcpy " + std::to_string(threads) + " threads";
+  t.name = (streaming ? "stream copy " : "memcpy ") + std::to_string(threads) + " threads";
   t.run = [helpers, copy_part, dst] {
     helpers->run(*copy_part);
     do_not_optimize(dst->data());
   };
   t.bytes = static_cast<double>(bytes);
   return t;
+}
+
+}  // namespace
+
+Timed memcpy_threads_reference(std::shared_ptr<const CopyBuffer> src, int threads) {
+  return threads_reference(std::move(src), threads, false);
+}
+
+Timed stream_copy_threads_reference(std::shared_ptr<const CopyBuffer> src, int threads) {
+  return threads_reference(std::move(src), threads, true);
+}
+
+Timed memcpy_threads_reference(const void* src_in, size_t bytes, int threads) {
+  return memcpy_threads_reference(std::make_shared<const CopyBuffer>(src_in, bytes), threads);
 }
 
 namespace {
@@ -252,21 +287,24 @@ void stream_copy(void* dst, const void* src, size_t bytes) {
 #endif
 }
 
-Timed stream_copy_reference(const void* src_in, size_t bytes, int copies) {
+Timed stream_copy_reference(std::shared_ptr<const CopyBuffer> src, int copies) {
+  const size_t bytes = src->size();
   auto dst = std::make_shared<CopyBuffer>(bytes * static_cast<size_t>(copies));
-  auto aligned_src = std::make_shared<CopyBuffer>(src_in, bytes);
   Timed t;
   t.name = "stream copy";
-  t.run = [dst, aligned_src, bytes, copies] {
-    const std::byte* src = aligned_src->data();
+  t.run = [dst, src, bytes, copies] {
     for (int i = 0; i < copies; ++i) {
       std::byte* to = dst->data() + bytes * static_cast<size_t>(i);
-      stream_copy(to, src, bytes);
+      stream_copy(to, src->data(), bytes);
       do_not_optimize(to);
     }
   };
   t.bytes = static_cast<double>(bytes) * copies;
   return t;
+}
+
+Timed stream_copy_reference(const void* src_in, size_t bytes, int copies) {
+  return stream_copy_reference(std::make_shared<const CopyBuffer>(src_in, bytes), copies);
 }
 
 }  // namespace hss::bench
