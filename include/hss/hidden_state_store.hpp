@@ -46,7 +46,8 @@
 // Thread safety: every public method may be called from many threads at once. The index lock is
 // held for index updates only, never across a copy, a kernel launch or a KV contains() call.
 // What may block the host (docs/design.md, "What may block the host, and when"): host-memory
-// calls copy on the calling thread; a host-output retrieve of an entry whose device-to-host copy
+// calls copy on the calling thread (and the store's copy workers, hidden_state_copy_threads, while
+// it waits); a host-output retrieve of an entry whose device-to-host copy
 // is in flight waits for that copy; a casting device store waits when the device's staging
 // budget (hidden_state_staging_bytes) is in flight; a device launch (restore, batch) waits when
 // every launch slot of its device (hidden_state_launch_slots) is in flight; flush() and close()
