@@ -6,6 +6,8 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <numeric>
+#include <random>
 #include <sstream>
 
 namespace hss::bench {
@@ -173,12 +175,17 @@ const Figure& Report::measure(const std::string& workload, const std::string& na
     return seconds_since(start);
   };
   for (const Timed* t : all) (void)time_one(*t);  // warm-up: caches, recycler, lazy init
+  // A new order every rep, shuffled with a fixed seed: what runs before a sample (its cache
+  // traffic, a naive reference's 256 MiB munmap and dirty lines) is spread over every side alike.
+  // A rotation did not do that: it keeps neighbours, so with three or more sides the candidate
+  // always ran right after the last reference (retrieve fresh after the naive store: 0.78-0.94x
+  // of the copies it matched in isolation, docs/perf.md).
+  std::vector<size_t> order(all.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::mt19937 shuffler(0x22u + static_cast<uint32_t>(figures_.size()));
   for (int rep = 0; rep < reps; ++rep) {
-    // Rotate who goes first so neither side always runs right after the other's cache traffic.
-    for (size_t k = 0; k < all.size(); ++k) {
-      const size_t i = (k + static_cast<size_t>(rep)) % all.size();
-      times[i].push_back(time_one(*all[i]));
-    }
+    std::shuffle(order.begin(), order.end(), shuffler);
+    for (size_t i : order) times[i].push_back(time_one(*all[i]));
   }
 
   Figure f;

@@ -1,13 +1,16 @@
 // hss-store-loop: one operation in a loop, for profilers (perf, callgrind): nothing else runs in
 // the process after the setup, so every sample of the loop is the operation's.
 //
-//   hss-store-loop store|retrieve|stream|memcpy [ITERATIONS] [--tokens N] [--hidden N]
+//   hss-store-loop store|retrieve|fresh|stream|memcpy [ITERATIONS] [--tokens N] [--hidden N]
 //                  [--copy-threads N]
 //
 // store: store_hidden_states of N x hidden float32 rows (chunk 256) into an empty pool (its keys
 // dropped, untimed, before every iteration); retrieve: retrieve_hidden_states_into a caller's
-// buffer; stream / memcpy: the bench's references over the same bytes. Prints the median time,
-// the rate and the store's host copy strategy. profiling/perf_host_store.sh drives it.
+// buffer; fresh: retrieve_hidden_states into a fresh HostTensor (the output recycler's buffer,
+// released before the next iteration); stream / memcpy: the bench's references over the same bytes. Prints the median time,
+// the rate, the minor page faults per iteration and the store's host copy strategy. profiling/perf_host_store.sh drives it.
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -22,9 +25,15 @@
 namespace hss::bench {
 namespace {
 
+long minor_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
 int usage() {
   std::fprintf(stderr,
-               "usage: hss-store-loop store|retrieve|stream|memcpy [ITERATIONS] [--tokens N] "
+               "usage: hss-store-loop store|retrieve|fresh|stream|memcpy [ITERATIONS] [--tokens N] "
                "[--hidden N] [--copy-threads N]\n");
   return 2;
 }
@@ -32,7 +41,8 @@ int usage() {
 int run(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::string mode = argv[1];
-  if (mode != "store" && mode != "retrieve" && mode != "stream" && mode != "memcpy") {
+  if (mode != "store" && mode != "retrieve" && mode != "fresh" && mode != "stream" &&
+      mode != "memcpy") {
     return usage();
   }
   int iterations = 20, copy_threads = 1;
@@ -61,9 +71,10 @@ int run(int argc, char** argv) {
   const std::vector<int32_t> ids = make_tokens(tokens, 11);
   const TensorView view = host_view(src.data(), DType::kFloat32, tokens, hidden);
   const MutableTensorView out{dst.data(), DType::kFloat32, tokens, hidden, 0, Device::kHost, 0};
-  if (mode == "retrieve") (void)bare.store.store_hidden_states(ids, view);
+  if (mode == "retrieve" || mode == "fresh") (void)bare.store.store_hidden_states(ids, view);
 
   std::vector<double> seconds;
+  const long faults_before = minor_faults();
   for (int i = 0; i < iterations; ++i) {
     if (mode == "store") bare.drop(ids);
     const auto start = std::chrono::steady_clock::now();
@@ -71,6 +82,9 @@ int run(int argc, char** argv) {
       (void)bare.store.store_hidden_states(ids, view);
     } else if (mode == "retrieve") {
       (void)bare.store.retrieve_hidden_states_into(ids, out);
+    } else if (mode == "fresh") {
+      const auto result = bare.store.retrieve_hidden_states(ids);
+      if (result) do_not_optimize(result->data());
     } else if (mode == "stream") {
       stream_copy(dst.data(), src.data(), bytes);
     } else {
@@ -79,12 +93,16 @@ int run(int argc, char** argv) {
     do_not_optimize(dst.data());
     seconds.push_back(seconds_since(start));
   }
+  const double faults_per_iteration =
+      static_cast<double>(minor_faults() - faults_before) / iterations;
   std::sort(seconds.begin(), seconds.end());
   const double median = seconds[seconds.size() / 2];
-  std::printf("%s: %d iterations of %s, median %s, %.2f GB/s\nhost copy: %s\n", mode.c_str(),
-              iterations, format_bytes(static_cast<double>(bytes)).c_str(),
-              format_seconds(median).c_str(), static_cast<double>(bytes) / median / 1e9,
-              bare.store.stats().host_copy.summary.c_str());
+  std::printf(
+      "%s: %d iterations of %s, median %s, %.2f GB/s, %.1f minor faults per iteration\n"
+      "host copy: %s\n",
+      mode.c_str(), iterations, format_bytes(static_cast<double>(bytes)).c_str(),
+      format_seconds(median).c_str(), static_cast<double>(bytes) / median / 1e9,
+      faults_per_iteration, bare.store.stats().host_copy.summary.c_str());
   return 0;
 }
 

@@ -307,25 +307,47 @@ CalibrationTimes calibrate(std::span<std::byte> arena, CopyIsa isa) {
     widen_bf16(bf16, f32, widen_n, true, isa);
     end_streaming(true);
   };
-  struct Candidate {
-    std::function<void()> run;
-    double* best;
+  // Pairs, not four independent bests: each round times a regular candidate and its streaming
+  // twin back to back (which goes first alternates), and the choice is the median over the rounds
+  // of streaming / regular. A neighbour's burst then spoils one pair of one round, not the
+  // decision: best-of-3 of independent times picked regular copies on this AMD VM under a load of
+  // 5 (docs/perf.md), where streaming is 1.3-1.6x faster.
+  struct Pair {
+    std::function<void()> regular, streaming;
+    double *best_regular, *best_streaming, *median_ratio;
+    double ratios[kCalibrationRounds] = {};
   };
-  Candidate candidates[] = {{regular_copy, &t.regular_copy},
-                            {streaming_copy, &t.streaming_copy},
-                            {regular_widen, &t.regular_widen},
-                            {streaming_widen, &t.streaming_widen}};
-  for (Candidate& c : candidates) c.run();  // warm-up: TLB, caches, frequency
-  for (Candidate& c : candidates) *c.best = 1e30;
-  constexpr size_t kCount = std::size(candidates);
+  Pair pairs[] = {
+      {regular_copy, streaming_copy, &t.regular_copy, &t.streaming_copy, &t.copy_ratio},
+      {regular_widen, streaming_widen, &t.regular_widen, &t.streaming_widen, &t.widen_ratio}};
+  auto timed = [](const std::function<void()>& run) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    return seconds(start);
+  };
+  for (Pair& p : pairs) {  // warm-up: TLB, caches, frequency
+    p.regular();
+    p.streaming();
+    *p.best_regular = *p.best_streaming = 1e30;
+  }
   for (int round = 0; round < kCalibrationRounds; ++round) {
-    // Rotated order: neither side of a pair always runs after the other's cache traffic.
-    for (size_t k = 0; k < kCount; ++k) {
-      Candidate& c = candidates[(k + static_cast<size_t>(round)) % kCount];
-      const auto start = std::chrono::steady_clock::now();
-      c.run();
-      *c.best = std::min(*c.best, seconds(start));
+    for (Pair& p : pairs) {
+      double regular = 0, streaming = 0;
+      if (round % 2 == 0) {
+        regular = timed(p.regular);
+        streaming = timed(p.streaming);
+      } else {
+        streaming = timed(p.streaming);
+        regular = timed(p.regular);
+      }
+      *p.best_regular = std::min(*p.best_regular, regular);
+      *p.best_streaming = std::min(*p.best_streaming, streaming);
+      p.ratios[round] = streaming / regular;
     }
+  }
+  for (Pair& p : pairs) {
+    std::sort(std::begin(p.ratios), std::end(p.ratios));
+    *p.median_ratio = p.ratios[kCalibrationRounds / 2];
   }
   return t;
 }
@@ -333,26 +355,29 @@ CalibrationTimes calibrate(std::span<std::byte> arena, CopyIsa isa) {
 HostCopy decide(const CalibrationTimes& t, const HostCopy& rule) {
   HostCopy h = rule;
   if (t.bytes == 0 || rule.isa == CopyIsa::kPortable) return h;
-  auto pick = [](double regular, double streaming, HostStores ruled) {
-    if (streaming < regular * (1 - kCalibrationMargin)) return HostStores::kStreaming;
-    if (regular < streaming * (1 - kCalibrationMargin)) return HostStores::kRegular;
+  // ratio = streaming time / regular time: the rounds' median, else (no rounds) the bests'.
+  auto pick = [](double ratio, double regular, double streaming, HostStores ruled) {
+    if (ratio <= 0) ratio = regular > 0 ? streaming / regular : 1;
+    if (ratio < 1 - kCalibrationMargin) return HostStores::kStreaming;
+    if (ratio * (1 - kCalibrationMargin) > 1) return HostStores::kRegular;
     return ruled;
   };
-  h.info.copies = pick(t.regular_copy, t.streaming_copy, rule.info.copies);
-  h.info.widening = pick(t.regular_widen, t.streaming_widen, rule.info.widening);
+  h.info.copies = pick(t.copy_ratio, t.regular_copy, t.streaming_copy, rule.info.copies);
+  h.info.widening = pick(t.widen_ratio, t.regular_widen, t.streaming_widen, rule.info.widening);
   h.info.chosen_by = HostCopySource::kCalibration;
   auto gbps = [&](double s) { return s > 0 ? static_cast<double>(t.bytes) / s / 1e9 : 0.0; };
   h.info.regular_copy_gbps = gbps(t.regular_copy);
   h.info.streaming_copy_gbps = gbps(t.streaming_copy);
   h.info.regular_widen_gbps = gbps(t.regular_widen);
   h.info.streaming_widen_gbps = gbps(t.streaming_widen);
-  char figures[200];
+  char figures[256];
   std::snprintf(figures, sizeof figures,
                 "%llu MiB written: copy regular %.1f / streaming %.1f GB/s, widen regular %.1f / "
-                "streaming %.1f GB/s; ties within %.0f%% go to the cpu rule",
+                "streaming %.1f GB/s (best); streaming / regular time, median of %d paired rounds: "
+                "copy %.2f, widen %.2f; ties within %.0f%% go to the cpu rule",
                 static_cast<unsigned long long>(t.bytes >> 20), h.info.regular_copy_gbps,
                 h.info.streaming_copy_gbps, h.info.regular_widen_gbps, h.info.streaming_widen_gbps,
-                kCalibrationMargin * 100);
+                kCalibrationRounds, t.copy_ratio, t.widen_ratio, kCalibrationMargin * 100);
   h.info.summary = describe_choice(h.info, figures);
   return h;
 }

@@ -13,14 +13,15 @@
 //      writing at least that many bytes stream, copies and widening casts alike;
 //   2. else a calibration, once per process, on the first pool of at least
 //      kCalibrationArenaBytes, while that pool is still empty: regular and streaming candidates of
-//      a copy and of a bfloat16 widening each write kCalibrationBytes of the pool, interleaved,
-//      best of kCalibrationRounds. A candidate wins by more than kCalibrationMargin; a near-tie
-//      keeps the rule's choice. Streaming is then used from kDefaultStreamThresholdBytes on.
+//      a copy and of a bfloat16 widening each write kCalibrationBytes of the pool, in pairs
+//      (regular and streaming back to back) over kCalibrationRounds rounds. The median of the
+//      rounds' streaming / regular ratios decides: a side faster by more than kCalibrationMargin
+//      wins; a near-tie keeps the rule's choice. Streaming is then used from kDefaultStreamThresholdBytes on.
 //   3. else the rule for the CPU family (kCpuRules in host_copy.cpp; docs/perf.md).
 // Calls below the threshold always use regular stores: their destination is likely in cache.
 //
 // Thread safety: every function may be called from any thread. choose_host_copy calibrates at
-// most once per process; concurrent callers wait for that one calibration (~50 ms). A HostCopy is
+// most once per process; concurrent callers wait for that one calibration (~100 ms). A HostCopy is
 // an immutable value.
 
 #include <cstddef>
@@ -42,7 +43,7 @@ inline constexpr uint64_t kDefaultStreamThresholdBytes = uint64_t{8} << 20;
 
 inline constexpr uint64_t kCalibrationBytes = uint64_t{32} << 20;
 inline constexpr uint64_t kCalibrationArenaBytes = 2 * kCalibrationBytes;  // source + destination
-inline constexpr int kCalibrationRounds = 3;
+inline constexpr int kCalibrationRounds = 5;
 inline constexpr double kCalibrationMargin = 0.05;
 
 /// Vector width of the copy loops: AVX2 where the CPU has it, SSE2 on other x86-64, plain C++
@@ -82,15 +83,18 @@ struct CpuIdentity {
 /// The rule for `cpu`'s family: the strategy when nothing was calibrated or configured.
 [[nodiscard]] HostCopy rule_for(const CpuIdentity& cpu);
 
-/// Best seconds of each calibration candidate, each writing `bytes` bytes.
+/// Best seconds of each calibration candidate, each writing `bytes` bytes, and the median over
+/// the rounds of streaming / regular seconds measured back to back (0: not measured; decide()
+/// then compares the bests).
 struct CalibrationTimes {
   uint64_t bytes = 0;
   double regular_copy = 0, streaming_copy = 0, regular_widen = 0, streaming_widen = 0;
+  double copy_ratio = 0, widen_ratio = 0;
 };
 /// Times the candidates in `arena` (at least kCalibrationArenaBytes, overwritten).
 [[nodiscard]] CalibrationTimes calibrate(std::span<std::byte> arena, CopyIsa isa);
-/// The calibration's choice: a candidate faster by more than kCalibrationMargin wins, a near-tie
-/// keeps `rule`'s stores.
+/// The calibration's choice: a side faster by more than kCalibrationMargin (the rounds' median
+/// ratio) wins, a near-tie keeps `rule`'s stores.
 [[nodiscard]] HostCopy decide(const CalibrationTimes& times, const HostCopy& rule);
 
 /// The strategy of a store with `config` whose empty pool is `free_arena` (precedence above).

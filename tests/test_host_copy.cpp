@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -330,6 +331,19 @@ TEST(HostCopyRule, CalibrationPicksTheFasterByMoreThanTheMarginElseTheRule) {
   EXPECT_EQ(h.info.widening, HostStores::kRegular);
   EXPECT_EQ(h.copy_stream_bytes(), kNeverStream);
 
+  // The rounds' paired ratio decides over the bests: one disturbed round made the best regular
+  // copy look faster, while streaming won the median round by 30%.
+  t.regular_copy = 0.004;
+  t.streaming_copy = 0.006;
+  t.copy_ratio = 0.70;
+  t.widen_ratio = 1.02;  // a near tie: the rule's
+  h = decide(t, intel);
+  EXPECT_EQ(h.info.copies, HostStores::kStreaming);
+  EXPECT_EQ(h.info.widening, HostStores::kRegular);
+  t.copy_ratio = 1.30;  // regular faster in the median round
+  EXPECT_EQ(decide(t, amd).info.copies, HostStores::kRegular);
+  EXPECT_EQ(decide(t, amd).info.widening, HostStores::kStreaming);
+
   // Nothing timed (pool too small): the rule unchanged.
   EXPECT_EQ(decide(CalibrationTimes{}, amd).info.chosen_by, HostCopySource::kCpuRule);
 }
@@ -342,6 +356,11 @@ TEST(HostCopyRule, CalibrationTimesEveryCandidateInTheArena) {
   for (double s : {t.regular_copy, t.streaming_copy, t.regular_widen, t.streaming_widen}) {
     EXPECT_GT(s, 0.0);
     EXPECT_LT(s, 60.0);
+  }
+  // The medians of the paired rounds, which decide().
+  for (double r : {t.copy_ratio, t.widen_ratio}) {
+    EXPECT_GT(r, 0.0);
+    EXPECT_TRUE(std::isfinite(r));
   }
   // Too small an arena: nothing timed.
   std::vector<std::byte> small(kCalibrationArenaBytes - 64);
