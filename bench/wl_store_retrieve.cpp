@@ -307,7 +307,15 @@ void retrieve_copy_threads_case(Context& ctx, const Shape& s) {
 
 }  // namespace
 
+/// The host copy strategy every store of this process got (one calibration per process), so a
+/// run's ratios can be read against it.
+void note_host_copy(Context& ctx, const std::string& workload) {
+  const BareStore probe(256, uint64_t{64} << 20, StorageDType::kFloat32);
+  ctx.report.note(workload, "host copy: " + probe.store.stats().host_copy.summary);
+}
+
 void run_store(Context& ctx) {
+  note_host_copy(ctx, "store");
   const Shape base = ctx.quick ? Shape{256, 1024, 2048, 1} : Shape{};
   store_case(ctx, "f32", base, DType::kFloat32, StorageDType::kFloat32, true);
   store_case(ctx, "bf16 float32-storage", base, DType::kBFloat16, StorageDType::kFloat32, true);
@@ -339,6 +347,7 @@ void run_store(Context& ctx) {
 }
 
 void run_retrieve(Context& ctx) {
+  note_host_copy(ctx, "retrieve");
   const Shape base = ctx.quick ? Shape{256, 1024, 2048, 1} : Shape{};
   retrieve_case(ctx, "f32", base, DType::kFloat32, StorageDType::kFloat32, true, true);
   retrieve_case(ctx, "bf16 native", base, DType::kBFloat16, StorageDType::kNative, true, false);
