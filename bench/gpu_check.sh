@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_check.sh prepare [--deps DIR]        # here (network): fill DIR (.gpu-deps)
 #   bash bench/gpu_check.sh run [--deps DIR]            # on the GPU machine, DIR carried along
-#   bash bench/gpu_check.sh run --dry-run [--deps DIR]  # here: unpack + configure only
+#   bash bench/gpu_check.sh run --dry-run [--deps DIR]  # here: configure, and tests/gpu on the model
 #   bash bench/gpu_check.sh selftest WORKDIR            # ctest: prepare into WORKDIR, dry run
 #
 # prepare: `apt-get download`s the Debian packages the GPU machine lacks (yaml-cpp, xxHash,
@@ -11,25 +11,33 @@
 # no pkg-config) into DIR, at most 24 MiB, and prints the one-line command to run there.
 #
 # run: unpacks every .deb of DIR with `dpkg -x` into a temporary prefix (never /), configures
-# a Release build for sm_90 against it (CMAKE_PREFIX_PATH, pkg-config path, LD_LIBRARY_PATH),
-# builds with all cores, then runs, each stage under its own timeout and all of them within
-# $HSS_GPU_CHECK_BUDGET_S (default 470 s): the `gpu` ctest tests; compute-sanitizer memcheck,
-# racecheck and synccheck over the GPU test binary; the GPU benchmarks (hss-bench gpu_store
-# gpu_store_mapped gpu_retrieve gpu_small gpu_overlap, and gpu_batch when hss-bench has it); the kernels'
-# resource usage; the Python binding's CUDA tests when python/CMakeLists.txt exists. It prints a
-# short table last and writes the log, the table and the benchmark JSON into $OUT when set
+# a Release build for sm_90 against it (CMAKE_PREFIX_PATH, pkg-config path, LD_LIBRARY_PATH;
+# warnings are not errors: the machine's host compiler is unknown), builds with all cores, then
+# runs the stages in this order, the most important figures first, each under its own timeout
+# and all within $HSS_GPU_CHECK_BUDGET_S (default 480 s: 8 minutes from the start, the build
+# included): the `gpu` ctest tests; the GPU benchmarks of device store and restore against
+# cudaMemcpyAsync (gpu_store, gpu_retrieve) and of batch launches (gpu_batch); compute-sanitizer
+# memcheck; gpu_store_mapped, gpu_small and gpu_overlap; racecheck and synccheck; the kernels'
+# resource usage; the Python binding's CUDA tests when python/CMakeLists.txt exists. A stage the
+# budget leaves no time for is NOT RUN (listed, not a failure). Tests that need two GPUs (suites
+# *TwoDevices) are left out on a one-GPU machine, where they would skip. Pools may exceed the
+# VM's MemAvailable at start (its memory grows as it is used): HSS_POOL_MEMORY_CHECK=0. It prints
+# a short table last and writes the log, the table and the benchmark JSON into $OUT when set
 # (else into BUILD_DIR/gpu-check-out). Exit status 1 when no CUDA device was used, when any GPU
 # test or benchmark was skipped, when a sanitizer reported an error, or when a stage failed or
 # timed out.
 #
 # run --dry-run: the same unpack and configure, but with the system's copies of those libraries
 # hidden from CMake (CMAKE_IGNORE_PREFIX_PATH / CMAKE_IGNORE_PATH, pkg-config limited to the
-# prefix), then checks in CMakeCache.txt that every dependency was found inside the prefix. It
-# stops before building anything.
+# prefix), then checks in CMakeCache.txt that every dependency was found inside the prefix; then
+# builds tests/gpu against the CUDA runtime model (HSS_CUDA_MODEL, the same prefix) and runs
+# them with one model device through the same stage as the GPU run (label gpu-model: the
+# two-device tests left out, any skip a failure), so the one-GPU accounting is proven here.
 #
 # Options: --deps DIR (default .gpu-deps), --build-dir DIR (default build-gpu; build-gpu-dry for
-# --dry-run). Environment: HSS_GPU_CHECK_BUDGET_S, HSS_GPU_MEMCHECK_FILTER (default: every
-# test), HSS_GPU_SANITIZE_FILTER (racecheck and synccheck; default: the kernel tests).
+# --dry-run, its model build beside it with suffix -model). Environment: HSS_GPU_CHECK_BUDGET_S,
+# HSS_GPU_MEMCHECK_FILTER (default: every test), HSS_GPU_SANITIZE_FILTER (racecheck and
+# synccheck; default: the kernel tests).
 set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -200,7 +208,7 @@ find_cuda_tools() {
 # configure_args DRY_RUN: the cmake arguments for the build against the prefix.
 configure_args() {
   local dry=$1
-  args=(-S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release
+  args=(-S "$repo" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DHSS_WARNINGS_AS_ERRORS=OFF
     -DCMAKE_PREFIX_PATH="$deps_root" -DPKG_CONFIG_EXECUTABLE="$pkg_config"
     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF
     # CMake < 3.26 does not know nvcc's C++20 flag; harmless where CMake knows it.
@@ -322,28 +330,63 @@ result_of() {
 count() { grep -cE "$1" "$2" 2>/dev/null || true; }
 
 stage_configure() {
-  run_stage configure 90 cmake "${args[@]}"
+  run_stage configure 60 cmake "${args[@]}"
   record configure "$(result_of $stage_rc)" "$stage_time" "sm_90, deps from $deps_rel"
 }
 
 stage_build() {
-  run_stage build 240 cmake --build "$build_dir" -j "$jobs" --target hss_gpu_tests hss-bench
+  run_stage build 200 cmake --build "$build_dir" -j "$jobs" --target hss_gpu_tests hss-bench
   record build "$(result_of $stage_rc)" "$stage_time" "hss_gpu_tests hss-bench, -j $jobs"
 }
 
+# How many CUDA devices this machine has (the dry run: the model's, one like the lent machine).
+count_gpus() {
+  if ((dry)); then
+    gpus=1
+  else
+    gpus=$(timeout 20 nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  fi
+  gpus=${gpus:-0}
+}
+
+# Tests that need two devices are suites named *TwoDevices; on one GPU they would skip.
+two_device_exclusion() {
+  ctest_exclude=()
+  gtest_exclude=""
+  if ((gpus < 2)); then
+    ctest_exclude=(-E TwoDevices)
+    gtest_exclude="*TwoDevices*"
+  fi
+}
+
+# A gtest filter with the two-device tests taken out when this machine has one GPU.
+gtest_filter_for() {
+  local filter=$1
+  [[ -z $gtest_exclude ]] && { echo "$filter"; return; }
+  if [[ $filter == *-* ]]; then echo "$filter:$gtest_exclude"; else echo "$filter-$gtest_exclude"; fi
+}
+
+# stage_gpu_tests NAME LABEL BUILD_DIR LIMIT: the tests/gpu ctest tests of LABEL; a skip fails.
 stage_gpu_tests() {
-  run_stage gpu_tests 90 ctest --test-dir "$build_dir" -L '^gpu$' --output-on-failure -j 4 --timeout 100
-  local log="$logs/gpu_tests.log" total passed skipped
+  local name=$1 label=$2 dir=$3 limit=$4
+  run_stage "$name" "$limit" ctest --test-dir "$dir" -L "^$label\$" "${ctest_exclude[@]}" \
+    --output-on-failure -j 4 --timeout 100
+  local log="$logs/$name.log" total passed skipped left_out=""
   total=$(sed -nE 's/.* tests passed, [0-9]+ tests failed out of ([0-9]+).*/\1/p' "$log" | tail -n 1)
   passed=$(count 'Test +#[0-9]+: .* Passed' "$log")
   skipped=$(count '\*\*\*Skipped|\*\*\*Not Run| Not Run ' "$log")
+  if ((${#ctest_exclude[@]} > 0)); then
+    local n
+    n=$(ctest --test-dir "$dir" -N -L "^$label\$" -R TwoDevices 2>/dev/null | grep -c 'Test *#' || true)
+    left_out=", $n two-device tests left out ($gpus GPU)"
+  fi
   gpu_tests_passed=$passed
   gpu_tests_skipped=$skipped
   local problem=""
   ((skipped > 0)) && problem="skipped"
   [[ -z $total || $total == 0 ]] && problem="no tests"
-  record gpu_tests "$(result_of $stage_rc "$problem")" "$stage_time" \
-    "${passed} passed, ${skipped} skipped, of ${total:-0} (ctest -L ^gpu$)"
+  record "$name" "$(result_of $stage_rc "$problem")" "$stage_time" \
+    "${passed} passed, ${skipped} skipped, of ${total:-0} (ctest -L ^$label\$)$left_out"
   ((skipped > 0)) && skip_total=$((skip_total + skipped))
 }
 
@@ -354,6 +397,7 @@ stage_sanitizer() {
     record "$tool" FAIL 0 "compute-sanitizer not found"
     return
   fi
+  filter=$(gtest_filter_for "$filter")
   run_stage "$tool" "$limit" compute-sanitizer --tool "$tool" --error-exitcode 86 \
     "$binary" --gtest_filter="$filter" --gtest_brief=0
   local log="$logs/$tool.log" errors ran skipped problem=""
@@ -401,7 +445,7 @@ stage_resources() {
     record resources FAIL 0 "cuobjdump or $binary missing"
     return
   fi
-  run_stage resources 20 cuobjdump --dump-resource-usage "$binary"
+  run_stage resources 15 cuobjdump --dump-resource-usage "$binary"
   # Per hss kernel: registers, stack, local memory (spills land in local memory: expect 0).
   local usage
   usage=$(grep -A1 "Function _ZN3hss" "$logs/resources.log" |
@@ -424,7 +468,7 @@ stage_python() {
   local nb
   nb=$(python3 -m nanobind --cmake_dir 2>/dev/null || true)
   [[ -n $nb ]] && py_args+=(-Dnanobind_DIR="$nb")
-  run_stage python_configure 60 cmake "${args[@]}" "${py_args[@]}"
+  run_stage python_configure 40 cmake "${args[@]}" "${py_args[@]}"
   record python_configure "$(result_of $stage_rc)" "$stage_time" "HSS_BUILD_PYTHON=ON"
   ((stage_rc == 0)) || return
   # Ninja has one phony target per directory; other generators build everything.
@@ -432,10 +476,10 @@ stage_python() {
   if [[ -f $build_dir/build.ninja ]] && ninja -C "$build_dir" -t query python/all >/dev/null 2>&1; then
     target=(--target python/all)
   fi
-  run_stage python_build 120 cmake --build "$build_dir" -j "$jobs" "${target[@]}"
+  run_stage python_build 60 cmake --build "$build_dir" -j "$jobs" "${target[@]}"
   record python_build "$(result_of $stage_rc)" "$stage_time" "${target[*]:-all targets}"
   ((stage_rc == 0)) || return
-  run_stage python_tests 90 env PYTHONPATH="$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" \
+  run_stage python_tests 45 env PYTHONPATH="$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" \
     python3 -m pytest python/tests -m cuda -rs -q
   local log="$logs/python_tests.log" passed skipped problem=""
   passed=$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' "$log" | tail -n 1)
@@ -468,37 +512,107 @@ EOF
   done
 }
 
+# The dry run's check that every dependency came from the prepared folder (configure only).
+dry_configure() {
+  echo "== dry run: configure against $prefix only (system copies hidden)"
+  mkdir -p "$build_dir" || die "cannot create $build_dir"
+  rm -f "$build_dir/CMakeCache.txt"
+  local log="$build_dir/gpu-check-configure.log" t0
+  t0=$(date +%s)
+  if ! cmake "${args[@]}" >"$log" 2>&1; then
+    tail -n 40 "$log"
+    echo "gpu_check --dry-run: FAILED: configure against the prepared folder failed ($log)"
+    return 1
+  fi
+  grep -E "^-- (hsstore|Found|Checking for module)" "$log" | sed 's/^/   | /'
+  echo "== configured in $(($(date +%s) - t0)) s; dependencies in CMakeCache.txt:"
+  if ! check_cache_in_prefix; then
+    echo "gpu_check --dry-run: FAILED: a dependency was found outside the prepared prefix"
+    return 1
+  fi
+  echo "== the CUDA build configures against $deps_rel only"
+}
+
+# The dry run's stages: tests/gpu built against the CUDA runtime model (the same prefix, system
+# copies still hidden) and run with one model device, through the GPU run's test stage.
+dry_model_stages() {
+  local model_dir="$build_dir-model"
+  local -a model_args=("${args[@]}")
+  model_args[3]="$model_dir"  # after -B
+  model_args+=(-DHSS_CUDA_MODEL=ON -DHSS_CUDA_MODEL_TEST_DEVICES=1 -DHSS_BUILD_TOOLS=OFF)
+  rm -f "$model_dir/CMakeCache.txt"
+  run_stage model_configure 120 cmake "${model_args[@]}"
+  record model_configure "$(result_of $stage_rc)" "$stage_time" "HSS_CUDA_MODEL=ON, deps from $deps_rel"
+  ((stage_rc == 0)) || return
+  run_stage model_build 900 cmake --build "$model_dir" -j "$jobs" --target hss_gpu_tests
+  record model_build "$(result_of $stage_rc)" "$stage_time" "hss_gpu_tests against the model, -j $jobs"
+  ((stage_rc == 0)) || return
+  stage_gpu_tests gpu_tests_model gpu-model "$model_dir" 300
+}
+
+print_summary() {
+  local title=$1
+  {
+    echo
+    if ((!dry)); then
+      echo "== GPU benchmark figures (this run; ratio = hsstore throughput / reference, same run)"
+      bench_table
+      [[ -s $logs/resources.summary ]] && cat "$logs/resources.summary"
+      echo
+    fi
+    echo "== gpu_check$title: $(date -u '+%Y-%m-%d %H:%M UTC'), device: $smi"
+    printf '  %-17s %-8s %6s  %s\n' stage result seconds detail
+    local i
+    for i in "${!stage_names[@]}"; do
+      printf '  %-17s %-8s %6s  %s\n' "${stage_names[$i]}" "${stage_results[$i]}" \
+        "${stage_seconds[$i]}" "${stage_details[$i]}"
+    done
+    echo "  total $(($(date +%s) - start)) s (budget $budget s); logs and table in $out"
+    if ((verdict == 0)); then
+      echo "gpu_check$title: PASS${not_run:+ ($not_run)}"
+    else
+      local IFS=';'
+      echo "gpu_check$title: FAIL (${why[*]})"
+    fi
+  } | tee "$out/summary.txt"
+}
+
+# Sets verdict and why from the stages: a failure or timeout fails; NOT RUN (the budget ran out
+# first) is reported, not a failure.
+judge() {
+  verdict=0
+  why=()
+  not_run=""
+  local i n=0
+  for i in "${!stage_results[@]}"; do
+    case ${stage_results[$i]} in
+      ok | absent) ;;
+      "NOT RUN") n=$((n + 1)) ;;
+      *)
+        verdict=1
+        why+=("${stage_names[$i]} ${stage_results[$i]}")
+        ;;
+    esac
+  done
+  ((n > 0)) && not_run="$n stages not run: the budget was spent"
+  ((skip_total > 0)) && verdict=1 && why+=("$skip_total skipped")
+}
+
 cmd_run() {
-  local dry=$1 deps=$2
+  dry=$1
+  local deps=$2
   build_dir=${build_dir_opt:-$repo/$([[ $dry == 1 ]] && echo build-gpu-dry || echo build-gpu)}
   [[ $build_dir == /* ]] || build_dir="$repo/$build_dir"
   deps_rel=${deps#"$repo"/}
   find_cuda_tools
   setup_prefix "$deps" "$build_dir"
   configure_args "$dry"
-
   if ((dry)); then
-    echo "== dry run: configure against $prefix only (system copies hidden)"
-    mkdir -p "$build_dir" || die "cannot create $build_dir"
-    rm -f "$build_dir/CMakeCache.txt"
-    local log="$build_dir/gpu-check-configure.log" t0
-    t0=$(date +%s)
-    if ! cmake "${args[@]}" >"$log" 2>&1; then
-      tail -n 40 "$log"
-      echo "gpu_check --dry-run: FAILED: configure against the prepared folder failed ($log)"
-      return 1
-    fi
-    grep -E "^-- (hsstore|Found|Checking for module)" "$log" | sed 's/^/   | /'
-    echo "== configured in $(($(date +%s) - t0)) s; dependencies in CMakeCache.txt:"
-    if ! check_cache_in_prefix; then
-      echo "gpu_check --dry-run: FAILED: a dependency was found outside the prepared prefix"
-      return 1
-    fi
-    echo "gpu_check --dry-run: OK: unpack and configure against $deps_rel only; nothing built"
-    return 0
+    dry_configure || return 1
   fi
 
-  budget=${HSS_GPU_CHECK_BUDGET_S:-470}
+  budget=${HSS_GPU_CHECK_BUDGET_S:-480}
+  ((dry)) && budget=${HSS_GPU_CHECK_BUDGET_S:-1500}  # here: 2 shared cores build the model tree
   out=${OUT:-$build_dir/gpu-check-out}
   mkdir -p "$out" "$build_dir" || die "cannot create $out"
   logs="$out/logs"
@@ -509,73 +623,60 @@ cmd_run() {
   local tee_pid=$!
   jobs=$(nproc 2>/dev/null || echo 16)
   skip_total=0 bench_figures=0 gpu_tests_passed=0 gpu_tests_skipped=0
-  echo "gpu_check run: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -n), $jobs cores, budget ${budget} s, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  # The VM's memory grows as it is used: its MemAvailable at start is no limit for the pools.
+  export HSS_POOL_MEMORY_CHECK=0
+  count_gpus
+  two_device_exclusion
+  local mode=run
+  ((dry)) && mode="run --dry-run"
+  echo "gpu_check $mode: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -n), $jobs cores, $gpus GPU(s), budget ${budget} s, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
-  local smi
+  if ((dry)); then
+    smi="the CUDA runtime model, one device (no GPU here)"
+    dry_model_stages
+    judge
+    ((gpu_tests_passed == 0)) && verdict=1 && why+=("no tests/gpu test passed on the model")
+    print_summary " --dry-run"
+    exec 1>&3 2>&4 3>&- 4>&-
+    wait "$tee_pid" 2>/dev/null
+    return $verdict
+  fi
+
   smi=$(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2>&1) || smi="nvidia-smi failed: $smi"
   echo "device: $smi"
 
+  # The most important figures first: tests, store and restore against cudaMemcpyAsync, batch
+  # launches; then the sanitizers and the rest, as far as the budget goes.
   stage_configure
   if [[ ${stage_results[-1]} == ok ]]; then
     stage_build
   fi
   if [[ ${stage_results[-1]} == ok ]]; then
-    stage_resources
-    stage_gpu_tests
-    stage_sanitizer memcheck "${HSS_GPU_MEMCHECK_FILTER:-*}" 90
-    local sfilter=${HSS_GPU_SANITIZE_FILTER:-*DeviceStoreDTypes*:*DeviceRestore*}
-    stage_sanitizer racecheck "$sfilter" 60
-    stage_sanitizer synccheck "$sfilter" 60
-    # One hss-bench call (and JSON) per workload group: a timeout loses only its own figures.
-    stage_bench gpu_store 110 gpu_store
-    stage_bench gpu_store_mapped 40 gpu_store_mapped
-    stage_bench gpu_retrieve 110 gpu_retrieve
-    stage_bench gpu_small_overlap 60 gpu_small gpu_overlap
-    # Batches of one-chunk items (store_batch): only once hss-bench has that workload.
+    stage_gpu_tests gpu_tests gpu "$build_dir" 60
+    stage_bench gpu_store 45 gpu_store
+    stage_bench gpu_retrieve 45 gpu_retrieve
     if "$build_dir/bench/hss-bench" --help 2>/dev/null | grep -q '^  gpu_batch:'; then
-      stage_bench gpu_batch 45 gpu_batch
+      stage_bench gpu_batch 30 gpu_batch
     else
       record gpu_batch absent 0 "hss-bench has no gpu_batch workload yet"
     fi
+    stage_sanitizer memcheck "${HSS_GPU_MEMCHECK_FILTER:-*}" 45
+    stage_bench gpu_store_mapped 25 gpu_store_mapped
+    stage_bench gpu_small_overlap 30 gpu_small gpu_overlap
+    local sfilter=${HSS_GPU_SANITIZE_FILTER:-*DeviceStoreDTypes*:*DeviceRestore*}
+    stage_sanitizer racecheck "$sfilter" 30
+    stage_sanitizer synccheck "$sfilter" 30
+    stage_resources
     stage_python
   fi
 
-  local verdict=0 why=()
-  local i
-  for i in "${!stage_results[@]}"; do
-    case ${stage_results[$i]} in ok | absent) ;; *)
-      verdict=1
-      why+=("${stage_names[$i]} ${stage_results[$i]}")
-      ;;
-    esac
-  done
+  judge
   # A device was used when a GPU figure was measured, or the GPU tests ran and none skipped.
   if ((bench_figures == 0 && (gpu_tests_passed == 0 || gpu_tests_skipped > 0))); then
     verdict=1
     why+=("no CUDA device was used")
   fi
-  ((skip_total > 0)) && verdict=1 && why+=("$skip_total skipped")
-
-  {
-    echo
-    echo "== GPU benchmark figures (this run; ratio = hsstore throughput / reference, same run)"
-    bench_table
-    [[ -s $logs/resources.summary ]] && cat "$logs/resources.summary"
-    echo
-    echo "== gpu_check: $(date -u '+%Y-%m-%d %H:%M UTC'), device: $smi"
-    printf '  %-17s %-8s %6s  %s\n' stage result seconds detail
-    for i in "${!stage_names[@]}"; do
-      printf '  %-17s %-8s %6s  %s\n' "${stage_names[$i]}" "${stage_results[$i]}" \
-        "${stage_seconds[$i]}" "${stage_details[$i]}"
-    done
-    echo "  total $(($(date +%s) - start)) s; logs, table and JSON in $out"
-    if ((verdict == 0)); then
-      echo "gpu_check: PASS"
-    else
-      local IFS=';'
-      echo "gpu_check: FAIL (${why[*]})"
-    fi
-  } | tee "$out/summary.txt"
+  print_summary ""
   # Let tee finish writing the log before the caller collects $out.
   exec 1>&3 2>&4 3>&- 4>&-
   wait "$tee_pid" 2>/dev/null

@@ -43,6 +43,8 @@ constexpr Workload kWorkloads[] = {
     {"remote", run_remote, "Redis tier: read-through restore vs raw GETs, store with tier on/off"},
     {"batch", run_batch, "768 host items (256 requests x 3 layers) as one batch vs single calls"},
     {"gpu_batch", run_gpu_batch, "the same with device items (needs a device)"},
+    {"mac", run_mac,
+     "HMAC-SHA256 and xxHash3 of a 256 MiB payload (remote-value checks) vs memcpy"},
 };
 
 // The targets, read off the full run's figures (host path).

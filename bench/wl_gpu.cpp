@@ -3,7 +3,9 @@
 //
 // gpu_store: device bfloat16/float32 rows stored (StoreOptions::stream, Device::kCuda views) and
 // flush()ed, against cudaMemcpyAsync device-to-host of the bytes the pool receives into pinned
-// memory. gpu_retrieve: retrieve_hidden_states_into a device buffer for each restore strategy
+// memory; and the time until the caller's stream is free after a float32 store, against a
+// cudaMemcpyAsync of the same bytes on that stream (what the store used to put there).
+// gpu_retrieve: retrieve_hidden_states_into a device buffer for each restore strategy
 // (HSS_RESTORE_IMPL=kernel|cub|memcpy, read when a store is constructed), against
 // cudaMemcpyAsync host-to-device of the same float32 bytes from pinned memory. Both sides end
 // with a stream synchronisation, so each time is the wall time an engine waits. gpu_small: one
@@ -175,6 +177,46 @@ void device_store_case(Context& ctx, const std::string& workload, const GpuShape
                            (store_impl == StoreImpl::kMapped ? " mapped" : "");
   (void)ctx.report.measure(workload, name, gpu_params(s, in, storage, "pool"), cand,
                            std::span<const Timed>(&ref, 1), reps);
+}
+
+/// What the caller's stream waits for: a float32 store (no cast) issued on it, then the stream
+/// synchronised (the store's copy to the pool may still run on its copy stream), against the form
+/// the store used before: cudaMemcpyAsync of the same bytes to pinned memory on that stream.
+/// The figure an engine's next kernels see.
+void caller_stream_case(Context& ctx, const std::string& workload, const GpuShape& s) {
+  const auto bytes = static_cast<size_t>(s.tokens * s.hidden * 4);
+  auto stream = std::make_shared<Stream>();
+  auto input = std::make_shared<DeviceBuffer>(device_alloc(bytes));
+  {
+    const auto host = random_f32(s.tokens * s.hidden, 59);
+    check(cudaMemcpy(input->get(), host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  auto hss = std::make_shared<BareStore>(
+      s.chunk, pool_bytes_for(s.tokens / s.chunk, s.chunk, s.hidden, 4), StorageDType::kFloat32);
+  auto tokens = std::make_shared<std::vector<int32_t>>(make_tokens(s.tokens, 61));
+  const TensorView view{input->get(), DType::kFloat32, s.tokens, s.hidden, 0, Device::kCuda, 0};
+  Timed cand{"store, caller stream free",
+             [hss, tokens] {
+               hss->store.flush();  // the previous repetition's copies, untimed
+               hss->drop(*tokens);
+             },
+             [hss, tokens, view, stream, input] {
+               (void)hss->store.store_hidden_states(*tokens, view, {.stream = stream->get()});
+               stream->sync();
+             },
+             static_cast<double>(bytes), static_cast<double>(s.tokens)};
+  auto pinned = std::make_shared<PinnedBuffer>(pinned_alloc(bytes));
+  Timed ref{"cudaMemcpyAsync D2H on the caller's stream", nullptr,
+            [pinned, input, stream, bytes] {
+              check(cudaMemcpyAsync(pinned->get(), input->get(), bytes, cudaMemcpyDeviceToHost,
+                                    stream->get()),
+                    "cudaMemcpyAsync");
+              stream->sync();
+            },
+            static_cast<double>(bytes), 0};
+  (void)ctx.report.measure(workload, "device f32 caller stream",
+                           gpu_params(s, DType::kFloat32, StorageDType::kFloat32, "pool"), cand,
+                           std::span<const Timed>(&ref, 1));
 }
 
 void device_retrieve_case(Context& ctx, const std::string& workload, const std::string& impl,
@@ -397,6 +439,7 @@ void run_gpu_store(Context& ctx) {
     device_store_case(ctx, "gpu_store", s, DType::kBFloat16, StorageDType::kNative);
     device_store_case(ctx, "gpu_store", s, DType::kBFloat16, StorageDType::kFloat32);
     device_store_case(ctx, "gpu_store", s, DType::kFloat32, StorageDType::kFloat32);
+    caller_stream_case(ctx, "gpu_store", s);
   }
   ctx.report.print_workload("gpu_store");
 #endif

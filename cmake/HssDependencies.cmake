@@ -36,3 +36,14 @@ if(HSS_ENABLE_REMOTE)
     set(HSS_HAVE_REMOTE ON)
   endif()
 endif()
+
+# OpenSSL's libcrypto is optional: with it the keyed MAC of remote values (hidden_state_mac_key,
+# HMAC-SHA256) is built; without it a configured key is a ConfigError, never unauthenticated values.
+option(HSS_ENABLE_MAC "Build the keyed MAC of remote values when OpenSSL is found" ON)
+set(HSS_HAVE_MAC OFF)
+if(HSS_ENABLE_MAC)
+  pkg_check_modules(LIBCRYPTO IMPORTED_TARGET libcrypto>=3.0)
+  if(LIBCRYPTO_FOUND)
+    set(HSS_HAVE_MAC ON)
+  endif()
+endif()

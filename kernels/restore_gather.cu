@@ -6,6 +6,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "hss/error.hpp"
+#include "hss/kernels/dispatch.hpp"
 #include "hss/kernels/launch.hpp"
 #include "hss/kernels/tiling.hpp"
 
@@ -26,35 +27,22 @@ __global__ void __launch_bounds__(kBlockThreads)
   restore_tile_any(tile.seg, tile.out, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
 }
 
-template <ElemType D>
-void launch_restore(const GatherSegment* tiles, int64_t num_tiles, const OutputView& out,
-                    cudaStream_t stream) {
-  restore_gather_kernel<D>
-      <<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles, out);
-  HSS_CUDA_CHECK_LAUNCH();
-}
-
 }  // namespace
 
 void launch_restore_gather(const GatherSegment* tiles, int64_t num_tiles, const OutputView& out,
                            cudaStream_t stream) {
-  if (num_tiles <= 0) return;
-  if (num_tiles > 0x7FFFFFFF) throw Error("restore_gather: too many tiles for one grid");
-  switch (out.type) {
-    case ElemType::kFloat32:
-      return launch_restore<ElemType::kFloat32>(tiles, num_tiles, out, stream);
-    case ElemType::kFloat16:
-      return launch_restore<ElemType::kFloat16>(tiles, num_tiles, out, stream);
-    case ElemType::kBFloat16:
-      return launch_restore<ElemType::kBFloat16>(tiles, num_tiles, out, stream);
-  }
-  throw Error("restore_gather: unknown output element type " +
-              std::to_string(static_cast<int>(out.type)));
+  if (!grid_needed(num_tiles, "restore_gather")) return;
+  dispatch_output(out.type, [&]<ElemType D>() {
+    HSS_CUDA_CLEAR_STALE_ERROR();
+    restore_gather_kernel<D>
+        <<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles, out);
+    HSS_CUDA_CHECK_LAUNCH();
+  });
 }
 
 void launch_restore_batch(const BatchRestoreTile* tiles, int64_t num_tiles, cudaStream_t stream) {
-  if (num_tiles <= 0) return;
-  if (num_tiles > 0x7FFFFFFF) throw Error("restore_batch: too many tiles for one grid");
+  if (!grid_needed(num_tiles, "restore_batch")) return;
+  HSS_CUDA_CLEAR_STALE_ERROR();
   restore_batch_kernel<<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles);
   HSS_CUDA_CHECK_LAUNCH();
 }
@@ -71,6 +59,7 @@ void launch_cub_batched_memcpy(void* temp, size_t temp_bytes, const void* const*
                                void* const* dsts, const uint64_t* sizes, int64_t num_buffers,
                                cudaStream_t stream) {
   if (num_buffers <= 0) return;
+  HSS_CUDA_CLEAR_STALE_ERROR();
   HSS_CUDA_CHECK(
       cub::DeviceMemcpy::Batched(temp, temp_bytes, srcs, dsts, sizes, num_buffers, stream));
   HSS_CUDA_CHECK_LAUNCH();

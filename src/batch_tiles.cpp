@@ -82,20 +82,14 @@ size_t fill_restore_tiles(std::span<const RestoreJob> jobs, TileCursor& cursor,
   return n;
 }
 
-void run_store_tiles_on_host(std::span<const kernels::BatchStoreTile> tiles) {
-  for (const kernels::BatchStoreTile& tile : tiles) {
-    for (int lane = 0; lane < kernels::kBlockThreads; ++lane) {
-      kernels::store_tile_any(tile.src, tile.seg, lane, kernels::kBlockThreads);
-    }
-  }
+bool tiles_left(std::span<const StoreJob> jobs, TileCursor& cursor) {
+  skip_empty_jobs(jobs, cursor);
+  return cursor.job < jobs.size();
 }
 
-void run_restore_tiles_on_host(std::span<const kernels::BatchRestoreTile> tiles) {
-  for (const kernels::BatchRestoreTile& tile : tiles) {
-    for (int lane = 0; lane < kernels::kBlockThreads; ++lane) {
-      kernels::restore_tile_any(tile.seg, tile.out, lane, kernels::kBlockThreads);
-    }
-  }
+bool tiles_left(std::span<const RestoreJob> jobs, TileCursor& cursor) {
+  skip_empty_jobs(jobs, cursor);
+  return cursor.job < jobs.size();
 }
 
 }  // namespace hss::detail

@@ -1,9 +1,8 @@
 #pragma once
 // The tiles of the batched device store and restore (kernels' BatchStoreTile / BatchRestoreTile):
-// how a batch's jobs are cut into per-block tiles, table by table, and the host twins of the two
-// batch kernels, which run the same per-lane loop (store_tile_any / restore_tile_any) over every
-// lane of a block. The CUDA path fills its pinned tables with these; the simulated path and the
-// CPU tests run the twins, so the tiling a GPU runs is checked on every CI machine.
+// how a batch's jobs are cut into per-block tiles, table by table. The CUDA path fills its pinned
+// tables with these; the CUDA runtime model's twins of the batch kernels run the tables in CI
+// (tests/gpu), and tests/test_batch_tiles.cpp checks the tiling on its own.
 
 #include <cstddef>
 #include <cstdint>
@@ -36,8 +35,9 @@ size_t fill_store_tiles(std::span<const StoreJob> jobs, TileCursor& cursor,
 size_t fill_restore_tiles(std::span<const RestoreJob> jobs, TileCursor& cursor,
                           std::span<kernels::BatchRestoreTile> table);
 
-/// Host twins of the batch kernels: every lane of a block, one tile after another.
-void run_store_tiles_on_host(std::span<const kernels::BatchStoreTile> tiles);
-void run_restore_tiles_on_host(std::span<const kernels::BatchRestoreTile> tiles);
+/// True while `cursor` has tiles left to fill (it skips jobs without segments), so that a launch
+/// slot is leased only for a table that will hold tiles.
+[[nodiscard]] bool tiles_left(std::span<const StoreJob> jobs, TileCursor& cursor);
+[[nodiscard]] bool tiles_left(std::span<const RestoreJob> jobs, TileCursor& cursor);
 
 }  // namespace hss::detail

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -36,8 +37,13 @@ std::optional<uint64_t> read_number(const char* path) {
 }
 
 /// Bytes this process may still populate: MemAvailable, lowered by the cgroup (v2) limit.
-/// nullopt when neither can be read (then nothing is checked).
+/// nullopt when neither can be read, or when HSS_POOL_MEMORY_CHECK=0 (then nothing is checked):
+/// a VM whose memory is plugged in as it is used (the lent GPU machines) starts with a
+/// MemAvailable far below what it will give.
 std::optional<uint64_t> memory_available() {
+  if (const char* v = std::getenv("HSS_POOL_MEMORY_CHECK"); v != nullptr && std::string(v) == "0") {
+    return std::nullopt;
+  }
   std::optional<uint64_t> limit;
   if (auto kib = read_labelled("/proc/meminfo", "MemAvailable:")) limit = *kib * 1024;
   const auto max = read_number("/sys/fs/cgroup/memory.max");
@@ -78,10 +84,11 @@ uint64_t BlockPool::granule_for_pool(uint64_t capacity_bytes) {
 }
 
 BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_pinned,
-                     bool prefault)
+                     bool prefault, int device)
     : arena_bytes_(capacity_bytes),
       granule_bytes_(checked_granule(capacity_bytes, granule_bytes)),
-      num_blocks_(granule_bytes_ == 0 ? 0 : capacity_bytes / granule_bytes_) {
+      num_blocks_(granule_bytes_ == 0 ? 0 : capacity_bytes / granule_bytes_),
+      device_(device) {
   if (num_blocks_ == 0) {
     throw InvalidArgument("hidden-state pool of " + std::to_string(capacity_bytes) +
                           " bytes is smaller than one 64-byte granule");
@@ -104,7 +111,7 @@ BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_p
   if (try_pinned) {
     // A failed cudaHostAlloc is not an error: the pool falls back to ordinary pages (documented;
     // stats().pinned says which).
-    base_ = static_cast<std::byte*>(pinned_host_alloc(capacity_bytes));
+    base_ = static_cast<std::byte*>(pinned_host_alloc(capacity_bytes, device));
     pinned_ = base_ != nullptr;
   }
   if (base_ == nullptr) {
@@ -128,7 +135,7 @@ BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_p
 
 BlockPool::~BlockPool() {
   if (pinned_) {
-    pinned_host_free(base_);
+    pinned_host_free(base_, device_);
   } else {
     munmap(base_, arena_bytes_);
   }

@@ -33,11 +33,13 @@ class BlockPool {
   /// leaves at least 1024 granules (at least 64 bytes, at most the pool rounded down to 64).
   [[nodiscard]] static uint64_t granule_for_pool(uint64_t capacity_bytes);
 
-  /// Allocates capacity_bytes now: page-locked, device-mapped memory when `try_pinned` and a
-  /// device is present, else anonymous pages (populated up front when `prefault`, after checking
-  /// that they fit in the memory available to the process: hss::Error naming both otherwise).
-  /// granule_bytes == 0 picks granule_for_pool; otherwise a multiple of 64 <= kMaxGranuleBytes.
-  BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_pinned, bool prefault);
+  /// Allocates capacity_bytes now: page-locked, device-mapped memory (on CUDA device `device`)
+  /// when `try_pinned` and a device is present, else anonymous pages (populated up front when
+  /// `prefault`, after checking that they fit in the memory available to the process:
+  /// hss::Error naming both otherwise). granule_bytes == 0 picks granule_for_pool; otherwise a
+  /// multiple of 64 <= kMaxGranuleBytes.
+  BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_pinned, bool prefault,
+            int device = -1);
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
@@ -68,6 +70,7 @@ class BlockPool {
   uint64_t num_blocks_;
   std::byte* base_ = nullptr;
   bool pinned_ = false;
+  int device_ = -1;  // the CUDA device the pinned arena was allocated (and is freed) on
   mutable std::mutex mutex_;
   std::vector<uint32_t> free_;  // a stack; capacity == num_blocks_, so pushes never allocate
 };

@@ -43,10 +43,18 @@ constexpr std::string_view kHiddenStateRemoteTtlS = "hidden_state_remote_ttl_s";
 constexpr std::string_view kHiddenStateRemoteTimeoutMs = "hidden_state_remote_timeout_ms";
 constexpr std::string_view kHiddenStateRemoteQueueBytes = "hidden_state_remote_queue_bytes";
 constexpr std::string_view kHiddenStateKinds = "hidden_state_kinds";
+constexpr std::string_view kHiddenStateMacKey = "hidden_state_mac_key";
+constexpr std::string_view kHiddenStateMacKeyFile = "hidden_state_mac_key_file";
+constexpr std::string_view kHiddenStateTransfer = "hidden_state_transfer";
+constexpr std::string_view kHiddenStateTransferBackend = "hidden_state_transfer_backend";
+constexpr std::string_view kHiddenStateTransferLeaseMs = "hidden_state_transfer_lease_ms";
+constexpr std::string_view kHiddenStateTransferTimeoutMs = "hidden_state_transfer_timeout_ms";
+constexpr std::string_view kHiddenStateTransferListen = "hidden_state_transfer_listen";
 constexpr std::string_view kHiddenStateRestoreImpl = "hidden_state_restore_impl";
 constexpr std::string_view kHiddenStateStoreImpl = "hidden_state_store_impl";
 constexpr std::string_view kHiddenStateStagingBytes = "hidden_state_staging_bytes";
 constexpr std::string_view kHiddenStateLaunchSlots = "hidden_state_launch_slots";
+constexpr std::string_view kHiddenStateDevice = "hidden_state_device";
 constexpr std::string_view kHiddenStateOutputCacheBytes = "hidden_state_output_cache_bytes";
 constexpr std::string_view kHiddenStateStreamThresholdBytes = "hidden_state_stream_threshold_bytes";
 constexpr std::string_view kHiddenStateCopyThreads = "hidden_state_copy_threads";
@@ -215,6 +223,20 @@ StoreImpl parse_store_impl(std::string_view key, const YAML::Node& node, std::st
   fail(key, "expected 'staging' or 'mapped'", describe(node), where);
 }
 
+std::string parse_string(std::string_view key, const YAML::Node& node, std::string_view where) {
+  if (node.IsNull()) return {};
+  if (!node.IsScalar()) fail(key, "expected a string", describe(node), where);
+  return node.Scalar();
+}
+
+TransferKind parse_transfer(std::string_view key, const YAML::Node& node, std::string_view where) {
+  if (node.IsNull()) return TransferKind::kNone;
+  if (node.IsScalar()) {
+    if (const auto kind = transfer_kind_from_string(node.Scalar())) return *kind;
+  }
+  fail(key, "expected 'none' or 'nixl'", describe(node), where);
+}
+
 std::optional<std::vector<int64_t>> parse_layers(std::string_view key, const YAML::Node& node,
                                                  std::string_view where, bool where_is_line) {
   if (node.IsNull()) return std::nullopt;
@@ -293,6 +315,20 @@ bool apply_key(Config& cfg, std::string_view key, const YAML::Node& value, std::
     cfg.hidden_state_remote_queue_bytes = parse_int(key, value, where);
   } else if (key == kHiddenStateKinds) {
     cfg.hidden_state_kinds = parse_kinds(key, value, where);
+  } else if (key == kHiddenStateMacKey) {
+    cfg.hidden_state_mac_key = parse_string(key, value, where);
+  } else if (key == kHiddenStateMacKeyFile) {
+    cfg.hidden_state_mac_key_file = parse_string(key, value, where);
+  } else if (key == kHiddenStateTransfer) {
+    cfg.hidden_state_transfer = parse_transfer(key, value, where);
+  } else if (key == kHiddenStateTransferBackend) {
+    cfg.hidden_state_transfer_backend = parse_string(key, value, where);
+  } else if (key == kHiddenStateTransferLeaseMs) {
+    cfg.hidden_state_transfer_lease_ms = parse_int(key, value, where);
+  } else if (key == kHiddenStateTransferTimeoutMs) {
+    cfg.hidden_state_transfer_timeout_ms = parse_int(key, value, where);
+  } else if (key == kHiddenStateTransferListen) {
+    cfg.hidden_state_transfer_listen = parse_string(key, value, where);
   } else if (key == kHiddenStateRestoreImpl) {
     cfg.hidden_state_restore_impl = parse_restore_impl(key, value, where);
   } else if (key == kHiddenStateStoreImpl) {
@@ -301,6 +337,8 @@ bool apply_key(Config& cfg, std::string_view key, const YAML::Node& value, std::
     cfg.hidden_state_staging_bytes = parse_int(key, value, where);
   } else if (key == kHiddenStateLaunchSlots) {
     cfg.hidden_state_launch_slots = parse_int(key, value, where);
+  } else if (key == kHiddenStateDevice) {
+    cfg.hidden_state_device = parse_int(key, value, where);
   } else if (key == kHiddenStateOutputCacheBytes) {
     cfg.hidden_state_output_cache_bytes = parse_int(key, value, where);
   } else if (key == kHiddenStateStreamThresholdBytes) {
@@ -326,10 +364,18 @@ constexpr std::array kKnownKeys = {kChunkSize,
                                    kHiddenStateRemoteTimeoutMs,
                                    kHiddenStateRemoteQueueBytes,
                                    kHiddenStateKinds,
+                                   kHiddenStateMacKey,
+                                   kHiddenStateMacKeyFile,
+                                   kHiddenStateTransfer,
+                                   kHiddenStateTransferBackend,
+                                   kHiddenStateTransferLeaseMs,
+                                   kHiddenStateTransferTimeoutMs,
+                                   kHiddenStateTransferListen,
                                    kHiddenStateRestoreImpl,
                                    kHiddenStateStoreImpl,
                                    kHiddenStateStagingBytes,
                                    kHiddenStateLaunchSlots,
+                                   kHiddenStateDevice,
                                    kHiddenStateOutputCacheBytes,
                                    kHiddenStateStreamThresholdBytes,
                                    kHiddenStateCopyThreads};
@@ -395,6 +441,49 @@ void validate_remote(const Config& cfg, const Origins& origins) {
   }
 }
 
+// The MAC key and the point-to-point transfer (src/value_mac.hpp, hsstore.nixl).
+void validate_transfer(const Config& cfg, const Origins& origins) {
+  if (!cfg.hidden_state_mac_key.empty() && !cfg.hidden_state_mac_key_file.empty()) {
+    fail_key(origins, kHiddenStateMacKeyFile,
+             "set at most one of hidden_state_mac_key and hidden_state_mac_key_file",
+             cfg.hidden_state_mac_key_file);
+  }
+  // The key itself is never quoted in a message.
+  constexpr size_t kMinKeyBytes = 16;
+  if (!cfg.hidden_state_mac_key.empty() && cfg.hidden_state_mac_key.size() < kMinKeyBytes) {
+    fail(kHiddenStateMacKey, "must be at least 16 bytes (128 bits)",
+         "<" + std::to_string(cfg.hidden_state_mac_key.size()) + " bytes>",
+         origin_of(origins, kHiddenStateMacKey));
+  }
+  if (to_string(cfg.hidden_state_transfer) == "unknown") {
+    fail_key(origins, kHiddenStateTransfer, "unknown transfer",
+             std::to_string(static_cast<int>(cfg.hidden_state_transfer)));
+  }
+  const std::string& backend = cfg.hidden_state_transfer_backend;
+  if (backend.empty() || backend.size() > 64 || !std::ranges::all_of(backend, [](unsigned char c) {
+        return std::isalnum(c) != 0 || c == '_';
+      })) {
+    fail_key(origins, kHiddenStateTransferBackend,
+             "must be a NIXL backend name (letters, digits, '_'), e.g. 'UCX'", backend);
+  }
+  if (cfg.hidden_state_transfer_lease_ms < 1 || cfg.hidden_state_transfer_lease_ms > 3600000) {
+    fail_key(origins, kHiddenStateTransferLeaseMs, "must be in [1, 3600000] milliseconds",
+             std::to_string(cfg.hidden_state_transfer_lease_ms));
+  }
+  if (cfg.hidden_state_transfer_timeout_ms < 1 || cfg.hidden_state_transfer_timeout_ms > 600000) {
+    fail_key(origins, kHiddenStateTransferTimeoutMs, "must be in [1, 600000] milliseconds",
+             std::to_string(cfg.hidden_state_transfer_timeout_ms));
+  }
+  const std::string& listen = cfg.hidden_state_transfer_listen;
+  const size_t colon = listen.rfind(':');
+  const std::optional<int64_t> port =
+      colon == std::string::npos ? std::nullopt : parse_int_text(listen.substr(colon + 1));
+  if (colon == 0 || colon == std::string::npos || !port || *port < 0 || *port > 65535) {
+    fail_key(origins, kHiddenStateTransferListen, "must be host:port with a port in 0..65535",
+             listen);
+  }
+}
+
 void validate_with(const Config& cfg, const Origins& origins) {
   if (cfg.chunk_size <= 0) {
     fail_key(origins, kChunkSize, "must be > 0", std::to_string(cfg.chunk_size));
@@ -438,6 +527,7 @@ void validate_with(const Config& cfg, const Origins& origins) {
              std::to_string(static_cast<int>(cfg.hidden_state_storage_dtype)));
   }
   validate_remote(cfg, origins);
+  validate_transfer(cfg, origins);
   if (to_string(cfg.hidden_state_restore_impl) == "unknown") {
     fail_key(origins, kHiddenStateRestoreImpl, "unknown restore implementation",
              std::to_string(static_cast<int>(cfg.hidden_state_restore_impl)));
@@ -453,6 +543,11 @@ void validate_with(const Config& cfg, const Origins& origins) {
   if (cfg.hidden_state_launch_slots < 1 || cfg.hidden_state_launch_slots > 4096) {
     fail_key(origins, kHiddenStateLaunchSlots, "must be in 1..4096 (launch slots per device)",
              std::to_string(cfg.hidden_state_launch_slots));
+  }
+  if (cfg.hidden_state_device < -1 || cfg.hidden_state_device > 1023) {
+    fail_key(origins, kHiddenStateDevice,
+             "must be -1 (the constructing thread's current device) or a device index",
+             std::to_string(cfg.hidden_state_device));
   }
   if (cfg.hidden_state_output_cache_bytes < 0) {
     fail_key(origins, kHiddenStateOutputCacheBytes, "must be >= 0 (bytes)",
@@ -573,12 +668,36 @@ std::string_view to_string(StoreImpl impl) {
   return "unknown";
 }
 
+std::string_view to_string(TransferKind kind) {
+  switch (kind) {
+    case TransferKind::kNone:
+      return "none";
+    case TransferKind::kNixl:
+      return "nixl";
+  }
+  return "unknown";
+}
+
+std::optional<TransferKind> transfer_kind_from_string(std::string_view name) {
+  for (TransferKind kind : {TransferKind::kNone, TransferKind::kNixl}) {
+    if (name == to_string(kind)) return kind;
+  }
+  return std::nullopt;
+}
+
 std::optional<StoreImpl> store_impl_from_string(std::string_view name) {
   for (StoreImpl impl : {StoreImpl::kStaging, StoreImpl::kMapped}) {
     if (name == to_string(impl)) return impl;
   }
   return std::nullopt;
 }
+
+Config::Config() = default;
+Config::Config(const Config&) = default;
+Config::Config(Config&&) noexcept = default;
+Config& Config::operator=(const Config&) = default;
+Config& Config::operator=(Config&&) noexcept = default;
+Config::~Config() = default;
 
 Config Config::from_yaml(std::string_view yaml_text) {
   Config cfg;
@@ -644,6 +763,8 @@ bool Config::slot_allowed(ActivationKind kind, int64_t layer_idx) const {
           std::ranges::find(*hidden_state_kinds, kind) != hidden_state_kinds->end());
 }
 
+std::span<const std::string_view> Config::keys() { return kKnownKeys; }
+
 std::string Config::to_yaml() const {
   std::string out;
   out += "chunk_size: " + std::to_string(chunk_size) + "\n";
@@ -700,10 +821,32 @@ std::string Config::to_yaml() const {
   out += "hidden_state_remote_timeout_ms: " + std::to_string(hidden_state_remote_timeout_ms) + "\n";
   out +=
       "hidden_state_remote_queue_bytes: " + std::to_string(hidden_state_remote_queue_bytes) + "\n";
+  // Double-quoted YAML strings. The inline MAC key is a secret: never printed (a config
+  // reloaded from this text names the key file instead, or needs the key set again).
+  const auto quoted = [](const std::string& text) {
+    std::string q = "\"";
+    for (const char c : text) {
+      if (c == '"' || c == '\\') q += '\\';
+      q += c;
+    }
+    return q + "\"";
+  };
+  if (!hidden_state_mac_key.empty()) out += "# hidden_state_mac_key: set (not shown)\n";
+  out += "hidden_state_mac_key_file: " +
+         (hidden_state_mac_key_file.empty() ? std::string("null")
+                                            : quoted(hidden_state_mac_key_file)) +
+         "\n";
+  out += "hidden_state_transfer: " + std::string(to_string(hidden_state_transfer)) + "\n";
+  out += "hidden_state_transfer_backend: " + quoted(hidden_state_transfer_backend) + "\n";
+  out += "hidden_state_transfer_lease_ms: " + std::to_string(hidden_state_transfer_lease_ms) + "\n";
+  out += "hidden_state_transfer_timeout_ms: " + std::to_string(hidden_state_transfer_timeout_ms) +
+         "\n";
+  out += "hidden_state_transfer_listen: " + quoted(hidden_state_transfer_listen) + "\n";
   out += "hidden_state_restore_impl: " + std::string(to_string(hidden_state_restore_impl)) + "\n";
   out += "hidden_state_store_impl: " + std::string(to_string(hidden_state_store_impl)) + "\n";
   out += "hidden_state_staging_bytes: " + std::to_string(hidden_state_staging_bytes) + "\n";
   out += "hidden_state_launch_slots: " + std::to_string(hidden_state_launch_slots) + "\n";
+  out += "hidden_state_device: " + std::to_string(hidden_state_device) + "\n";
   out +=
       "hidden_state_output_cache_bytes: " + std::to_string(hidden_state_output_cache_bytes) + "\n";
   out += "hidden_state_stream_threshold_bytes: " +

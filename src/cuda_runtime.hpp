@@ -6,16 +6,24 @@
 #include <cstddef>
 
 #include "hss/build_info.hpp"
+#include "hss/config.hpp"
 
 namespace hss::detail {
 
 /// True when a CUDA device is usable (detected once, logged once).
 [[nodiscard]] bool cuda_device_available();
 
-/// Page-locked, device-mapped, portable host memory, or nullptr when no device is available or
-/// the allocation fails (the caller falls back to ordinary pages).
-[[nodiscard]] void* pinned_host_alloc(size_t bytes);
-void pinned_host_free(void* ptr) noexcept;
+/// The store's device for `config` (Config::hidden_state_device; -1: the calling thread's current
+/// device, asked without creating a context), or -1 without a usable device. ConfigError when it
+/// names a device the process does not see.
+[[nodiscard]] int store_device(const Config& config);
+
+/// Page-locked, device-mapped, portable host memory allocated on `device` (by a helper thread, so
+/// the caller's current device is untouched and no other device gets a context), or nullptr when
+/// no device is available or the allocation fails (the caller falls back to ordinary pages).
+[[nodiscard]] void* pinned_host_alloc(size_t bytes, int device);
+/// Frees what pinned_host_alloc(…, device) returned, on that device (as it was allocated).
+void pinned_host_free(void* ptr, int device) noexcept;
 
 /// Fills RuntimeInfo (called once by hss::runtime_info()).
 [[nodiscard]] RuntimeInfo detect_runtime();

@@ -1,10 +1,10 @@
 #pragma once
 // How bytes move between callers' tensors and the pool. The store plans the work as segments
-// (kernels/hss/kernels/layout.hpp); the host path (host_data_path.cpp), the CUDA path
-// (cuda/device_path.cpp + kernels/*.cu) and the simulated asynchronous path used by the CI tests
-// (sim_data_path.cpp) carry them out with the same per-element functions.
+// (kernels/hss/kernels/layout.hpp); the host path (host_data_path.cpp) and the CUDA path
+// (cuda/device_path.cpp + kernels/*.cu) carry them out with the same per-element functions. CI
+// runs the CUDA path against the CUDA runtime model (tests/cuda_model): there is one device path.
 //
-// Ordering contract of a DevicePath (every implementation, the simulated one included):
+// Ordering contract of the DevicePath:
 // * Work a call enqueues for a caller stream runs after the caller's earlier work on that stream
 //   and before its later work reads anything the call wrote (the restore output) or overwrites
 //   anything the call reads (the store source). Work for stream B never waits for stream A's
@@ -16,7 +16,6 @@
 //   the pool; release_finished() drops the finished ones without waiting.
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -51,17 +50,23 @@ void host_restore(std::span<const kernels::GatherSegment> segments, const kernel
                   const HostCopyContext& context = {});
 
 /// Completion of the device-to-host copies of one store call, shared by the entries it wrote.
+/// Three states: pending, landed (the rows are in the pool), failed (they never will be: the
+/// entries must be dropped, never served). Once seen, landed and failed are cached flags.
 /// Thread-safe.
 class CopyFence {
  public:
   virtual ~CopyFence() = default;
-  /// Blocks the host until the copies have landed (a cached flag once they have: no device call).
-  /// False when the device work failed; error() says why.
+  /// Blocks the host until the copies have landed or failed. True when they landed; false when
+  /// the device work failed (error() says why). No device call once the outcome is known.
   [[nodiscard]] virtual bool wait() noexcept = 0;
   /// Never blocks. True once the copies have landed or failed (cached once seen).
   [[nodiscard]] virtual bool ready() noexcept = 0;
-  /// The cached flag alone: no device call, safe under any lock. DevicePath::poll() refreshes it.
+  /// The cached flags alone: no device call, safe under any lock. DevicePath::poll() refreshes
+  /// them.
   [[nodiscard]] virtual bool landed() const noexcept = 0;
+  [[nodiscard]] virtual bool failed() const noexcept = 0;
+  /// Landed or failed: nothing will write the pool blocks any more.
+  [[nodiscard]] bool settled() const noexcept { return landed() || failed(); }
   [[nodiscard]] virtual std::string error() const = 0;
 };
 using FenceRef = std::shared_ptr<CopyFence>;
@@ -83,14 +88,21 @@ class DevicePath {
  public:
   virtual ~DevicePath() = default;
 
-  /// The path for `config`: the factory installed by ScopedDevicePathFactory (tests) if any, else
-  /// the CUDA path, or nullptr when the build has no CUDA or the process found no device.
+  /// The CUDA path for `config`, or nullptr when the build has no CUDA or the process found no
+  /// device.
   [[nodiscard]] static std::unique_ptr<DevicePath> create(const Config& config);
 
   /// Throws InvalidArgument naming `what` unless `data` is device memory of device `device_index`
   /// (on_device) or is not device memory (!on_device). Changes nothing.
   virtual void check_pointer(const void* data, bool on_device, int device_index,
                              std::string_view what) = 0;
+
+  /// Throws hss::Error when device work on `stream` would be captured into a CUDA graph (the
+  /// stream captures, or it is the legacy default stream while a blocking stream captures).
+  /// hsstore's device calls read and write host-side state when they are enqueued (pool
+  /// addresses, pins, fences, descriptor tables), which a replay would not repeat. Changes
+  /// nothing.
+  virtual void check_stream(Stream stream) = 0;
 
   /// Reads every segment's rows from the device tensor `src` (ordered on `stream`) into the pool
   /// blocks the segments name. Returns once enqueued, with the fence the entries carry; the caller
@@ -146,19 +158,5 @@ class DevicePath {
 
 /// The platform's path (cuda/device_path.cpp or nocuda/device_path.cpp).
 [[nodiscard]] std::unique_ptr<DevicePath> create_platform_device_path(const Config& config);
-
-/// Test hook: while alive, DevicePath::create() (and so every store constructed meanwhile) uses
-/// `factory`. Not thread-safe with respect to concurrent store construction; nests.
-using DevicePathFactory = std::function<std::unique_ptr<DevicePath>(const Config&)>;
-class ScopedDevicePathFactory {
- public:
-  explicit ScopedDevicePathFactory(DevicePathFactory factory);
-  ~ScopedDevicePathFactory();
-  ScopedDevicePathFactory(const ScopedDevicePathFactory&) = delete;
-  ScopedDevicePathFactory& operator=(const ScopedDevicePathFactory&) = delete;
-
- private:
-  DevicePathFactory previous_;
-};
 
 }  // namespace hss::detail

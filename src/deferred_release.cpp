@@ -24,7 +24,7 @@ size_t DeferredRelease::reclaim() noexcept {
     if (items_.empty()) return 0;
     // Cached flags only (refreshed by DevicePath::poll()): no device query under any lock.
     auto split = std::partition(items_.begin(), items_.end(),
-                                [](const Item& item) { return !item.fence->landed(); });
+                                [](const Item& item) { return !item.fence->settled(); });
     for (auto it = split; it != items_.end(); ++it) {
       pool_.release(it->blocks);
     }

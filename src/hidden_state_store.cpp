@@ -4,6 +4,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "cuda_runtime.hpp"
 #include "hidden_state_store_impl.hpp"
 #include "hss/detail/host_buffer.hpp"
 #include "hss/error.hpp"
@@ -42,7 +43,7 @@ HiddenStateStore::Impl::Impl(const Config& config, const TokenDatabase& token_da
     : config_(config),
       token_database_(token_database),
       pool_(checked_pool_bytes(config), static_cast<uint64_t>(config.hidden_state_block_bytes),
-            /*try_pinned=*/true, /*prefault=*/true),
+            /*try_pinned=*/true, /*prefault=*/true, detail::store_device(config)),
       // The pool is empty: the calibration may overwrite it.
       host_copy_(detail::choose_host_copy(
           config, std::span<std::byte>(pool_.block_address(0), pool_.capacity_bytes()))),
@@ -51,6 +52,7 @@ HiddenStateStore::Impl::Impl(const Config& config, const TokenDatabase& token_da
                               static_cast<int>(config.hidden_state_copy_threads))
                         : nullptr),
       device_path_(detail::DevicePath::create(config)),
+      mac_(detail::ValueMac::from_config(config)),
       // Queued writes may keep half the pool from eviction; beyond that they copy.
       remote_(config, pool_.capacity_bytes() / 2) {
   // Process-wide: the recycler of restore outputs (HSS_OUTPUT_CACHE_MB still overrides it).
@@ -78,6 +80,10 @@ void HiddenStateStore::Impl::check_pointer(const void* data, Device device, int 
   if (device_path_ && data != nullptr) {
     device_path_->check_pointer(data, device == Device::kCuda, device_index, what);
   }
+}
+
+void HiddenStateStore::Impl::check_stream(Device device, Stream stream) const {
+  if (device_path_ && device == Device::kCuda) device_path_->check_stream(stream);
 }
 
 void HiddenStateStore::Impl::check_open_locked() const {
@@ -117,7 +123,8 @@ bool HiddenStateStore::Impl::has_chunk(const CacheEngineKey& key, Slot slot) con
   const detail::KeyRecord* record = index_.find(key);
   if (record == nullptr) return false;
   const EntryRef* entry = record->find(slot);
-  return entry != nullptr && (*entry)->ready;
+  // A failed device copy (the cached flag) is as good as absent: its rows never land.
+  return entry != nullptr && (*entry)->ready && !(*entry)->copy_failed();
 }
 
 bool HiddenStateStore::Impl::drop_key(const CacheEngineKey& key) {
@@ -162,6 +169,7 @@ void HiddenStateStore::Impl::close() {
     closed_ = true;
   }
   flush();
+  leases_.clear();  // a closed store exports nothing: its consumers' releases answer false
   std::lock_guard lock(mutex_);
   index_.clear();
 }
@@ -254,6 +262,7 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
   s.hs_evictions = counters_.hs_evictions.load();
   s.coupled_evictions = counters_.coupled_evictions.load();
   s.allocation_failures = counters_.allocation_failures.load();
+  s.copy_failures = counters_.copy_failures.load();
   s.staging_waits = device_path_ ? device_path_->staging_waits() : 0;
   s.device_launches = device_path_ ? device_path_->launches() : 0;
   s.launch_waits = device_path_ ? device_path_->launch_waits() : 0;
@@ -264,6 +273,21 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
   s.host_copy = host_copy_.info;
   s.host_copy.copy_threads = copy_workers_ ? copy_workers_->threads() : 1;
   s.host_copy.split_copies = copy_workers_ ? copy_workers_->split_runs() : 0;
+  const detail::LeaseTable::Counts leases = leases_.counts();
+  const TransferCounters& t = transfer_counters_;
+  s.transfer = {t.exports.load(),
+                t.exported_entries.load(),
+                t.exported_bytes.load(),
+                leases.held,
+                leases.bytes,
+                leases.released,
+                leases.expired,
+                t.reserved.load(),
+                t.imported.load(),
+                t.imported_bytes.load(),
+                t.rejected.load(),
+                t.unauthenticated.load(),
+                t.abandoned.load()};
   return s;
 }
 
@@ -393,6 +417,13 @@ int64_t HiddenStateStore::retrieve_layers_into(std::span<const int64_t> t,
                                                std::span<const MutableTensorView> outs,
                                                const RetrieveLayersOptions& o) {
   return impl_->retrieve_layers_into(t, slots, outs, o);
+}
+int64_t HiddenStateStore::retrieve_layers_into(std::span<const Chunk> c,
+                                               std::span<const Slot> slots,
+                                               std::span<const MutableTensorView> outs,
+                                               const RetrieveLayersOptions& o) {
+  Impl::check_chunks(c);
+  return impl_->retrieve_chunk_layers_into(c, c.empty() ? 0 : c.back().end, slots, outs, o);
 }
 std::vector<StoreResult> HiddenStateStore::store_batch(std::span<const StoreItem> items) {
   return impl_->store_batch(items);

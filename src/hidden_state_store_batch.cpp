@@ -122,6 +122,7 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
                                     item.options, device_path_ != nullptr);
       check_pointer(item.hidden_states.data, item.hidden_states.device,
                     item.hidden_states.device_index, "hidden_states");
+      check_stream(item.hidden_states.device, item.options.stream);
     });
     list_of[i] = cache.list_of(i, item.token_ids);
   }
@@ -150,6 +151,7 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
   PlanContext context;
   context.prepared.reserve(distinct_chunks);
   reclaim_device_resources();
+  expire_leases();
   {
     HSS_RANGE("store/alloc");
     std::lock_guard lock(mutex_);
@@ -242,7 +244,7 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
       detail::check_retrieve_options(item.options);
       slots[i] = {item.options.kind, item.options.layer_idx};
       check_outputs(std::span<const Slot>(&slots[i], 1),
-                    std::span<const MutableTensorView>(&item.out, 1));
+                    std::span<const MutableTensorView>(&item.out, 1), item.options.stream);
     });
     list_of[i] = cache.list_of(i, item.token_ids);
   }

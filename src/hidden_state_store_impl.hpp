@@ -4,6 +4,7 @@
 //   hidden_state_store_write.cpp  the store path (plan under the lock, copy outside it, publish)
 //   hidden_state_store_read.cpp   the prefix walk shared by retrieve, retrieve_into, coverage
 //   hidden_state_store_remote.cpp read-through and remote coverage (the remote tier)
+//   hidden_state_store_transfer.cpp exports with leases, imports (hss/pool_transfer.hpp)
 //
 // Lock order: the index mutex, then the pool's free-stack mutex. Never the reverse, never a KV
 // backend's lock or a copy under the index mutex.
@@ -21,8 +22,11 @@
 #include "data_path.hpp"
 #include "deferred_release.hpp"
 #include "hss/hidden_state_store.hpp"
+#include "hss/pool_transfer.hpp"
+#include "lease_table.hpp"
 #include "store_index.hpp"
 #include "store_remote.hpp"
+#include "value_mac.hpp"
 
 namespace hss {
 
@@ -58,6 +62,11 @@ class HiddenStateStore::Impl {
   int64_t retrieve_layers_into(std::span<const Token> token_ids, std::span<const Slot> slots,
                                std::span<const MutableTensorView> outs,
                                const RetrieveLayersOptions& opt);
+  /// retrieve_layers_into over a chunk list of n_tokens tokens (the token forms' one rule).
+  int64_t retrieve_chunk_layers_into(std::span<const Chunk> chunks, int64_t n_tokens,
+                                     std::span<const Slot> slots,
+                                     std::span<const MutableTensorView> outs,
+                                     const RetrieveLayersOptions& opt);
 
   // ---- batch calls (hidden_state_store_batch.cpp)
   std::vector<StoreResult> store_batch(std::span<const StoreItem> items);
@@ -88,6 +97,22 @@ class HiddenStateStore::Impl {
 
   /// Chunks passed by a caller: contiguous from 0, non-empty. InvalidArgument otherwise.
   static void check_chunks(std::span<const Chunk> chunks);
+
+  // ---- pool transfer (hidden_state_store_transfer.cpp; the rules: hss/pool_transfer.hpp)
+  std::vector<MemoryRegion> memory_regions() const;
+  ChunkExport export_chunks(std::span<const Chunk> chunks, std::span<const Slot> slots,
+                            size_t first_chunk, std::chrono::milliseconds lease);
+  bool release_lease(uint64_t lease_id) noexcept;
+  std::pair<size_t, size_t> missing_range(std::span<const Chunk> chunks,
+                                          std::span<const Slot> slots) const;
+  void reserve_import(std::span<const Chunk> chunks, const ChunkExport& source,
+                      Reservation::State& state);
+  ImportResult publish_import(Reservation::State& state);
+  /// Checks items [first, first + count) of a reservation (no lock); the failures.
+  size_t check_import(Reservation::State& state, size_t first, size_t count) const;
+  void abandon_import(Reservation::State& state) noexcept;
+  /// Ends the leases past their deadline (no lock held by the caller).
+  void expire_leases() noexcept { leases_.expire(detail::LeaseTable::Clock::now()); }
 
  private:
   /// What a prefix walk found, before anything changed: the pinned entries of the prefix
@@ -133,7 +158,9 @@ class HiddenStateStore::Impl {
   void apply_walk(const Walk& w, int64_t n_tokens) noexcept;
   /// Views and slots of a restore into caller buffers: counts match, views valid, pointers where
   /// their device says (InvalidArgument naming the view otherwise).
-  void check_outputs(std::span<const Slot> slots, std::span<const MutableTensorView> outs) const;
+  /// The outputs' views and pointers, and `stream` when an output is device memory.
+  void check_outputs(std::span<const Slot> slots, std::span<const MutableTensorView> outs,
+                     Stream stream) const;
   /// Walk + restore into `outs` (one per slot) + apply; the rows written (0 on a miss).
   int64_t retrieve_slots_into(std::span<const Chunk> chunks, int64_t n_tokens,
                               std::span<const Slot> slots, std::span<const MutableTensorView> outs,
@@ -197,6 +224,8 @@ class HiddenStateStore::Impl {
   void reclaim_device_resources() noexcept;
   /// Pointer checks of the device path (device memory of device_index, or not device memory).
   void check_pointer(const void* data, Device device, int device_index, const char* what) const;
+  /// hss::Error (nothing changed) when device work on `stream` would be captured into a graph.
+  void check_stream(Device device, Stream stream) const;
 
   enum class InsertResult { kInserted, kPresent, kNoRoom };
   /// One fetched value as a READY entry, evicting LRU keys not guarded by `guard` for space.
@@ -225,10 +254,20 @@ class HiddenStateStore::Impl {
 
   struct Counters {
     std::atomic<uint64_t> stores{0}, chunks_written{0}, retrieves{0}, hit_tokens{0}, miss_tokens{0},
-        hs_evictions{0}, coupled_evictions{0}, allocation_failures{0};
+        hs_evictions{0}, coupled_evictions{0}, allocation_failures{0}, copy_failures{0};
     std::array<std::atomic<uint64_t>, kNumActivationKinds> kind_chunks_written{};
   };
   mutable Counters counters_;
+  // The MAC key of both remote paths (null: values carry no MAC). Before the leases: nothing
+  // below may throw a ConfigError after it.
+  const std::shared_ptr<const detail::ValueMac> mac_;
+  // Leases of exports: destroyed before the pool, after the index.
+  detail::LeaseTable leases_;
+  struct TransferCounters {
+    std::atomic<uint64_t> exports{0}, exported_entries{0}, exported_bytes{0}, reserved{0},
+        imported{0}, imported_bytes{0}, rejected{0}, unauthenticated{0}, abandoned{0};
+  };
+  mutable TransferCounters transfer_counters_;
   // Last: destroyed first, so the entries its write-behind queue still holds go back to a live
   // pool; constructed last, so a ConfigError here (no hiredis) leaves nothing behind.
   mutable detail::StoreRemote remote_;

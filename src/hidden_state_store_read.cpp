@@ -74,29 +74,36 @@ void HiddenStateStore::Impl::walk_finish(Walk& w, bool wait_for_copies) const {
       }
     }
   }
-  // Device-path entries: the rows are there once their copy landed. A device-output restore
-  // never waits here: it orders itself after the distinct fences on the caller's stream.
+  // Device-path entries: the rows are there once their copy landed; a copy that failed ends the
+  // prefix and its chunk is dropped (apply_walk), never served. A device-output restore never
+  // waits here: it drops what the fences' cached flags say failed (DevicePath::poll() refreshed
+  // them before the walk) and orders itself after the distinct fences still pending.
+  const auto drop_failed = [&](size_t i, const detail::Entry& entry) {
+    detail::log(detail::LogLevel::kError,
+                "hidden-state copy failed, dropping chunk: " + entry.fence->error());
+    w.failed_copy = i;
+    hits = i;
+  };
+  for (size_t i = 0; i < hits; ++i) {
+    for (size_t s = 0; s < w.slots; ++s) {
+      const detail::Entry& entry = *w.pinned[i * w.slots + s];
+      const bool failed =
+          wait_for_copies ? entry.fence && !entry.fence->wait() : entry.copy_failed();
+      if (failed) {
+        drop_failed(i, entry);
+        break;
+      }
+    }
+  }
   if (!wait_for_copies) {
     for (size_t i = 0; i < hits * w.slots; ++i) {
       const detail::FenceRef& fence = w.pinned[i]->fence;
-      if (fence && !fence->landed() && (w.fences.empty() || w.fences.back() != fence)) {
+      if (fence && !fence->settled() && (w.fences.empty() || w.fences.back() != fence)) {
         w.fences.push_back(fence);
       }
     }
     std::sort(w.fences.begin(), w.fences.end());
     w.fences.erase(std::unique(w.fences.begin(), w.fences.end()), w.fences.end());
-  }
-  for (size_t i = 0; wait_for_copies && i < hits; ++i) {
-    for (size_t s = 0; s < w.slots; ++s) {
-      const detail::Entry& entry = *w.pinned[i * w.slots + s];
-      if (entry.fence && !entry.fence->wait()) {
-        detail::log(detail::LogLevel::kError,
-                    "hidden-state copy failed, dropping chunk: " + entry.fence->error());
-        w.failed_copy = i;
-        hits = i;
-        break;
-      }
-    }
   }
   w.pinned.resize(hits * w.slots);
   w.hits = static_cast<int64_t>(hits);
@@ -120,7 +127,9 @@ void HiddenStateStore::Impl::apply_walk_locked(const Walk& w, detail::RecordLook
       counters_.coupled_evictions.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  if (w.failed_copy) (void)index_.erase(w.chunks[*w.failed_copy].key);
+  if (w.failed_copy && index_.erase(w.chunks[*w.failed_copy].key) > 0) {
+    counters_.copy_failures.fetch_add(1, std::memory_order_relaxed);  // dropped, never served
+  }
   // Reverse order: chunk 0 ends most recent, so pressure evicts the suffix first.
   for (int64_t i = w.hits - 1; i >= touch_from; --i) {
     const auto chunk = static_cast<size_t>(i);
@@ -229,7 +238,8 @@ int64_t HiddenStateStore::Impl::retrieve_chunk_list_into(std::span<const Chunk> 
 }
 
 void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
-                                           std::span<const MutableTensorView> outs) const {
+                                           std::span<const MutableTensorView> outs,
+                                           Stream stream) const {
   detail::check_slots(slots);
   if (outs.size() != slots.size()) {
     throw InvalidArgument("outs has " + std::to_string(outs.size()) + " views for " +
@@ -242,6 +252,12 @@ void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
     detail::check_view(outs[s].as_const(), name, device_path_ != nullptr);
     check_pointer(outs[s].data, outs[s].device, outs[s].device_index, name);
   }
+  for (const MutableTensorView& out : outs) {
+    if (out.device == Device::kCuda) {
+      check_stream(out.device, stream);
+      break;
+    }
+  }
 }
 
 int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunks, int64_t n_tokens,
@@ -249,7 +265,7 @@ int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunk
                                                     std::span<const MutableTensorView> outs,
                                                     int64_t row_begin, Stream stream) {
   HSS_RANGE("retrieve");
-  check_outputs(slots, outs);
+  check_outputs(slots, outs, stream);
   (void)read_through(chunks, slots);  // remote tier: fills the pool where the walk would stop
   // Host outputs need the rows now; device outputs only order themselves after the copies.
   const bool all_device = std::all_of(outs.begin(), outs.end(), [](const MutableTensorView& o) {
@@ -328,19 +344,27 @@ int64_t HiddenStateStore::Impl::restore_walk_into(Walk& w, std::span<const Mutab
   return rows;
 }
 
+int64_t HiddenStateStore::Impl::retrieve_chunk_layers_into(std::span<const Chunk> chunks,
+                                                           int64_t n_tokens,
+                                                           std::span<const Slot> slots,
+                                                           std::span<const MutableTensorView> outs,
+                                                           const RetrieveLayersOptions& opt) {
+  HSS_RANGE("retrieve");
+  if (opt.row_begin < 0) {
+    throw InvalidArgument("row_begin = " + std::to_string(opt.row_begin) + " is negative");
+  }
+  check_outputs(slots, outs, opt.stream);
+  return retrieve_slots_into(chunks, n_tokens, slots, outs, opt.row_begin, opt.stream);
+}
+
 template <typename Token>
 int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const Token> token_ids,
                                                      std::span<const Slot> slots,
                                                      std::span<const MutableTensorView> outs,
                                                      const RetrieveLayersOptions& opt) {
-  HSS_RANGE("retrieve");
-  if (opt.row_begin < 0) {
-    throw InvalidArgument("row_begin = " + std::to_string(opt.row_begin) + " is negative");
-  }
-  check_outputs(slots, outs);
   const std::vector<Chunk> chunks = token_database_.process_tokens(token_ids);
-  return retrieve_slots_into(chunks, static_cast<int64_t>(token_ids.size()), slots, outs,
-                             opt.row_begin, opt.stream);
+  return retrieve_chunk_layers_into(chunks, static_cast<int64_t>(token_ids.size()), slots, outs,
+                                    opt);
 }
 
 template int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const int32_t>,

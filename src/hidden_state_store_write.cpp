@@ -28,6 +28,7 @@ StoreResult HiddenStateStore::Impl::store_tokens(std::span<const Token> token_id
   detail::check_store_arguments(static_cast<int64_t>(token_ids.size()), hidden, opt,
                                 device_path_ != nullptr);
   check_pointer(hidden.data, hidden.device, hidden.device_index, "hidden_states");
+  check_stream(hidden.device, opt.stream);
   std::vector<Chunk> chunks;
   {
     HSS_RANGE("store/keys");
@@ -44,6 +45,7 @@ StoreResult HiddenStateStore::Impl::store_chunks(std::span<const Chunk> chunks,
   detail::check_store_arguments(chunks.empty() ? 0 : chunks.back().end, hidden, opt,
                                 device_path_ != nullptr);
   check_pointer(hidden.data, hidden.device, hidden.device_index, "hidden_states");
+  check_stream(hidden.device, opt.stream);
   return store_validated(chunks, hidden, opt);
 }
 
@@ -94,6 +96,7 @@ void HiddenStateStore::Impl::reserve_and_apply(const TensorView& hidden, const S
   // Finished device restores let go of their pins and landed copies of dropped entries give
   // their granules back before this call decides what to evict.
   reclaim_device_resources();
+  expire_leases();  // granules of ended leases are free for this store
   detail::RecordLookups lookups(plan.chunks.size());
   PlanContext context;
   context.lookups = &lookups;

@@ -182,6 +182,9 @@ std::optional<std::string> RedisConnection::connect() {
   PipelineResult result = pipeline(setup);
   if (!result.error.empty()) return "handshake with " + endpoint_.display() + ": " + result.error;
   for (size_t i = 0; i < result.replies.size(); ++i) {
+    // A read-only ACL user (e.g. +@read) may not PING; the server answered, so it is up.
+    const bool ping = i + 1 == result.replies.size();
+    if (ping && result.replies[i].text().starts_with("NOPERM")) continue;
     if (result.replies[i].type() == RedisReply::Type::kError) {
       const bool auth = !endpoint_.password.empty() && i == 0;
       std::string message = std::string(auth ? "authentication with " : "handshake with ") +

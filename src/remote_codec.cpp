@@ -96,14 +96,36 @@ void encode_remote_header(const RemoteHeader& header,
   std::memcpy(out.data(), kMagic.data(), kMagic.size());
   put_le<uint16_t>(out.data() + 4, kRemoteFormatVersion);
   out[6] = static_cast<std::byte>(static_cast<uint8_t>(header.dtype));
-  out[7] = std::byte{0};
+  out[7] = static_cast<std::byte>(header.flags);
   put_le<int64_t>(out.data() + 8, header.rows);
   put_le<int64_t>(out.data() + 16, header.cols);
   put_le<uint64_t>(out.data() + 24, header.payload_hash);
 }
 
+std::optional<RemoteHeader> decode_remote_header(std::span<const std::byte> bytes) {
+  if (bytes.size() < kRemoteHeaderBytes ||
+      std::memcmp(bytes.data(), kMagic.data(), kMagic.size()) != 0 ||
+      get_le<uint16_t>(bytes.data() + 4) != kRemoteFormatVersion) {
+    return std::nullopt;
+  }
+  const auto dtype_code = static_cast<uint8_t>(bytes[6]);
+  const auto flags = static_cast<uint8_t>(bytes[7]);
+  RemoteHeader header;
+  header.rows = get_le<int64_t>(bytes.data() + 8);
+  header.cols = get_le<int64_t>(bytes.data() + 16);
+  header.payload_hash = get_le<uint64_t>(bytes.data() + 24);
+  header.flags = flags;
+  if (!known_dtype(dtype_code) || (flags & ~kRemoteFlagMac) != 0) return std::nullopt;
+  header.dtype = static_cast<DType>(dtype_code);
+  if (!checked_payload_bytes(header.dtype, header.rows, header.cols) || header.cols == 0) {
+    return std::nullopt;
+  }
+  return header;
+}
+
 std::string encode_remote_value(DType dtype, int64_t rows, int64_t cols,
-                                std::span<const std::span<const std::byte>> pieces) {
+                                std::span<const std::span<const std::byte>> pieces,
+                                const ValueMac* mac, std::string_view name) {
   const size_t payload = remote_payload_bytes(dtype, rows, cols);
   size_t given = 0;
   for (const auto piece : pieces) given += piece.size();
@@ -112,15 +134,23 @@ std::string encode_remote_value(DType dtype, int64_t rows, int64_t cols,
                           std::to_string(rows) + ", cols = " + std::to_string(cols) + " of " +
                           std::string(to_string(dtype)) + " need " + std::to_string(payload));
   }
-  std::string value(kRemoteHeaderBytes + payload, '\0');
+  const size_t body_at = kRemoteHeaderBytes + (mac != nullptr ? kMacBytes : 0);
+  std::string value(body_at + payload, '\0');
   auto* bytes = reinterpret_cast<std::byte*>(value.data());
-  size_t at = kRemoteHeaderBytes;
+  size_t at = body_at;
   for (const auto piece : pieces) {
     if (!piece.empty()) std::memcpy(bytes + at, piece.data(), piece.size());
     at += piece.size();
   }
-  const RemoteHeader header{dtype, rows, cols, XXH3_64bits(bytes + kRemoteHeaderBytes, payload)};
+  const RemoteHeader header{dtype, rows, cols, XXH3_64bits(bytes + body_at, payload),
+                            mac != nullptr ? kRemoteFlagMac : uint8_t{0}};
   encode_remote_header(header, std::span<std::byte, kRemoteHeaderBytes>(bytes, kRemoteHeaderBytes));
+  if (mac != nullptr) {
+    const std::span<const std::byte> body(bytes + body_at, payload);
+    const Mac tag = mac->compute(name, std::span<const std::byte>(bytes, kRemoteHeaderBytes),
+                                 std::span<const std::span<const std::byte>>(&body, 1));
+    std::memcpy(bytes + kRemoteHeaderBytes, tag.data(), tag.size());
+  }
   return value;
 }
 
@@ -142,12 +172,15 @@ std::string_view to_string(DecodeStatus status) {
       return "over-long";
     case DecodeStatus::kBadChecksum:
       return "bad checksum";
+    case DecodeStatus::kUnauthenticated:
+      return "missing or bad MAC";
   }
   return "unknown";
 }
 
 DecodedValue decode_remote_value(std::span<const std::byte> value, int64_t expected_rows,
-                                 int64_t expected_cols) {
+                                 int64_t expected_cols, const ValueMac* mac,
+                                 std::string_view name) {
   DecodedValue out;
   if (value.size() < kRemoteHeaderBytes ||
       std::memcmp(value.data(), kMagic.data(), kMagic.size()) != 0) {
@@ -162,7 +195,9 @@ DecodedValue decode_remote_value(std::span<const std::byte> value, int64_t expec
   out.header.rows = get_le<int64_t>(value.data() + 8);
   out.header.cols = get_le<int64_t>(value.data() + 16);
   out.header.payload_hash = get_le<uint64_t>(value.data() + 24);
-  if (!known_dtype(dtype_code) || value[7] != std::byte{0}) {
+  const auto flags = static_cast<uint8_t>(value[7]);
+  out.header.flags = flags;
+  if (!known_dtype(dtype_code) || (flags & ~kRemoteFlagMac) != 0) {
     out.status = DecodeStatus::kBadHeader;
     return out;
   }
@@ -177,7 +212,13 @@ DecodedValue decode_remote_value(std::span<const std::byte> value, int64_t expec
     out.status = DecodeStatus::kWrongShape;
     return out;
   }
-  const size_t have = value.size() - kRemoteHeaderBytes;
+  const bool has_mac = (flags & kRemoteFlagMac) != 0;
+  const size_t body_at = kRemoteHeaderBytes + (has_mac ? kMacBytes : 0);
+  if (value.size() < body_at) {
+    out.status = DecodeStatus::kTruncated;
+    return out;
+  }
+  const size_t have = value.size() - body_at;
   if (have < *payload) {
     out.status = DecodeStatus::kTruncated;
     return out;
@@ -186,10 +227,19 @@ DecodedValue decode_remote_value(std::span<const std::byte> value, int64_t expec
     out.status = DecodeStatus::kOverlong;
     return out;
   }
-  const auto body = value.subspan(kRemoteHeaderBytes);
+  const auto body = value.subspan(body_at);
   if (XXH3_64bits(body.data(), body.size()) != out.header.payload_hash) {
     out.status = DecodeStatus::kBadChecksum;
     return out;
+  }
+  if (mac != nullptr) {
+    Mac tag{};
+    if (has_mac) std::memcpy(tag.data(), value.data() + kRemoteHeaderBytes, tag.size());
+    if (!has_mac || !mac->verify(name, value.first(kRemoteHeaderBytes),
+                                 std::span<const std::span<const std::byte>>(&body, 1), tag)) {
+      out.status = DecodeStatus::kUnauthenticated;
+      return out;
+    }
   }
   out.status = DecodeStatus::kOk;
   out.payload = body;

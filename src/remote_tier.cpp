@@ -21,6 +21,7 @@
 #include "redis_connection.hpp"
 #include "remote_codec.hpp"
 #include "remote_shard.hpp"
+#include "value_mac.hpp"
 
 namespace hss::detail {
 namespace {
@@ -56,6 +57,9 @@ struct Shard {
   std::mutex reader_mutex;  // serialises fetches on `reader`
   RedisConnection reader;
   std::atomic<bool> reader_up{false};
+  // The server refused a SET with NOPERM: the ACL user may only read. Writes for this server are
+  // dropped (counted as denied) without being queued until the writer reconnects.
+  std::atomic<bool> writes_denied{false};
 
   // Reconnect state: background thread (and the constructor before it starts) only.
   milliseconds backoff = kBackoffMin;
@@ -69,7 +73,8 @@ class RedisRemoteTier final : public RemoteTier {
       : ttl_s_(config.hidden_state_remote_ttl_s),
         timeout_(config.hidden_state_remote_timeout_ms),
         queue_budget_(static_cast<uint64_t>(config.hidden_state_remote_queue_bytes)),
-        sharding_(server_ids(config)) {
+        sharding_(server_ids(config)),
+        mac_(ValueMac::from_config(config)) {
     for (RedisEndpoint& ep : parse_redis_urls(config.hidden_state_remote_url)) {
       shards_.push_back(std::make_unique<Shard>(std::move(ep), timeout_));
     }
@@ -151,6 +156,7 @@ class RedisRemoteTier final : public RemoteTier {
   const milliseconds timeout_;
   const uint64_t queue_budget_;
   const RendezvousSharding sharding_;
+  const std::shared_ptr<const ValueMac> mac_;  // null: values unauthenticated (xxHash3 only)
   std::vector<std::unique_ptr<Shard>> shards_;
 
   mutable std::mutex mutex_;  // guards the queue and the flags below
@@ -168,7 +174,7 @@ class RedisRemoteTier final : public RemoteTier {
 
   struct Counters {
     std::atomic<uint64_t> hits{0}, misses{0}, corrupt{0}, bytes_read{0}, enqueued{0}, sent{0},
-        bytes_written{0}, dropped{0}, reconnects{0}, errors{0};
+        bytes_written{0}, dropped{0}, reconnects{0}, errors{0}, unauthenticated{0}, denied{0};
   };
   Counters counters_;
   std::thread thread_;
@@ -202,6 +208,8 @@ std::optional<Clock::time_point> RedisRemoteTier::maintain_connections(bool init
       }
     }
     if (!error) {
+      if (writer_down)
+        shard.writes_denied.store(false, std::memory_order_relaxed);  // ACL may change
       if (!initial) {
         counters_.reconnects.fetch_add(1, std::memory_order_relaxed);
         log(LogLevel::kInfo, "remote tier: connected to " + shard.endpoint.display());
@@ -245,8 +253,12 @@ bool RedisRemoteTier::enqueue_write(const RemoteWrite& write,
     return false;
   }
   PendingWrite pending;
-  pending.key = remote_key(write.key, write.kind, write.layer);
   pending.shard = sharding_.shard_of(write.key.to_string());
+  if (shards_[pending.shard]->writes_denied.load(std::memory_order_relaxed)) {
+    counters_.denied.fetch_add(1, std::memory_order_relaxed);
+    return false;  // a read-only ACL user: nothing queued, nothing pinned
+  }
+  pending.key = remote_key(write.key, write.kind, write.layer);
   pending.header = RemoteHeader{write.dtype, write.rows, write.cols, 0};
   pending.bytes = bytes;
   if (owner) {
@@ -332,6 +344,10 @@ void RedisRemoteTier::send(std::vector<PendingWrite>& batch) {
 }
 
 void RedisRemoteTier::send_to(Shard& shard, std::vector<PendingWrite*>& writes) {
+  if (shard.writes_denied.load(std::memory_order_relaxed)) {
+    counters_.denied.fetch_add(writes.size(), std::memory_order_relaxed);
+    return;
+  }
   if (!shard.writer.connected()) {
     counters_.dropped.fetch_add(writes.size(), std::memory_order_relaxed);
     return;
@@ -349,13 +365,18 @@ void RedisRemoteTier::send_to(Shard& shard, std::vector<PendingWrite*>& writes) 
     if (!w->owner) payload = {std::as_bytes(std::span(w->copied.data(), w->copied.size()))};
     RemoteHeader header = w->header;
     header.payload_hash = hash_pieces(payload);
+    header.flags = mac_ ? kRemoteFlagMac : 0;
     std::array<std::byte, kRemoteHeaderBytes> header_bytes{};
     encode_remote_header(header, header_bytes);
+    Mac tag{};
+    if (mac_) tag = mac_->compute(w->key, header_bytes, payload);
     std::vector<std::span<const std::byte>> value;
-    value.reserve(payload.size() + 1);
+    value.reserve(payload.size() + 2);
     value.emplace_back(header_bytes);
+    if (mac_) value.emplace_back(tag);
     value.insert(value.end(), payload.begin(), payload.end());
-    RespCommand& command = commands.emplace_back(ttl_s_ > 0 ? 5 : 3, w->bytes + w->key.size());
+    RespCommand& command =
+        commands.emplace_back(ttl_s_ > 0 ? 5 : 3, w->bytes + w->key.size() + kMacBytes);
     command.arg("SET").arg(w->key).arg(value);
     if (ttl_s_ > 0) command.arg("EX").arg(ttl);
     sent.push_back(w);
@@ -366,6 +387,17 @@ void RedisRemoteTier::send_to(Shard& shard, std::vector<PendingWrite*>& writes) 
     if (result.replies[i].type() == RedisReply::Type::kStatus) {
       counters_.sent.fetch_add(1, std::memory_order_relaxed);
       counters_.bytes_written.fetch_add(sent[i]->bytes, std::memory_order_relaxed);
+    } else if (result.replies[i].text().starts_with("NOPERM")) {
+      // The ACL user may not write: a read-only tier, not a fault. Counted, logged once.
+      counters_.denied.fetch_add(1, std::memory_order_relaxed);
+      if (!shard.writes_denied.exchange(true, std::memory_order_relaxed)) {
+        set_error("SET on " + shard.endpoint.display() + ": " +
+                  std::string(result.replies[i].text()));
+        log(LogLevel::kWarn, "remote tier: " + shard.endpoint.display() +
+                                 " refuses writes for this user (" +
+                                 std::string(result.replies[i].text()) +
+                                 "); reading only, writes to it are dropped and counted");
+      }
     } else {
       counters_.errors.fetch_add(1, std::memory_order_relaxed);
       counters_.dropped.fetch_add(1, std::memory_order_relaxed);
@@ -450,13 +482,16 @@ std::vector<bool> RedisRemoteTier::contains(std::span<const RemoteRequest> reque
 
 void RedisRemoteTier::fetch_each(std::span<const RemoteRequest> requests,
                                  const std::function<void(size_t, const RemoteValue&)>& on_value) {
-  uint64_t hits = 0, corrupt = 0, bytes = 0;
+  uint64_t hits = 0, corrupt = 0, bytes = 0, unauthenticated = 0;
   on_readers(requests, "GET", [&](size_t i, const RedisReply& reply) {
     if (reply.type() != RedisReply::Type::kString) return;  // nil (absent) or an error reply
     const RemoteRequest& r = requests[i];
-    const DecodedValue decoded = decode_remote_value(reply.bytes(), r.rows, r.cols);
+    const std::string name = mac_ ? remote_key(r.key, r.kind, r.layer) : std::string();
+    const DecodedValue decoded =
+        decode_remote_value(reply.bytes(), r.rows, r.cols, mac_.get(), name);
     if (decoded.status != DecodeStatus::kOk) {
       ++corrupt;
+      if (decoded.status == DecodeStatus::kUnauthenticated) ++unauthenticated;
       if (log_enabled(LogLevel::kDebug)) {
         log(LogLevel::kDebug, "remote tier: value of " + remote_key(r.key, r.kind, r.layer) +
                                   " rejected: " + std::string(to_string(decoded.status)));
@@ -471,6 +506,7 @@ void RedisRemoteTier::fetch_each(std::span<const RemoteRequest> requests,
   counters_.hits.fetch_add(hits, std::memory_order_relaxed);
   counters_.misses.fetch_add(requests.size() - hits, std::memory_order_relaxed);
   counters_.corrupt.fetch_add(corrupt, std::memory_order_relaxed);
+  counters_.unauthenticated.fetch_add(unauthenticated, std::memory_order_relaxed);
   counters_.bytes_read.fetch_add(bytes, std::memory_order_relaxed);
 }
 
@@ -498,6 +534,8 @@ RemoteStats RedisRemoteTier::stats() const {
   s.dropped_writes = counters_.dropped.load();
   s.reconnects = counters_.reconnects.load();
   s.errors = counters_.errors.load();
+  s.unauthenticated_values = counters_.unauthenticated.load();
+  s.writes_denied = counters_.denied.load();
   {
     std::lock_guard lock(mutex_);
     s.queue_bytes = queue_bytes_;

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -33,7 +35,7 @@ struct Entry {
   /// pool once the fence is seen landed (only the cached flag is read here: this may run under
   /// the index lock). Without `deferred` (or out of memory) it waits, as a last resort.
   ~Entry() {
-    if (fence && !fence->landed()) {
+    if (fence && !fence->settled()) {
       if (deferred != nullptr && deferred->defer(blocks, fence)) return;
       (void)fence->wait();  // never hand back blocks a DMA may still write
     }
@@ -47,7 +49,9 @@ struct Entry {
   }
   /// True while a device-to-host copy into the blocks may still be in flight, as last seen (the
   /// cached flag: no device query under the index lock; DevicePath::poll() refreshes it).
-  [[nodiscard]] bool copy_in_flight() const { return fence && !fence->landed(); }
+  [[nodiscard]] bool copy_in_flight() const { return fence && !fence->settled(); }
+  /// True when the copy into the blocks failed, as last seen: the rows must never be served.
+  [[nodiscard]] bool copy_failed() const { return fence && fence->failed(); }
 
   BlockPool& pool;
   BlockList blocks;  ///< empty until the pool granted them (so a dropped plan releases nothing)
@@ -57,6 +61,15 @@ struct Entry {
   std::shared_ptr<CopyFence> fence;     ///< set by device-path stores
   DeferredRelease* deferred = nullptr;  ///< where blocks wait for an in-flight copy (device path)
   bool ready = false;                   ///< published to retrieve (guarded by the index mutex)
+
+  /// The payload's xxHash3 and keyed MAC, computed once, when the entry is first exported (a
+  /// READY entry's bytes never change; pool_transfer.hpp).
+  struct Digest {
+    uint64_t hash = 0;
+    std::optional<std::array<std::byte, 32>> mac;
+  };
+  mutable std::once_flag digest_once;
+  mutable Digest digest;
 };
 using EntryRef = std::shared_ptr<Entry>;
 

@@ -79,7 +79,7 @@ void StoreRemote::write_behind(const CacheEngineKey& key, const EntryRef& entry,
     if (entry->fence) ready = [fence = entry->fence] { return fence->wait(); };
     (void)tier_->enqueue_write(write, entry_pieces(*entry, pool), std::move(owner),
                                std::move(ready));
-  } else if (!entry->fence || entry->fence->ready()) {
+  } else if (!entry->fence || (entry->fence->ready() && entry->fence->landed())) {
     (void)tier_->enqueue_write(write, entry_pieces(*entry, pool));  // copied now
   } else {
     tier_->count_dropped(1);

@@ -1,5 +1,7 @@
 #include "store_validation.hpp"
 
+#include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "hss/error.hpp"
@@ -46,6 +48,18 @@ void check_view(const TensorView& view, const char* name, bool device_ok) {
   }
   if (view.device == Device::kCuda && !device_ok) {
     throw InvalidArgument(n + ".device = cuda but no CUDA device is usable in this process");
+  }
+  // A GPU loads an element only from an address aligned to its size: a misaligned load is a
+  // sticky cudaErrorMisalignedAddress that loses the context. Every framework's tensors are
+  // element-aligned (row strides count elements), so such a view is a caller bug: refuse it
+  // before any launch rather than slow every kernel down with byte loads (docs/kernels.md).
+  const size_t esize = element_size(view.dtype);
+  if (view.device == Device::kCuda && reinterpret_cast<uintptr_t>(view.data) % esize != 0) {
+    char address[32];
+    std::snprintf(address, sizeof address, "%p", view.data);
+    throw InvalidArgument(n + ".data = " + address + " is not aligned to its " +
+                          std::to_string(esize) + "-byte " + std::string(to_string(view.dtype)) +
+                          " elements: device views must be element-aligned");
   }
   if (view.device_index < 0) {
     throw InvalidArgument(n + ".device_index = " + str(view.device_index) + " is negative");

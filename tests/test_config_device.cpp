@@ -121,6 +121,16 @@ TEST(ConfigDevice, CopyThreadsAreBounded) {
   EXPECT_THROW(c.validate(), ConfigError);
 }
 
+TEST(ConfigDevice, TheStoresDeviceParsesAndIsBounded) {
+  EXPECT_EQ(Config().hidden_state_device, -1);  // the constructing thread's current device
+  const Config c = Config::from_yaml("hidden_state_device: 3\n");
+  EXPECT_EQ(c.hidden_state_device, 3);
+  EXPECT_EQ(Config::from_yaml(c.to_yaml()).hidden_state_device, 3);
+  expect_mentions(error_of("chunk_size: 16\nhidden_state_device: -2\n"),
+                  {"hidden_state_device", "-2", "line 2", "device index"});
+  expect_mentions(error_of("hidden_state_device: gpu1\n"), {"hidden_state_device", "gpu1"});
+}
+
 TEST(ConfigDeviceErrors, BadValuesNameKeyValueAndLine) {
   expect_mentions(error_of("hidden_state_restore_impl: memcpy\n"),
                   {"hidden_state_restore_impl", "memcpy", "line 1", "copy_engine"});

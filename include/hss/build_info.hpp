@@ -26,7 +26,9 @@ struct RuntimeInfo {
   bool device_available = false;  ///< a CUDA device and driver were found
   std::string reason;             ///< why not, when not (the CUDA error string)
   std::vector<DeviceInfo> devices;
-  bool pinned_memory = false;  ///< page-locked host memory can be allocated
+  /// The devices map page-locked host memory into their address space (unified addressing): the
+  /// pool is allocated so when it fits (stats().pinned says whether it was).
+  bool pinned_memory = false;
 };
 
 [[nodiscard]] BuildInfo build_info();

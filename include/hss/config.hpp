@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,7 +34,21 @@ enum class RestoreImpl { kKernel, kCopyEngine, kCub };
 /// a GPU measurement picks one (docs/perf.md).
 enum class StoreImpl { kStaging, kMapped };
 
+/// Point-to-point pull of hidden states between processes or hosts (prefill/decode
+/// disaggregation): `none`, or `nixl` (hsstore.nixl: one-sided READs from the producer's pinned
+/// pool through NVIDIA NIXL; needs the Python package nixl, checked when a Python config is made).
+enum class TransferKind { kNone, kNixl };
+
 struct Config {
+  // Special members out of line: GCC 12 at -O3 reports false "may be used uninitialized" errors in
+  // inlined copies of this many members (std::optional<std::vector> among them).
+  Config();
+  Config(const Config&);
+  Config(Config&&) noexcept;
+  Config& operator=(const Config&);
+  Config& operator=(Config&&) noexcept;
+  ~Config();
+
   int64_t chunk_size = 256;
   bool save_unfull_chunk = false;
   double max_local_cpu_size = 5.0;  ///< GiB, KV pool
@@ -70,6 +85,12 @@ struct Config {
   /// the host (counted in stats().launch_waits). Each slot, created on first use, holds a pinned
   /// tile table of ~0.6 MiB and cub scratch. 1..4096.
   int64_t hidden_state_launch_slots = 64;
+  /// The store's CUDA device: its page-locked pool and its device state (staging, launch slots,
+  /// loaded kernels) are created on it at construction, from a helper thread, so that no other
+  /// device gets a context and the caller's current device is left as it was. -1 (default): the
+  /// constructing thread's current device. Set it where a thread may not have selected its
+  /// device yet (CUDA then reports device 0). >= -1; must name a device the process sees.
+  int64_t hidden_state_device = -1;
   /// Bytes of released restore outputs the process keeps for reuse (HostTensor recycler). >= 0.
   /// HSS_OUTPUT_CACHE_MB overrides it (debugging aid).
   int64_t hidden_state_output_cache_bytes = int64_t{2048} << 20;
@@ -82,6 +103,25 @@ struct Config {
   /// hidden_state_copy_threads - 1 workers the store starts). 1..64; default 1: an engine's cores
   /// are its own.
   int64_t hidden_state_copy_threads = 1;
+
+  // Remote-value MAC and point-to-point transfer (hsstore extensions).
+  /// Keyed MAC (HMAC-SHA256) of remote values, for both remote paths: the secret itself (at
+  /// least 16 bytes), or a file holding it (one trailing newline ignored; read when a store or
+  /// tier is built). At most one of the two. Set: values without a valid MAC are counted misses,
+  /// never served. Needs a build with OpenSSL: otherwise a ConfigError when a store is built.
+  std::string hidden_state_mac_key;
+  std::string hidden_state_mac_key_file;
+  /// Point-to-point transfer (see TransferKind); off by default.
+  TransferKind hidden_state_transfer = TransferKind::kNone;
+  /// The NIXL backend of hidden_state_transfer: nixl (`UCX` by default).
+  std::string hidden_state_transfer_backend = "UCX";
+  /// How long a producer keeps an exported chunk's granules pinned for a consumer's READ
+  /// (the lease; released earlier by the consumer). 1..3600000.
+  int64_t hidden_state_transfer_lease_ms = 30000;
+  /// A consumer's bound on one pull (control round trips and the READ). 1..600000.
+  int64_t hidden_state_transfer_timeout_ms = 10000;
+  /// host:port of a producer's control socket (port 0: any free port).
+  std::string hidden_state_transfer_listen = "127.0.0.1:0";
 
   /// Keys present in the input that hsstore does not use (a warning was logged for each).
   std::vector<std::string> unknown_keys;
@@ -109,6 +149,10 @@ struct Config {
 
   /// The effective values as YAML (round-trips through from_yaml).
   [[nodiscard]] std::string to_yaml() const;
+
+  /// Every key hsstore reads: the one table of config keys (from_yaml, to_yaml, the Python
+  /// bindings and the docs are checked against it).
+  [[nodiscard]] static std::span<const std::string_view> keys();
 };
 
 [[nodiscard]] std::string_view to_string(StorageDType dtype);
@@ -118,5 +162,8 @@ struct Config {
 [[nodiscard]] std::string_view to_string(StoreImpl impl);
 /// "staging" or "mapped"; nullopt for anything else.
 [[nodiscard]] std::optional<StoreImpl> store_impl_from_string(std::string_view name);
+[[nodiscard]] std::string_view to_string(TransferKind kind);
+/// "none" or "nixl"; nullopt for anything else.
+[[nodiscard]] std::optional<TransferKind> transfer_kind_from_string(std::string_view name);
 
 }  // namespace hss

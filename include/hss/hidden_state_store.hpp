@@ -21,6 +21,10 @@
 //   READY afterwards. A device-path store publishes once its copies are enqueued, with a CUDA
 //   event (the fence); a host-output retrieve that returns the entry waits for that event (and
 //   only that one), a device-output retrieve makes its stream wait for it on the device.
+// * An export's lease (hss/pool_transfer.hpp) pins the exported entries like a retrieve: pool
+//   pressure skips their keys and their granules are not reused until the lease is released or
+//   expires. An import reserves PENDING entries that a transport fills before they are checked
+//   and published.
 // * Dropping or evicting an entry whose copy is still in flight never waits: its blocks return
 //   to the pool once the copy has landed. Entries read by an unfinished device restore stay
 //   pinned (never eviction victims) until it has finished.
@@ -70,6 +74,7 @@
 #include "hss/storage_manager.hpp"
 #include "hss/tensor.hpp"
 #include "hss/token_database.hpp"
+#include "hss/transfer_stats.hpp"
 
 namespace hss {
 
@@ -128,13 +133,16 @@ struct HiddenStateStats {
   uint64_t hs_evictions = 0;         ///< keys evicted for pool pressure (HS only)
   uint64_t coupled_evictions = 0;    ///< keys dropped because their KV was gone
   uint64_t allocation_failures = 0;  ///< stores that stopped early for want of pool space
-  uint64_t staging_waits = 0;        ///< device stores that waited on the host for staging space
-  uint64_t launch_waits = 0;         ///< device launches that waited on the host for a launch slot
+  /// Chunks dropped because the device copy into them failed (never served)
+  uint64_t copy_failures = 0;
+  uint64_t staging_waits = 0;  ///< device stores that waited on the host for staging space
+  uint64_t launch_waits = 0;   ///< device launches that waited on the host for a launch slot
   /// Kernel launches and copy calls the device path enqueued (a batch: one per device and stream)
   uint64_t device_launches = 0;
   std::array<KindStats, kNumActivationKinds> per_kind{};  ///< indexed by ActivationKind
   RemoteStats remote;  ///< the shared remote tier (all zero when hidden_state_remote_url is unset)
   HostCopyStats host_copy;  ///< the host copy strategy chosen for this machine, copy threads
+  TransferStats transfer;  ///< point-to-point exports and imports (hss/pool_transfer.hpp)
 };
 
 /// What coverage() counts: the local pool only, or the local pool and the remote tier.
@@ -235,6 +243,11 @@ class HiddenStateStore {
   int64_t retrieve_layers_into(std::span<const int64_t> token_ids, std::span<const Slot> slots,
                                std::span<const MutableTensorView> outs,
                                const RetrieveLayersOptions& options = {});
+  /// The same with caller-computed chunks (contiguous from 0, as store_chunks): an engine's own
+  /// token database (LMCache's keys) restores several slots in one all-or-nothing walk.
+  int64_t retrieve_layers_into(std::span<const Chunk> chunks, std::span<const Slot> slots,
+                               std::span<const MutableTensorView> outs,
+                               const RetrieveLayersOptions& options = {});
 
   /// Many stores in one call (an engine step: requests x layers). Results are those the single
   /// calls would give, in item order; items sharing a token list (same span) share one key pass;
@@ -291,6 +304,7 @@ class HiddenStateStore {
   class Impl;
 
  private:
+  friend class PoolTransfer;  // hss/pool_transfer.hpp: export, lease and import primitives
   std::unique_ptr<Impl> impl_;
 };
 

@@ -11,7 +11,8 @@ Quick start::
     store.store_hidden_states(tokens, np.ones((512, 1024), np.float32))  # -> 2
     store.retrieve_hidden_states(tokens)  # [512, 1024] float32 (torch if importable)
 
-``hsstore.lmcache`` holds a drop-in replacement for LMCache's own ``HiddenStateStore``.
+``hsstore.lmcache`` holds a drop-in replacement for LMCache's own ``HiddenStateStore``;
+``hsstore.vllm`` captures and restores hidden states inside a real vLLM engine.
 """
 
 from ._hsstore import (
@@ -20,6 +21,7 @@ from ._hsstore import (
     ChunkedTokenDatabase,
     Config,
     ConfigError,
+    CoverageScope,
     Engine,
     Error,
     HiddenStateStore,
@@ -35,6 +37,7 @@ __all__ = [
     "ChunkedTokenDatabase",
     "Config",
     "ConfigError",
+    "CoverageScope",
     "Engine",
     "Error",
     "HiddenStateStore",

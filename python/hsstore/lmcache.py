@@ -138,20 +138,11 @@ class HiddenStateStore:
         lmcache_chunks = self._chunk(token_ids)
         if not lmcache_chunks or lmcache_chunks[-1][1] <= token_offset:
             return 0
-        chunks = self._begin_call(lmcache_chunks)
-        try:
-            # Rows past the last chunk (an unsaved partial chunk) are not part of any key.
-            covered = hidden_states[: lmcache_chunks[-1][1] - token_offset]
-            written = self._store.store_chunks(
-                chunks, covered, layer_idx=layer_idx, token_offset=token_offset
-            )
-        finally:
-            self._end_call()
-        if written:
-            for (_, _, native), (_, _, key) in zip(chunks, lmcache_chunks):
-                self._stored_keys[native] = key
-            self._prune_stored_keys()
-        return written
+        # Rows past the last chunk (an unsaved partial chunk) are not part of any key.
+        covered = hidden_states[: lmcache_chunks[-1][1] - token_offset]
+        return self.store_chunks(
+            lmcache_chunks, covered, layer_idx=layer_idx, token_offset=token_offset
+        )
 
     def retrieve_hidden_states(self, token_ids, *, layer_idx: int = 0):
         """The cached prefix for layer_idx as a CPU float32 torch tensor, or None. Stops at the
@@ -215,6 +206,55 @@ class HiddenStateStore:
 
     def stats(self) -> dict:
         return self._store.stats()
+
+    def chunks(self, token_ids) -> List[Tuple[int, int, Any]]:
+        """LMCache's (start, end, key) chunks of token_ids, for the calls below (hash once per
+        request, use for every layer and step)."""
+        return self._chunk(token_ids)
+
+    def coverage(self, chunks, layer_idxs=(0,)) -> int:
+        """Tokens of the prefix whose every chunk has KV (LMCache's storage manager) and every
+        layer of layer_idxs: what retrieve_layers_into would restore. `chunks` from chunks()."""
+        if not chunks:
+            return 0
+        native = self._begin_call(chunks)
+        try:
+            return self._store.coverage(native, list(layer_idxs))
+        finally:
+            self._end_call()
+
+    def retrieve_layers_into(self, chunks, layer_idxs, outs, *, row_begin: int = 0) -> int:
+        """All-or-nothing restore of several layers of `chunks` into `outs` (one tensor per
+        layer, rows [row_begin, prefix end)); the rows written to each, 0 on a miss."""
+        if not chunks:
+            return 0
+        native = self._begin_call(chunks)
+        try:
+            return self._store.retrieve_layers_into(
+                native, list(layer_idxs), list(outs), row_begin=row_begin
+            )
+        finally:
+            self._end_call()
+
+    def store_chunks(self, chunks, hidden_states, *, layer_idx: int = 0, token_offset: int = 0):
+        """store_hidden_states with the chunks of chunks() (no re-hashing): hidden_states has
+        chunks[-1][1] - token_offset rows. Returns the chunks newly written."""
+        if self._layer_allowlist is not None and layer_idx not in self._layer_allowlist:
+            return 0
+        if not chunks or chunks[-1][1] <= token_offset:
+            return 0
+        native = self._begin_call(chunks)
+        try:
+            written = self._store.store_chunks(
+                native, hidden_states, layer_idx=layer_idx, token_offset=token_offset
+            )
+        finally:
+            self._end_call()
+        if written:
+            for (_, _, key), (_, _, lmcache_key) in zip(native, chunks):
+                self._stored_keys[key] = lmcache_key
+            self._prune_stored_keys()
+        return written
 
     # -- internals ---------------------------------------------------------------------------------
 

@@ -44,16 +44,17 @@ class TokenCache {
 /// Tensors of a batch, borrowed once per distinct Python object.
 class TensorCache {
  public:
-  explicit TensorCache(const char* name) : name_(name) {}
+  TensorCache(const char* name, Access access) : name_(name), access_(access) {}
   const BorrowedTensor& borrow(PyObject* obj) {
     if (auto it = by_object_.find(obj); it != by_object_.end()) return *it->second;
-    const BorrowedTensor& t = tensors_.emplace_back(borrow_tensor(obj, name_));
+    const BorrowedTensor& t = tensors_.emplace_back(borrow_tensor(obj, name_, access_));
     by_object_.emplace(obj, &t);
     return t;
   }
 
  private:
   const char* name_;
+  Access access_;
   std::deque<BorrowedTensor> tensors_;
   std::unordered_map<PyObject*, const BorrowedTensor*> by_object_;
 };
@@ -123,7 +124,7 @@ nb::list store_batch(PyHiddenStateStore& s, nb::handle items) {
   const auto count = static_cast<size_t>(PySequence_Fast_GET_SIZE(seq.ptr()));
   PyObject** entries = PySequence_Fast_ITEMS(seq.ptr());
   TokenCache tokens;
-  TensorCache tensors("hidden_states");
+  TensorCache tensors("hidden_states", Access::kRead);
   std::vector<hss::StoreItem> batch(count);
   for (size_t i = 0; i < count; ++i) {
     parse_item(i, [&] {
@@ -149,7 +150,7 @@ nb::list retrieve_batch_into(PyHiddenStateStore& s, nb::handle items) {
   const auto count = static_cast<size_t>(PySequence_Fast_GET_SIZE(seq.ptr()));
   PyObject** entries = PySequence_Fast_ITEMS(seq.ptr());
   TokenCache tokens;
-  TensorCache outs("out");
+  TensorCache outs("out", Access::kWrite);
   std::vector<hss::RetrieveItem> batch(count);
   for (size_t i = 0; i < count; ++i) {
     parse_item(i, [&] {

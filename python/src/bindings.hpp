@@ -16,5 +16,6 @@ void bind_store(nb::module_& m);
 void bind_engine(nb::module_& m);
 void bind_bench(nb::module_& m);
 void bind_device_buffer(nb::module_& m);
+void bind_transfer(nb::module_& m);
 
 }  // namespace hss::python

@@ -3,9 +3,9 @@
 // so validation and messages are those of hss::Config::from_yaml.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
-#include <array>
 #include <string>
 #include <string_view>
 
@@ -14,24 +14,11 @@
 #include "hss/activation.hpp"
 #include "hss/config.hpp"
 #include "hss/error.hpp"
+#include "transfer_py.hpp"
 
 namespace hss::python {
 
 namespace {
-
-// The keys hsstore reads from an LMCache-style config object (attributes missing on the object
-// keep their defaults).
-constexpr std::array kAttributeKeys = {
-    "chunk_size",
-    "save_unfull_chunk",
-    "max_local_cpu_size",
-    "enable_hidden_state_cache",
-    "max_hidden_state_cpu_size",
-    "hidden_state_layers",
-    "hidden_state_storage_dtype",
-    "hidden_state_block_bytes",
-    "hidden_state_kinds",
-};
 
 // JSON is YAML: a dict becomes YAML text through json.dumps (values it cannot encode, such as
 // torch dtypes, by their str()).
@@ -49,7 +36,19 @@ bool looks_like_yaml_text(std::string_view text) {
 
 }  // namespace
 
+namespace {
+hss::Config config_from_source(nb::handle source);
+}  // namespace
+
 hss::Config config_from(nb::handle source) {
+  hss::Config config = config_from_source(source);
+  check_transfer_available(config);
+  return config;
+}
+
+namespace {
+
+hss::Config config_from_source(nb::handle source) {
   if (source.is_none()) return hss::Config::from_env();
   if (nb::isinstance<hss::Config>(source)) return nb::cast<const hss::Config&>(source);
   if (nb::isinstance<nb::str>(source)) {
@@ -65,12 +64,13 @@ hss::Config config_from(nb::handle source) {
   // An object with LMCache's config attributes (LMCacheEngineConfig or anything alike).
   nb::dict values;
   bool found_any = false;
-  for (const char* key : kAttributeKeys) {
-    if (!nb::hasattr(source, key)) continue;
+  for (const std::string_view key_view : hss::Config::keys()) {
+    const std::string key(key_view);
+    if (!nb::hasattr(source, key.c_str())) continue;
     found_any = true;
-    nb::object value = source.attr(key);
+    nb::object value = source.attr(key.c_str());
     if (value.is_none()) continue;
-    values[key] = value;
+    values[key.c_str()] = value;
   }
   if (!found_any) {
     throw hss::ConfigError(
@@ -80,6 +80,8 @@ hss::Config config_from(nb::handle source) {
   }
   return hss::Config::from_yaml(to_yaml_text(values));
 }
+
+}  // namespace
 
 void bind_config(nb::module_& m) {
   nb::class_<hss::Config>(m, "Config",
@@ -122,7 +124,46 @@ void bind_config(nb::module_& m) {
                      }
                      return names;
                    })
+      .def_ro("hidden_state_remote_url", &hss::Config::hidden_state_remote_url)
+      .def_ro("hidden_state_remote_ttl_s", &hss::Config::hidden_state_remote_ttl_s)
+      .def_ro("hidden_state_remote_timeout_ms", &hss::Config::hidden_state_remote_timeout_ms)
+      .def_ro("hidden_state_remote_queue_bytes", &hss::Config::hidden_state_remote_queue_bytes)
+      .def_prop_ro("hidden_state_restore_impl",
+                   [](const hss::Config& c) {
+                     return std::string(hss::to_string(c.hidden_state_restore_impl));
+                   })
+      .def_prop_ro("hidden_state_store_impl",
+                   [](const hss::Config& c) {
+                     return std::string(hss::to_string(c.hidden_state_store_impl));
+                   })
+      .def_ro("hidden_state_staging_bytes", &hss::Config::hidden_state_staging_bytes)
+      .def_ro("hidden_state_launch_slots", &hss::Config::hidden_state_launch_slots)
+      .def_ro("hidden_state_device", &hss::Config::hidden_state_device)
+      .def_ro("hidden_state_output_cache_bytes", &hss::Config::hidden_state_output_cache_bytes)
+      .def_ro("hidden_state_stream_threshold_bytes",
+              &hss::Config::hidden_state_stream_threshold_bytes)
+      .def_ro("hidden_state_copy_threads", &hss::Config::hidden_state_copy_threads)
       .def_ro("unknown_keys", &hss::Config::unknown_keys)
+      .def_static(
+          "keys",
+          [] {
+            std::vector<std::string> names;
+            for (const std::string_view key : hss::Config::keys()) names.emplace_back(key);
+            return names;
+          },
+          "Every key hsstore reads (each is a read-only attribute of a Config).")
+      .def(
+          "to_dict",
+          [](const hss::Config& c) {
+            nb::dict d;
+            nb::object self = nb::cast(c);
+            for (const std::string_view key : hss::Config::keys()) {
+              const std::string name(key);
+              d[name.c_str()] = self.attr(name.c_str());
+            }
+            return d;
+          },
+          "The effective value of every key, as a dict (Config(config.to_dict()) equals it).")
       .def("to_yaml", &hss::Config::to_yaml)
       .def("layer_allowed", &hss::Config::layer_allowed, nb::arg("layer_idx"))
       .def("__repr__", [](const hss::Config& c) {

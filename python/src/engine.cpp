@@ -133,7 +133,7 @@ void bind_engine(nb::module_& m) {
           "retrieve",
           [](PyEngine& e, nb::handle tokens, nb::handle kv_out) {
             TokenIds ids = token_ids_from(tokens, "tokens");
-            BorrowedTensor t = borrow_tensor(kv_out, "kv_out");
+            BorrowedTensor t = borrow_tensor(kv_out, "kv_out", Access::kWrite);
             nb::gil_scoped_release release;
             return ids.visit([&](auto span) { return e.engine->retrieve(span, t.view); });
           },

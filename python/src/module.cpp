@@ -11,4 +11,5 @@ NB_MODULE(_hsstore, m) {
   hss::python::bind_engine(m);
   hss::python::bind_bench(m);
   hss::python::bind_device_buffer(m);
+  hss::python::bind_transfer(m);
 }

@@ -93,6 +93,63 @@ namespace {
 
 hss::HiddenStateStore& live(PyHiddenStateStore& s) { return *s.store; }
 
+nb::dict remote_stats_dict(const hss::RemoteStats& r) {
+  nb::dict d;
+  d["enabled"] = r.enabled;
+  d["servers"] = r.servers;
+  d["servers_connected"] = r.servers_connected;
+  d["hits"] = r.hits;
+  d["misses"] = r.misses;
+  d["corrupt_values"] = r.corrupt_values;
+  d["unauthenticated_values"] = r.unauthenticated_values;
+  d["bytes_read"] = r.bytes_read;
+  d["read_through_chunks"] = r.read_through_chunks;
+  d["writes_enqueued"] = r.writes_enqueued;
+  d["writes_sent"] = r.writes_sent;
+  d["bytes_written"] = r.bytes_written;
+  d["dropped_writes"] = r.dropped_writes;
+  d["writes_denied"] = r.writes_denied;
+  d["reconnects"] = r.reconnects;
+  d["errors"] = r.errors;
+  d["queue_bytes"] = r.queue_bytes;
+  return d;
+}
+
+nb::dict transfer_stats_dict(const hss::TransferStats& t) {
+  nb::dict d;
+  d["exports"] = t.exports;
+  d["exported_entries"] = t.exported_entries;
+  d["exported_bytes"] = t.exported_bytes;
+  d["leases_held"] = t.leases_held;
+  d["leased_bytes"] = t.leased_bytes;
+  d["leases_released"] = t.leases_released;
+  d["leases_expired"] = t.leases_expired;
+  d["reserved_entries"] = t.reserved_entries;
+  d["imported_entries"] = t.imported_entries;
+  d["imported_bytes"] = t.imported_bytes;
+  d["rejected_entries"] = t.rejected_entries;
+  d["unauthenticated_entries"] = t.unauthenticated_entries;
+  d["abandoned_entries"] = t.abandoned_entries;
+  return d;
+}
+
+nb::dict host_copy_stats_dict(const hss::HostCopyStats& h) {
+  nb::dict d;
+  d["copies"] = std::string(hss::to_string(h.copies));
+  d["widening"] = std::string(hss::to_string(h.widening));
+  d["stream_threshold_bytes"] = h.stream_threshold_bytes;
+  d["chosen_by"] = std::string(hss::to_string(h.chosen_by));
+  d["cpu"] = h.cpu;
+  d["summary"] = h.summary;
+  d["regular_copy_gbps"] = h.regular_copy_gbps;
+  d["streaming_copy_gbps"] = h.streaming_copy_gbps;
+  d["regular_widen_gbps"] = h.regular_widen_gbps;
+  d["streaming_widen_gbps"] = h.streaming_widen_gbps;
+  d["copy_threads"] = h.copy_threads;
+  d["split_copies"] = h.split_copies;
+  return d;
+}
+
 nb::dict stats_dict(const hss::HiddenStateStats& st) {
   nb::dict d;
   d["keys_held"] = st.keys_held;
@@ -116,6 +173,7 @@ nb::dict stats_dict(const hss::HiddenStateStats& st) {
   d["staging_waits"] = st.staging_waits;
   d["device_launches"] = st.device_launches;
   d["launch_waits"] = st.launch_waits;
+  d["copy_failures"] = st.copy_failures;
   nb::dict per_kind;
   for (int k = 0; k < hss::kNumActivationKinds; ++k) {
     const hss::KindStats& ks = st.per_kind[static_cast<size_t>(k)];
@@ -127,6 +185,9 @@ nb::dict stats_dict(const hss::HiddenStateStats& st) {
         entry;
   }
   d["per_kind"] = per_kind;
+  d["remote"] = remote_stats_dict(st.remote);
+  d["transfer"] = transfer_stats_dict(st.transfer);
+  d["host_copy"] = host_copy_stats_dict(st.host_copy);
   return d;
 }
 
@@ -142,8 +203,6 @@ hss::ActivationKind kind_from(nb::handle kind) {
       "'mlp_intermediate', got " +
       nb::cast<std::string>(nb::repr(kind)));
 }
-
-namespace {
 
 // Layer indices (kind hidden) or (kind, layer) tuples, mixed freely.
 std::vector<hss::Slot> slots_from(nb::handle items, const char* name) {
@@ -173,6 +232,8 @@ std::vector<hss::Slot> slots_from(nb::handle items, const char* name) {
   return slots;
 }
 
+namespace {
+
 hss::Stream as_stream(void* stream) { return static_cast<hss::Stream>(stream); }
 
 std::vector<hss::Chunk> chunks_for(PyHiddenStateStore& s, nb::handle tokens_or_chunks,
@@ -190,6 +251,12 @@ std::vector<hss::Chunk> chunks_for(PyHiddenStateStore& s, nb::handle tokens_or_c
 }  // namespace
 
 void bind_store(nb::module_& m) {
+  nb::enum_<hss::CoverageScope>(m, "CoverageScope",
+                                "What coverage() counts: the local pool, or the pool and the "
+                                "remote tier.")
+      .value("local", hss::CoverageScope::kLocal)
+      .value("local_and_remote", hss::CoverageScope::kLocalAndRemote);
+
   nb::enum_<hss::ActivationKind>(m, "ActivationKind",
                                  "What a cached activation is; kind= also takes the name.")
       .value("hidden", hss::ActivationKind::kHidden)
@@ -306,7 +373,7 @@ void bind_store(nb::module_& m) {
           [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle out, int64_t layer_idx,
              int64_t row_begin, nb::handle kind) {
             TokenIds ids = token_ids_from(token_ids, "token_ids");
-            BorrowedTensor dst = borrow_tensor(out, "out");
+            BorrowedTensor dst = borrow_tensor(out, "out", Access::kWrite);
             const hss::RetrieveOptions options{layer_idx, row_begin, kind_from(kind),
                                                as_stream(dst.stream)};
             nb::gil_scoped_release release;
@@ -354,16 +421,54 @@ void bind_store(nb::module_& m) {
           "All-or-nothing restore of several slots (layer indices, or (kind, layer) tuples): one "
           "tensor each, all with the same rows; [] when no prefix has every slot.")
       .def(
+          "retrieve_layers_into",
+          [](PyHiddenStateStore& s, nb::handle tokens_or_chunks, nb::handle layer_idxs,
+             nb::handle outs, int64_t row_begin) {
+            std::vector<hss::Chunk> chunks = chunks_for(s, tokens_or_chunks, "token_ids");
+            std::vector<hss::Slot> slots = slots_from(layer_idxs, "layer_idxs");
+            nb::object seq = nb::steal(PySequence_Fast(outs.ptr(), "not a sequence"));
+            if (!seq.is_valid()) {
+              PyErr_Clear();
+              throw InvalidArgument("outs must be a list of tensors, one per layer, got " +
+                                    nb::cast<std::string>(nb::repr(outs)));
+            }
+            const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq.ptr());
+            PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+            std::vector<BorrowedTensor> borrowed;
+            borrowed.reserve(static_cast<size_t>(count));
+            std::vector<hss::MutableTensorView> views;
+            for (Py_ssize_t i = 0; i < count; ++i) {
+              const std::string name = "outs[" + std::to_string(i) + "]";
+              borrowed.push_back(borrow_tensor(items[i], name.c_str(), Access::kWrite));
+              views.push_back(borrowed.back().view);
+            }
+            // One stream orders every device output: the first one's (torch's current stream).
+            const hss::RetrieveLayersOptions options{
+                row_begin, borrowed.empty() ? nullptr : as_stream(borrowed.front().stream)};
+            nb::gil_scoped_release release;
+            return live(s).retrieve_layers_into(
+                std::span<const hss::Chunk>(chunks), std::span<const hss::Slot>(slots),
+                std::span<const hss::MutableTensorView>(views), options);
+          },
+          nb::arg("token_ids").none(), nb::arg("layer_idxs").none(), nb::arg("outs").none(),
+          nb::kw_only(), nb::arg("row_begin") = 0,
+          "retrieve_layers into caller tensors (token ids or (start, end, key) chunks): outs[i] "
+          "(CPU or CUDA; float32, float16 or bfloat16) receives rows [row_begin, prefix end) of "
+          "layer_idxs[i], all or nothing. Returns the rows written to each (0 on a miss).")
+      .def(
           "coverage",
-          [](PyHiddenStateStore& s, nb::handle tokens_or_chunks, nb::handle layer_idxs) {
+          [](PyHiddenStateStore& s, nb::handle tokens_or_chunks, nb::handle layer_idxs,
+             hss::CoverageScope scope) {
             std::vector<hss::Chunk> chunks = chunks_for(s, tokens_or_chunks, "token_ids");
             std::vector<hss::Slot> slots = slots_from(layer_idxs, "layer_idxs");
             nb::gil_scoped_release release;
-            return live(s).coverage(chunks, std::span<const hss::Slot>(slots));
+            return live(s).coverage(chunks, std::span<const hss::Slot>(slots), scope);
           },
           nb::arg("token_ids").none(), nb::arg("layer_idxs") = std::vector<int64_t>{0},
+          nb::kw_only(), nb::arg("scope") = hss::CoverageScope::kLocal,
           "Tokens of the prefix retrieve_layers would return (token ids or (start, end, key) "
-          "chunks). Changes nothing.")
+          "chunks). scope=CoverageScope.local_and_remote also counts the remote tier (one round "
+          "trip per server). Changes nothing.")
       .def(
           "has_chunk",
           [](PyHiddenStateStore& s, const hss::CacheEngineKey& key, int64_t layer_idx,

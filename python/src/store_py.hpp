@@ -57,6 +57,8 @@ struct PyHiddenStateStore {
 
 /// An ActivationKind or its name ('hidden', ...); InvalidArgument otherwise.
 [[nodiscard]] hss::ActivationKind kind_from(nb::handle kind);
+/// Layer indices (kind hidden) or (kind, layer) tuples; InvalidArgument naming `name` otherwise.
+[[nodiscard]] std::vector<hss::Slot> slots_from(nb::handle items, const char* name);
 
 /// tp_traverse / tp_clear of hsstore.HiddenStateStore, so a storage manager or token database
 /// that refers back to the store does not make an uncollectable cycle.

@@ -60,6 +60,8 @@ bool is_torch_tensor(nb::handle obj) {
   return name == "torch" || name.rfind("torch.", 0) == 0;
 }
 
+ImportedTensor import_dlpack_checked(nb::handle obj, void** stream_out);
+
 // Calls obj.__dlpack__ with the stream handshake and takes ownership of the capsule's tensor.
 ImportedTensor import_dlpack(nb::handle obj_in, const char* name, void** stream_out) {
   nb::object obj = nb::borrow(obj_in);
@@ -69,9 +71,27 @@ ImportedTensor import_dlpack(nb::handle obj_in, const char* name, void** stream_
                           "got " +
                           py_type_name(obj) + " " + repr_of(obj));
   }
+  if (is_torch_tensor(obj) && nb::cast<bool>(nb::getattr(obj, "is_meta", nb::bool_(false)))) {
+    throw InvalidArgument(std::string(name) +
+                          " is a torch tensor on the 'meta' device, which holds no data: hsstore "
+                          "reads and writes CPU or CUDA memory");
+  }
   if (nb::cast<bool>(nb::getattr(obj, "requires_grad", nb::bool_(false)))) {
     obj = obj.attr("detach")();  // LMCache detaches too; DLPack refuses tensors needing grad
   }
+  try {
+    return import_dlpack_checked(obj, stream_out);
+  } catch (const nb::python_error& e) {
+    // The producer refused the export (a read-only buffer, a device DLPack cannot describe):
+    // name the argument, as every other bad input does.
+    const nb::handle error = e.value();
+    throw InvalidArgument(std::string(name) + " cannot be exported through DLPack (" +
+                          py_type_name(obj) + "): " + py_type_name(error) + ": " +
+                          nb::cast<std::string>(nb::str(error)));
+  }
+}
+
+ImportedTensor import_dlpack_checked(nb::handle obj, void** stream_out) {
   nb::tuple device = nb::cast<nb::tuple>(obj.attr("__dlpack_device__")());
   const int device_type = nb::cast<int>(device[0]);
   const int device_id = nb::cast<int>(device[1]);
@@ -95,11 +115,7 @@ ImportedTensor import_dlpack(nb::handle obj_in, const char* name, void** stream_
   }
   auto* managed =
       static_cast<dlpack::ManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
-  if (managed == nullptr) {
-    PyErr_Clear();
-    throw InvalidArgument(std::string(name) +
-                          ".__dlpack__() did not return an unused 'dltensor' capsule");
-  }
+  if (managed == nullptr) throw nb::python_error();  // "not an unused 'dltensor' capsule"
   // Consumed: the capsule's destructor must no longer free it; we call the deleter ourselves.
   if (PyCapsule_SetName(capsule.ptr(), "used_dltensor") != 0) throw nb::python_error();
   return ImportedTensor(managed);
@@ -176,44 +192,73 @@ std::optional<BorrowedTensor> borrow_torch_cpu(nb::handle obj) {
   return out;
 }
 
-/// A writable 2-D float32/float16 NumPy array read through the buffer protocol (a C call, where
-/// __dlpack__ costs a Python call, a capsule and a deleter). Anything else (bfloat16, read-only,
-/// odd strides, other types): nullopt, and the DLPack path decides.
-std::optional<BorrowedTensor> borrow_numpy(nb::handle obj) {
+/// A 2-D float32/float16 NumPy array read through the buffer protocol (a C call, where
+/// __dlpack__ costs a Python call, a capsule and a deleter). A read-only array (np.broadcast_to,
+/// an array over bytes) is decided here, as DLPack cannot export it: read when its rows are
+/// describable and Access::kRead, InvalidArgument naming `name` otherwise. Anything else hsstore
+/// cannot take as it is (bfloat16, odd strides, other types): nullopt, and the DLPack path
+/// decides (and words the message).
+std::optional<BorrowedTensor> borrow_numpy(nb::handle obj, const char* name, Access access) {
   if (std::strcmp(Py_TYPE(obj.ptr())->tp_name, "numpy.ndarray") != 0) return std::nullopt;
   Py_buffer buffer;
+  bool read_only = false;
   if (PyObject_GetBuffer(obj.ptr(), &buffer, PyBUF_RECORDS) != 0) {
     PyErr_Clear();
-    return std::nullopt;
+    if (PyObject_GetBuffer(obj.ptr(), &buffer, PyBUF_RECORDS_RO) != 0) {
+      PyErr_Clear();
+      return std::nullopt;
+    }
+    read_only = true;
   }
-  BorrowedTensor out;
-  bool taken = false;
+  struct Release {
+    Py_buffer* b;
+    ~Release() { PyBuffer_Release(b); }
+  } release{&buffer};
   const std::string_view format = buffer.format != nullptr ? buffer.format : "";
   const bool f32 = format == "f" || format == "<f" || format == "=f";
   const bool f16 = format == "e" || format == "<e" || format == "=e";
   const bool usable = buffer.ndim == 2 && (f32 || f16) && buffer.strides != nullptr &&
                       buffer.strides[0] % buffer.itemsize == 0 &&
                       buffer.strides[1] % buffer.itemsize == 0;
+  std::optional<BorrowedTensor> out;
   if (usable) {
     const int64_t rows = buffer.shape[0];
     const int64_t cols = buffer.shape[1];
     const int64_t row_stride = buffer.strides[0] / buffer.itemsize;
     const int64_t col_stride = buffer.strides[1] / buffer.itemsize;
     if ((col_stride == 1 || cols <= 1) && (rows <= 1 || row_stride >= cols)) {
-      out.view = {buffer.buf,
-                  f32 ? DType::kFloat32 : DType::kFloat16,
-                  rows,
-                  cols,
-                  rows <= 1 ? 0 : row_stride,
-                  Device::kHost,
-                  0};
-      out.keep_alive =
-          nb::borrow(obj);  // the array (not resizable while referenced) holds its data
-      taken = true;
+      out.emplace();
+      out->view = {buffer.buf,
+                   f32 ? DType::kFloat32 : DType::kFloat16,
+                   rows,
+                   cols,
+                   rows <= 1 ? 0 : row_stride,
+                   Device::kHost,
+                   0};
+      out->keep_alive = nb::borrow(obj);  // the array (not resizable while referenced) holds it
     }
   }
-  PyBuffer_Release(&buffer);
-  if (!taken) return std::nullopt;
+  if (!read_only) return out;
+  const std::string n(name);
+  if (access == Access::kWrite) {
+    throw InvalidArgument(n +
+                          " is a read-only NumPy array: hsstore writes the restored rows "
+                          "into it (pass a writable array)");
+  }
+  if (!out) {
+    std::string shape = "(";
+    for (int i = 0; i < buffer.ndim; ++i) {
+      if (i) shape += ", ";
+      shape += std::to_string(buffer.shape[i]);
+    }
+    shape += buffer.ndim == 1 ? ",)" : ")";
+    throw InvalidArgument(n + " is a read-only NumPy array (format '" + std::string(format) +
+                          "', shape " + shape +
+                          ") that hsstore cannot read as it is: it needs 2-D float32 or float16 "
+                          "rows, contiguous within a row, with a row stride >= hidden_dim (pass "
+                          "np.ascontiguousarray(" +
+                          n + ", np.float32))");
+  }
   return out;
 }
 
@@ -232,10 +277,12 @@ nb::object resolved_torch_view(nb::handle obj) {
   return tensor;
 }
 
-BorrowedTensor borrow_tensor(nb::handle obj_in, const char* name) {
+BorrowedTensor borrow_tensor(nb::handle obj_in, const char* name, Access access) {
   const nb::object obj = resolved_torch_view(obj_in);
   if (std::optional<BorrowedTensor> fast = borrow_torch_cpu(obj)) return std::move(*fast);
-  if (std::optional<BorrowedTensor> fast = borrow_numpy(obj)) return std::move(*fast);
+  if (std::optional<BorrowedTensor> fast = borrow_numpy(obj, name, access)) {
+    return std::move(*fast);
+  }
   BorrowedTensor out;
   out.owner = import_dlpack(obj, name, &out.stream);
   const dlpack::Tensor& t = out.owner.tensor();

@@ -58,12 +58,18 @@ struct BorrowedTensor {
   void* stream = nullptr;  ///< cudaStream_t for device tensors (null = legacy default stream)
 };
 
+/// Whether hsstore only reads a tensor (a store's input) or writes into it (a restore's output).
+enum class Access { kRead, kWrite };
+
 /// Imports a 2-D float32/float16/bfloat16 tensor through __dlpack__ (a strided CPU torch tensor is
 /// read directly: data_ptr/shape/stride, without torch's ~3 us __dlpack__). `name` is the argument
 /// name used in error messages (InvalidArgument). CUDA tensors: torch tensors are read on torch's
 /// current stream (passed to __dlpack__ and returned in `stream`); other producers on the legacy
-/// default stream.
-[[nodiscard]] BorrowedTensor borrow_tensor(nb::handle obj, const char* name);
+/// default stream. A read-only NumPy array is read through the buffer protocol for kRead and is
+/// InvalidArgument for kWrite; tensors without data (torch's 'meta' device) and exports the
+/// producer refuses are InvalidArgument naming `name`, never a BufferError or RuntimeError.
+[[nodiscard]] BorrowedTensor borrow_tensor(nb::handle obj, const char* name,
+                                           Access access = Access::kRead);
 
 /// Token ids: 32- or 64-bit integers, borrowed from a NumPy/torch CPU tensor when possible.
 class TokenIds {

@@ -83,3 +83,32 @@ def test_torch_fast_path_edge_cases():
     torch.testing.assert_close(f.store.retrieve_hidden_states(tokens), -data)
     strided_ids = torch.arange(0, 4 * CHUNK, 2)[: 2 * CHUNK]
     assert [k for *_, k in f.db.process_tokens(strided_ids)] == f.keys_for(strided_ids.tolist())
+
+
+def test_meta_tensor_is_value_error_naming_the_argument():
+    f = Fixture()
+    tokens = list(range(2 * CHUNK))
+    before = f.store.stats()
+    meta = torch.empty((2 * CHUNK, DIM), device="meta")
+    with pytest.raises(ValueError, match="hidden_states is a torch tensor on the 'meta' device"):
+        f.store.store_hidden_states(tokens, meta)
+    with pytest.raises(ValueError, match="out is a torch tensor on the 'meta' device"):
+        f.store.retrieve_hidden_states_into(tokens, meta)
+    with pytest.raises(ValueError, match="token_ids is a torch tensor on the 'meta' device"):
+        f.store.store_hidden_states(torch.empty(2 * CHUNK, dtype=torch.int64, device="meta"),
+                                    torch.zeros(2 * CHUNK, DIM))
+    assert f.store.stats() == before
+    assert f.roundtrip_ok()
+
+
+def test_retrieve_layers_into_torch_outputs():
+    f = Fixture()
+    tokens = torch.arange(2 * CHUNK)
+    f.mark_kv_present(f.keys_for(tokens))
+    data = {0: torch.randn(2 * CHUNK, DIM), -1: torch.randn(2 * CHUNK, DIM)}
+    for layer, rows in data.items():
+        f.store.store_hidden_states(tokens, rows, layer_idx=layer)
+    outs = [torch.empty(2 * CHUNK, DIM, dtype=torch.bfloat16), torch.empty(2 * CHUNK, DIM)]
+    assert f.store.retrieve_layers_into(tokens, [0, -1], outs) == 2 * CHUNK
+    assert torch.equal(outs[0], data[0].to(torch.bfloat16))
+    assert torch.equal(outs[1], data[-1])

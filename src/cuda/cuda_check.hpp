@@ -32,3 +32,9 @@ namespace hss::detail {
 /// After a kernel launch: catches launch-configuration errors without synchronising, and clears
 /// them (cudaGetLastError, not cudaPeekAtLastError) so one failed launch does not fail the next.
 #define HSS_CUDA_CHECK_LAUNCH() HSS_CUDA_CHECK(cudaGetLastError())
+
+/// Before a kernel launch: an error an earlier call of the caller's thread left in the last-error
+/// slot (cudaErrorNotReady from a stream or event query is recorded there too) is not this
+/// launch's; it is cleared so that HSS_CUDA_CHECK_LAUNCH reports the launch alone. A sticky error
+/// is not cleared: cudaGetLastError keeps returning it, and the launch check reports it.
+#define HSS_CUDA_CLEAR_STALE_ERROR() ((void)cudaGetLastError())

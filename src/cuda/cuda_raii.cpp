@@ -7,10 +7,23 @@
 
 namespace hss::detail::cuda {
 
-bool event_done(cudaEvent_t event) noexcept {
-  if (cudaEventQuery(event) != cudaErrorNotReady) return true;
+cudaPointerAttributes pointer_attributes(const void* p) noexcept {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    attributes = cudaPointerAttributes{};
+    attributes.type = cudaMemoryTypeUnregistered;
+  }
+  return attributes;
+}
+
+EventStatus query_event(cudaEvent_t event, cudaError_t* error) noexcept {
+  const cudaError_t status = cudaEventQuery(event);
+  if (status == cudaSuccess) return EventStatus::kDone;
   (void)cudaGetLastError();
-  return false;
+  if (status == cudaErrorNotReady) return EventStatus::kPending;
+  if (error != nullptr) *error = status;
+  return EventStatus::kFailed;
 }
 
 DeviceGuard::DeviceGuard(int device) {
@@ -31,14 +44,6 @@ OwnedStream OwnedStream::create_non_blocking() {
   return s;
 }
 
-OwnedStream& OwnedStream::operator=(OwnedStream&& other) noexcept {
-  if (this != &other) {
-    OwnedStream old(std::move(*this));
-    stream_ = std::exchange(other.stream_, nullptr);
-  }
-  return *this;
-}
-
 OwnedStream::~OwnedStream() {
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
@@ -50,14 +55,6 @@ Event Event::create(bool blocking_sync) {
   return e;
 }
 
-Event& Event::operator=(Event&& other) noexcept {
-  if (this != &other) {
-    Event old(std::move(*this));
-    event_ = std::exchange(other.event_, nullptr);
-  }
-  return *this;
-}
-
 Event::~Event() {
   if (event_ != nullptr) (void)cudaEventDestroy(event_);
 }
@@ -67,15 +64,6 @@ DeviceBuffer DeviceBuffer::allocate(size_t bytes) {
   HSS_CUDA_CHECK(cudaMalloc(&b.ptr_, bytes));
   b.bytes_ = bytes;
   return b;
-}
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
-  if (this != &other) {
-    DeviceBuffer old(std::move(*this));
-    ptr_ = std::exchange(other.ptr_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-  }
-  return *this;
 }
 
 DeviceBuffer::~DeviceBuffer() {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "cuda/capture_mode.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda_runtime.hpp"
 #include "hss/error.hpp"
@@ -41,10 +42,19 @@ struct CopyRun {
   int64_t bytes;
 };
 
-size_t slot_bytes_for(const Config& config) {
-  const auto budget = static_cast<size_t>(std::max<int64_t>(config.hidden_state_staging_bytes, 1));
-  const size_t bytes = std::clamp(budget, kMinStagingSlotBytes, kMaxStagingSlotBytes);
-  return bytes / 16 * 16;
+/// A launch slot's table holds any of: restore tiles, cub's three arrays, batch tiles, warm-up.
+size_t launch_table_bytes() {
+  return std::max({kRestoreTilesPerSlot * sizeof(kernels::GatherSegment),
+                   3 * kRestoreTilesPerSlot * sizeof(uint64_t),
+                   kBatchTilesPerTable * sizeof(kernels::BatchStoreTile),
+                   kBatchTilesPerTable * sizeof(kernels::BatchRestoreTile),
+                   kernels::warm_up_table_bytes()});
+}
+
+/// The device's staging: the budget, at least what one element of one round needs.
+size_t staging_bytes_for(const Config& config) {
+  constexpr auto kLeast = static_cast<int64_t>(2 * StagingArena::kAlign);
+  return static_cast<size_t>(std::max(config.hidden_state_staging_bytes, kLeast));
 }
 
 }  // namespace
@@ -61,25 +71,23 @@ RestoreImpl restore_impl_for(const Config& config) {
   return config.hidden_state_restore_impl;
 }
 
-DeviceState::DeviceState(int index_, size_t slot_bytes, size_t slots, size_t launch_slots)
+DeviceState::DeviceState(int index_, size_t staging_bytes, size_t launch_slots)
     : index(index_),
-      staging_slot_bytes(slot_bytes),
-      staging(slots,
-              [slot_bytes] {
-                return StagingSlot{DeviceBuffer::allocate(slot_bytes),
-                                   PinnedTable::allocate(kStoreTilesPerSlot * sizeof(WriteSegment)),
-                                   Event::create()};
-              }),
+      staging(staging_bytes, kStagingTiles, kStagingRounds),
       restores(launch_slots, [] {
-        const size_t table = std::max({kRestoreTilesPerSlot * sizeof(kernels::GatherSegment),
-                                       3 * kRestoreTilesPerSlot * sizeof(uint64_t),
-                                       kBatchTilesPerTable * sizeof(kernels::BatchStoreTile),
-                                       kBatchTilesPerTable * sizeof(kernels::BatchRestoreTile)});
-        return RestoreSlot{PinnedTable::allocate(table),
+        return RestoreSlot{PinnedTable::allocate(launch_table_bytes()),
                            DeviceBuffer::allocate(std::max<size_t>(
                                kernels::cub_batched_memcpy_temp_bytes(kRestoreTilesPerSlot), 16)),
                            nullptr};
-      }) {}
+      }) {
+  // Load every kernel's module now (CUDA loads one at its first launch: milliseconds, on an
+  // engine's hot path otherwise), through the first launch slot's table, on a stream of its own.
+  OwnedStream warm = OwnedStream::create_non_blocking();
+  RestoreSlot& slot = restores.unleased(0);
+  kernels::warm_up(slot.table.host(), slot.table.device(), slot.cub_temp.get(),
+                   slot.cub_temp.bytes(), warm.get());
+  HSS_CUDA_CHECK(cudaStreamSynchronize(warm.get()));
+}
 
 cudaStream_t DeviceState::copy_stream_for(cudaStream_t caller) {
   std::lock_guard lock(mutex_);
@@ -103,24 +111,43 @@ void DeviceState::synchronize_copy_streams() noexcept {
 // ---------------------------------------------------------------------------------------------
 
 bool EventFence::wait() noexcept {
-  if (landed()) return true;
+  if (const State s = state(); s != State::kPending) return s == State::kLanded;
+  const RelaxedCaptureMode relaxed;
   const cudaError_t status = cudaEventSynchronize(event_.get());
   if (status == cudaSuccess) {
-    landed_.store(true, std::memory_order_release);
+    state_.store(State::kLanded, std::memory_order_release);
     return true;
   }
   (void)cudaGetLastError();
-  std::lock_guard lock(mutex_);
-  error_ = std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+  fail(status);
   return false;
 }
 
 bool EventFence::ready() noexcept {
-  if (landed()) return true;
-  // An error also counts as ready: nothing will land any more, and wait() reports it.
-  if (!event_done(event_.get())) return false;
-  landed_.store(true, std::memory_order_release);
+  if (state() != State::kPending) return true;
+  const RelaxedCaptureMode relaxed;
+  cudaError_t status = cudaSuccess;
+  const EventStatus now = query_event(event_.get(), &status);
+  if (now == EventStatus::kPending) return false;
+  if (now == EventStatus::kDone) {
+    state_.store(State::kLanded, std::memory_order_release);
+  } else {
+    fail(status);  // nothing will land any more: the entries must never be served
+  }
   return true;
+}
+
+void EventFence::fail(cudaError_t status) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (error_.empty()) {
+      try {
+        error_ = std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+      } catch (...) {  // no memory for the message: the state below still says failed
+      }
+    }
+  }
+  state_.store(State::kFailed, std::memory_order_release);
 }
 
 std::string EventFence::error() const {
@@ -132,23 +159,25 @@ std::string EventFence::error() const {
 
 CudaDevicePath::CudaDevicePath(const Config& config)
     : restore_impl_(restore_impl_for(config)),
-      staging_slot_bytes_(slot_bytes_for(config)),
-      staging_slots_(std::max<size_t>(
-          1, static_cast<size_t>(config.hidden_state_staging_bytes) / slot_bytes_for(config))),
+      staging_bytes_(staging_bytes_for(config)),
       launch_slots_(static_cast<size_t>(std::max<int64_t>(config.hidden_state_launch_slots, 1))) {
   int count = 0;
   HSS_CUDA_CHECK(cudaGetDeviceCount(&count));
   devices_.resize(static_cast<size_t>(count));
+  // The store's device's state (staging, launch slots, loaded kernels) now, before an engine
+  // sizes its KV cache from the memory left, and off its first calls' path; made by a thread
+  // bound to that device, so the caller's current device gets no context.
+  (void)device(store_device(config));
   if (log_enabled(LogLevel::kDebug)) {
     log(LogLevel::kDebug, std::string("CUDA data path: restore implementation ") +
                               std::string(to_string(restore_impl_)) + ", " +
-                              std::to_string(staging_slots_) + " x " +
-                              std::to_string(staging_slot_bytes_) + " B staging per device, " +
+                              std::to_string(staging_bytes_) + " B staging per device, " +
                               std::to_string(count) + " device(s)");
   }
 }
 
 CudaDevicePath::~CudaDevicePath() {
+  const RelaxedCaptureMode relaxed;
   // Pending copies read staging and write pool blocks; restores read the pool. Let them finish
   // before either goes, then drop what restores kept alive (the owner destroys the pool after us).
   for (auto& dev : devices_) {
@@ -161,6 +190,16 @@ CudaDevicePath::~CudaDevicePath() {
     if (auto fence = weak.lock()) (void)fence->wait();
   }
   (void)release_finished();
+  // Each device's resources go on a thread bound to it: freeing them from this thread would
+  // initialise this thread's current device's context (cudaFree needs one).
+  for (auto& dev : devices_) {
+    if (!dev) continue;
+    try {
+      run_on_device(dev->index, [&] { dev.reset(); });
+    } catch (...) {  // no thread, or the device is lost: free them here
+      dev.reset();
+    }
+  }
 }
 
 DeviceState& CudaDevicePath::device(int index) {
@@ -171,8 +210,10 @@ DeviceState& CudaDevicePath::device(int index) {
   }
   auto& dev = devices_[static_cast<size_t>(index)];
   if (!dev) {
-    DeviceGuard guard(index);  // its streams and buffers belong to this device
-    dev = std::make_unique<DeviceState>(index, staging_slot_bytes_, staging_slots_, launch_slots_);
+    // Made by a thread bound to the device (its streams, buffers and kernels belong to it): the
+    // caller's current device is left alone and gets no context.
+    run_on_device(
+        index, [&] { dev = std::make_unique<DeviceState>(index, staging_bytes_, launch_slots_); });
   }
   return *dev;
 }
@@ -186,13 +227,26 @@ std::vector<DeviceState*> CudaDevicePath::devices_in_use() {
   return devices;
 }
 
+void CudaDevicePath::check_stream(Stream stream_handle) {
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t query = cudaStreamIsCapturing(stream, &status);
+  if (query == cudaSuccess && status == cudaStreamCaptureStatusNone) return;
+  (void)cudaGetLastError();
+  const std::string which = stream == nullptr ? "the legacy default stream (which would "
+                                                "synchronise with a capturing stream)"
+                                              : "a stream that is capturing a CUDA graph";
+  throw Error(
+      "hsstore device calls cannot be captured: options.stream is " + which +
+      "; a replay would not repeat what the call does on the host (pool addresses, "
+      "pins, fences). Call it outside the capture." +
+      (query != cudaSuccess ? std::string(" (") + cudaGetErrorName(query) + ")" : std::string()));
+}
+
 void CudaDevicePath::check_pointer(const void* data, bool on_device, int device_index,
                                    std::string_view what) {
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess) {
-    (void)cudaGetLastError();
-    attributes.type = cudaMemoryTypeUnregistered;
-  }
+  const RelaxedCaptureMode relaxed;
+  const cudaPointerAttributes attributes = pointer_attributes(data);
   const bool device_memory =
       attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
   if (on_device && (!device_memory || attributes.device != device_index)) {
@@ -213,7 +267,7 @@ void CudaDevicePath::track(const std::shared_ptr<EventFence>& fence) {
   if (outstanding_.size() >= prune_at_) {
     std::erase_if(outstanding_, [](const std::weak_ptr<EventFence>& weak) {
       const auto f = weak.lock();
-      return !f || f->landed();
+      return !f || f->settled();
     });
     prune_at_ = std::max<size_t>(64, 2 * outstanding_.size());
   }
@@ -222,29 +276,27 @@ void CudaDevicePath::track(const std::shared_ptr<EventFence>& fence) {
 
 FenceRef CudaDevicePath::store(const kernels::SourceView& src, int device_index,
                                std::span<const WriteSegment> segments, Stream stream_handle) {
+  const RelaxedCaptureMode relaxed;
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   DeviceState& dev = device(device_index);  // validates the index
   DeviceGuard guard(device_index);
-  const bool cast = std::any_of(segments.begin(), segments.end(),
-                                [&](const WriteSegment& s) { return s.dst_type != src.type; });
   for (const WriteSegment& seg : segments) {
     if (seg.dst_type != segments.front().dst_type) {
       throw Error("device store: one call must use one storage type");
     }
   }
-  if (!cast) {
-    return fenced(stream, [&] {
-      HSS_RANGE("store/d2h");
-      store_direct(src, segments, stream);
-    });
-  }
+  // Cast or not, the caller's stream carries only the gather into staging (device memory at
+  // device bandwidth) and an event; the transfer to the pool runs on the copy stream, so the
+  // engine's next kernels never wait for PCIe.
   const cudaStream_t copy_stream = dev.copy_stream_for(stream);
   return fenced(copy_stream, [&] {
     size_t next = 0;
     int64_t consumed = 0;
+    bool waited = false;
     while (next < segments.size()) {
-      store_round(dev, src, segments, next, consumed, stream, copy_stream);
+      store_round(dev, src, segments, next, consumed, stream, copy_stream, &waited);
     }
+    if (waited) staging_waits_.fetch_add(1, std::memory_order_relaxed);
   });
 }
 
@@ -265,65 +317,24 @@ FenceRef CudaDevicePath::fenced(cudaStream_t stream, Enqueue&& enqueue) {
   return fence;
 }
 
-void CudaDevicePath::store_direct(const kernels::SourceView& src,
-                                  std::span<const WriteSegment> segments, cudaStream_t stream) {
-  const auto esize = static_cast<int64_t>(kernels::elem_bytes(src.type));
-  const bool contiguous = src.row_stride == src.cols;
-  for (const WriteSegment& seg : segments) {
-    auto* dst = static_cast<unsigned char*>(seg.dst);
-    int64_t flat = seg.src_elem;
-    int64_t left = seg.count;
-    const auto copy_1d = [&](int64_t n) {
-      count_launches();
-      HSS_CUDA_CHECK(cudaMemcpyAsync(dst, kernels::source_address(src, seg.src_row0, flat),
-                                     static_cast<size_t>(n * esize), cudaMemcpyDeviceToHost,
-                                     stream));
-      dst += n * esize;
-      flat += n;
-      left -= n;
-    };
-    if (contiguous) {
-      copy_1d(left);
-      continue;
-    }
-    if (flat % src.cols != 0) copy_1d(std::min(left, src.cols - flat % src.cols));
-    if (const int64_t rows = left / src.cols; rows > 0) {  // whole rows: one strided copy
-      count_launches();
-      HSS_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(src.cols * esize),
-                                       kernels::source_address(src, seg.src_row0, flat),
-                                       static_cast<size_t>(src.row_stride * esize),
-                                       static_cast<size_t>(src.cols * esize),
-                                       static_cast<size_t>(rows), cudaMemcpyDeviceToHost, stream));
-      dst += rows * src.cols * esize;
-      flat += rows * src.cols;
-      left -= rows * src.cols;
-    }
-    if (left > 0) copy_1d(left);
-  }
-}
+namespace {
 
-void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& src,
-                                 std::span<const WriteSegment> segments, size_t& next,
-                                 int64_t& consumed, cudaStream_t stream, cudaStream_t copy_stream) {
+/// How far one round goes: plans tiles (at most one tile's elements, inside one row when
+/// strided) and copy runs into staging offsets from 0 (a round's range starts kAlign-aligned, so
+/// the phases staging_offset() picks hold there), up to kMaxRoundBytes of staging and
+/// kStoreTilesPerRound tiles. `tile(offset, seg, first, n)` and `run(copy)` see each piece;
+/// returns the staging bytes used. Advances next/consumed.
+template <typename TileFn, typename RunFn>
+int64_t plan_round(const kernels::SourceView& src, std::span<const WriteSegment> segments,
+                   size_t& next, int64_t& consumed, int64_t capacity, TileFn&& tile, RunFn&& run) {
   const ElemType dst_type = segments.front().dst_type;
   const auto src_esize = static_cast<int64_t>(kernels::elem_bytes(src.type));
   const auto dst_esize = static_cast<int64_t>(kernels::elem_bytes(dst_type));
   const bool contiguous = src.row_stride == src.cols;
-  const auto capacity = static_cast<int64_t>(dev.staging_slot_bytes);
-
-  bool waited = false;
-  auto lease = dev.staging.acquire(&waited);
-  if (waited) staging_waits_.fetch_add(1, std::memory_order_relaxed);
-  StagingSlot& slot = **lease;
-  auto* staging = static_cast<unsigned char*>(slot.staging.get());
-  // The kernel reads the tiles straight from this pinned table (no upload); the slot's previous
-  // kernel has finished (acquire waited for its event), so it may be rewritten.
-  auto* tiles = static_cast<WriteSegment*>(slot.tiles.host());
   size_t num_tiles = 0;
-
-  std::vector<CopyRun> copies;
   int64_t cursor = 0;
-  while (next < segments.size() && num_tiles < kStoreTilesPerSlot) {
+  CopyRun last{nullptr, 0, 0};
+  while (next < segments.size() && num_tiles < kStoreTilesPerRound) {
     const WriteSegment& seg = segments[next];
     const int64_t first = seg.src_elem + consumed;
     const int64_t left = seg.count - consumed;
@@ -331,21 +342,21 @@ void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& sr
         cursor, address(kernels::source_address(src, seg.src_row0, first)), src_esize, dst_esize);
     const int64_t room = std::min(left, (capacity - offset) / dst_esize);
     if (room <= 0) break;
-    int64_t covered = 0;  // tiles of at most one tile's elements, inside one row when strided
-    while (covered < room && num_tiles < kStoreTilesPerSlot) {
+    int64_t covered = 0;
+    while (covered < room && num_tiles < kStoreTilesPerRound) {
       int64_t m = std::min(room - covered, kernels::tile_elems(src.type));
       if (!contiguous) m = std::min(m, src.cols - (first + covered) % src.cols);
-      tiles[num_tiles++] = {staging + offset + covered * dst_esize, seg.src_row0, first + covered,
-                            m, dst_type};
+      tile(offset + covered * dst_esize, seg, first + covered, m);
+      ++num_tiles;
       covered += m;
     }
     void* dst = static_cast<unsigned char*>(seg.dst) + consumed * dst_esize;
-    if (!copies.empty() &&
-        static_cast<unsigned char*>(copies.back().dst) + copies.back().bytes == dst &&
-        copies.back().staging_offset + copies.back().bytes == offset) {
-      copies.back().bytes += covered * dst_esize;
+    if (last.bytes > 0 && static_cast<unsigned char*>(last.dst) + last.bytes == dst &&
+        last.staging_offset + last.bytes == offset) {
+      last.bytes += covered * dst_esize;
     } else {
-      copies.push_back({dst, offset, covered * dst_esize});
+      if (last.bytes > 0) run(last);
+      last = {dst, offset, covered * dst_esize};
     }
     cursor = offset + covered * dst_esize;
     consumed += covered;
@@ -354,19 +365,54 @@ void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& sr
       consumed = 0;
     }
   }
-  if (num_tiles == 0) throw Error("device store: a segment does not fit one staging buffer");
+  if (last.bytes > 0) run(last);
+  return cursor;
+}
+
+}  // namespace
+
+void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& src,
+                                 std::span<const WriteSegment> segments, size_t& next,
+                                 int64_t& consumed, cudaStream_t stream, cudaStream_t copy_stream,
+                                 bool* waited) {
+  const ElemType dst_type = segments.front().dst_type;
+  const auto capacity = static_cast<int64_t>(std::min(kMaxRoundBytes, dev.staging.bytes()) /
+                                             StagingArena::kAlign * StagingArena::kAlign);
+  // First the round's size, then its staging and descriptors, then the same plan for real.
+  size_t plan_next = next;
+  int64_t plan_consumed = consumed;
+  size_t num_tiles = 0;
+  size_t num_copies = 0;
+  const auto count_tile = [&](int64_t, const WriteSegment&, int64_t, int64_t) { ++num_tiles; };
+  const auto count_copy = [&](const CopyRun&) { ++num_copies; };
+  const int64_t bytes =
+      plan_round(src, segments, plan_next, plan_consumed, capacity, count_tile, count_copy);
+  if (num_tiles == 0) throw Error("device store: a segment does not fit the staging");
+
+  auto lease = dev.staging.acquire(static_cast<size_t>(bytes), num_tiles, waited);
+  unsigned char* staging = lease->staging();
+  // The kernel reads the tiles straight from the round's range of the pinned table (no upload);
+  // the range's previous round has finished (the arena freed it once its event did).
+  WriteSegment* tiles = lease->tiles_host();
+  size_t t = 0;
+  std::vector<CopyRun> copies;
+  copies.reserve(num_copies);
+  const auto write_tile = [&](int64_t offset, const WriteSegment& seg, int64_t first, int64_t n) {
+    tiles[t++] = {staging + offset, seg.src_row0, first, n, dst_type};
+  };
+  const auto add_copy = [&](const CopyRun& c) { copies.push_back(c); };
+  (void)plan_round(src, segments, next, consumed, capacity, write_tile, add_copy);
 
   lease->touch(stream);
   {
     HSS_RANGE("store/gather_cast");
-    kernels::launch_gather_cast(src, dst_type,
-                                static_cast<const WriteSegment*>(slot.tiles.device()),
+    kernels::launch_gather_cast(src, dst_type, lease->tiles_device(),
                                 static_cast<int64_t>(num_tiles), stream);
   }
   count_launches(1 + copies.size());
-  HSS_CUDA_CHECK(cudaEventRecord(slot.gathered.get(), stream));
+  HSS_CUDA_CHECK(cudaEventRecord(lease->gathered(), stream));
   lease->touch(copy_stream);
-  HSS_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, slot.gathered.get(), 0));
+  HSS_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, lease->gathered(), 0));
   {
     HSS_RANGE("store/d2h");
     for (const CopyRun& c : copies) {
@@ -383,6 +429,7 @@ FenceRef CudaDevicePath::store_batch(std::span<const StoreJob> jobs, int device_
   const auto first = std::find_if(jobs.begin(), jobs.end(),
                                   [](const StoreJob& job) { return !job.segments.empty(); });
   if (first == jobs.end()) return nullptr;
+  const RelaxedCaptureMode relaxed;
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   DeviceState& dev = device(device_index);  // validates the index
   DeviceGuard guard(device_index);
@@ -393,12 +440,11 @@ FenceRef CudaDevicePath::store_batch(std::span<const StoreJob> jobs, int device_
   return fenced(stream, [&] {
     HSS_RANGE("store/batch");
     TileCursor cursor;
-    for (;;) {
+    while (tiles_left(jobs, cursor)) {
       auto lease = acquire_launch_slot(dev);
       auto* table = static_cast<kernels::BatchStoreTile*>((**lease).table.host());
       // The slot's previous launch has finished (acquire saw its event): the table is free.
       const size_t n = fill_store_tiles(jobs, cursor, std::span(table, kBatchTilesPerTable));
-      if (n == 0) break;
       lease->touch(stream);
       kernels::launch_store_batch(
           static_cast<const kernels::BatchStoreTile*>((**lease).table.device()),
@@ -436,7 +482,7 @@ void CudaDevicePath::wait_on_device(cudaStream_t stream, std::span<const FenceRe
   const EventFence* last = nullptr;
   for (const FenceRef& fence : after) {
     const auto* event_fence = dynamic_cast<const EventFence*>(fence.get());
-    if (event_fence == nullptr || event_fence == last || event_fence->landed()) continue;
+    if (event_fence == nullptr || event_fence == last || event_fence->settled()) continue;
     HSS_CUDA_CHECK(cudaStreamWaitEvent(stream, event_fence->event(), 0));
     last = event_fence;
   }
@@ -465,6 +511,7 @@ void CudaDevicePath::hold_until_done(RestoreSlot& slot, std::shared_ptr<const vo
 }
 
 size_t CudaDevicePath::release_finished() {
+  const RelaxedCaptureMode relaxed;
   std::vector<std::shared_ptr<const void>> finished;  // destroyed outside the slot pool's lock
   for (DeviceState* dev : devices_in_use()) {
     dev->restores.sweep([&](RestoreSlot& slot) {
@@ -476,12 +523,13 @@ size_t CudaDevicePath::release_finished() {
 }
 
 void CudaDevicePath::poll() {
+  const RelaxedCaptureMode relaxed;
   std::vector<std::shared_ptr<EventFence>> fences;
   {
     std::lock_guard lock(mutex_);
     std::erase_if(outstanding_, [&](const std::weak_ptr<EventFence>& weak) {
       auto fence = weak.lock();
-      if (!fence || fence->landed()) return true;
+      if (!fence || fence->settled()) return true;
       fences.push_back(std::move(fence));
       return false;
     });
@@ -495,6 +543,7 @@ size_t CudaDevicePath::restores_in_flight() const {
 }
 
 void CudaDevicePath::flush() {
+  const RelaxedCaptureMode relaxed;
   std::vector<std::shared_ptr<EventFence>> fences;
   {
     std::lock_guard lock(mutex_);
@@ -504,8 +553,7 @@ void CudaDevicePath::flush() {
     outstanding_.clear();
   }
   for (const auto& fence : fences) (void)fence->wait();  // errors surface at the entries' reads
-  for (DeviceState* dev : devices_in_use()) {
-    DeviceGuard guard(dev->index);
+  for (DeviceState* dev : devices_in_use()) {  // handles carry their device: no switch needed
     dev->synchronize_copy_streams();
     dev->restores.synchronize();
   }

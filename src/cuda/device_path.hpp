@@ -1,21 +1,19 @@
 #pragma once
 // The CUDA data path (data_path.hpp's DevicePath for CUDA builds).
 //
-// Store, per call:
-// * No cast (float32 in, or 16-bit in with native storage): cudaMemcpyAsync / cudaMemcpy2DAsync
-//   from the caller's tensor straight into the pool's pinned blocks, on the caller's stream (the
-//   caller's later work may overwrite the source, so the copy is ordered before it). Fence: an
-//   event on the caller's stream.
-// * Cast (16-bit in, float32 storage), per staging round (a round fills one staging slot):
-//     caller's stream: gather_cast kernel (rows -> staging, cast; tiles read from the slot's
-//                      pinned descriptor table) -> event `gathered`
-//     copy stream of (device, caller stream): wait `gathered` -> D2H copies -> slot `done`;
+// Store, per call, in staging rounds (at most kMaxRoundBytes of staging each), cast or not:
+//     caller's stream: gather_cast kernel (rows -> staging, cast to the storage type or copied;
+//                      tiles read from the round's range of the pinned descriptor table) -> event
+//                      `gathered`
+//     copy stream of (device, caller stream): wait `gathered` -> D2H copies -> round `done`;
 //                      after the last round the call's fence event.
-//   The caller's stream only waits for the kernel. Copy streams are per caller stream, so work
-//   from stream B never queues behind stream A's copies.
-// * The host waits only when every staging slot of the device is in flight: slots x slot bytes =
-//   Config::hidden_state_staging_bytes (default 1 GiB per device). Each such wait is counted
-//   (staging_waits).
+//   The caller's stream carries the gather and the event only, never the transfer over PCIe (the
+//   engine's next kernels would wait for it: about 2.5 ms per 128 MiB); it may then overwrite its
+//   tensor. Copy streams are per caller stream, so work from stream B never queues behind stream
+//   A's copies.
+// * Staging is counted in bytes (staging_arena.hpp): a round leases the bytes it needs of the
+//   device's Config::hidden_state_staging_bytes (default 1 GiB). The host waits only when they
+//   do not fit beside the rounds in flight; a store that waited counts once (staging_waits).
 //
 // Batches (store_batch, restore_batch): one launch per stream for every job of the batch (per
 // table of kBatchTilesPerTable tiles): the batch kernels read per-tile views, so items of
@@ -32,6 +30,10 @@
 // a new caller stream are created on first use (warm-up), bounded in number; store and restore
 // never allocate or free on the CUDA runtime afterwards.
 //
+// Capture: a device call on a capturing stream is refused (check_stream); every CUDA call the path
+// makes runs in relaxed capture mode (capture_mode.hpp), so its work on other streams and threads
+// never invalidates a graph an engine captures meanwhile.
+//
 // Thread-safe: every method may be called from many threads at once.
 
 #include <cuda_runtime_api.h>
@@ -47,15 +49,21 @@
 
 #include "cuda/cuda_raii.hpp"
 #include "cuda/slot_pool.hpp"
+#include "cuda/staging_arena.hpp"
 #include "data_path.hpp"
 #include "hss/kernels/tiling.hpp"
 
 namespace hss::detail::cuda {
 
-inline constexpr size_t kMaxStagingSlotBytes = size_t{64} << 20;
-inline constexpr size_t kMinStagingSlotBytes = size_t{1} << 20;
-/// Descriptors per slot table. A round (store) or launch (restore) ends when its table is full.
-inline constexpr size_t kStoreTilesPerSlot = kMaxStagingSlotBytes / kernels::kTileBytes + 1024;
+/// Staging one store round takes at most; a larger store runs in rounds.
+inline constexpr size_t kMaxRoundBytes = size_t{64} << 20;
+/// Tiles of one round at most: a round ends when they are used up (strided rows cut tiles short).
+inline constexpr size_t kStoreTilesPerRound = kMaxRoundBytes / kernels::kTileBytes + 1024;
+/// Store rounds in flight per device, and their descriptors (2.6 MiB of page-locked memory): a
+/// store waits for the oldest round when either is used up, as when staging bytes are.
+inline constexpr size_t kStagingRounds = 256;
+inline constexpr size_t kStagingTiles = 65536;
+/// Descriptors per launch slot table. A restore launch ends when its table is full.
 inline constexpr size_t kRestoreTilesPerSlot = 16384;
 
 /// True when the device can read and write `p` at the same address: page-locked memory mapped
@@ -65,12 +73,6 @@ inline constexpr size_t kRestoreTilesPerSlot = 16384;
 /// Config's implementation unless HSS_RESTORE_IMPL names another (kernel, copy_engine, cub;
 /// "memcpy" is accepted for copy_engine). An unknown value logs a warning and is ignored.
 [[nodiscard]] RestoreImpl restore_impl_for(const Config& config);
-
-struct StagingSlot {
-  DeviceBuffer staging;
-  PinnedTable tiles;  // kStoreTilesPerSlot WriteSegments
-  Event gathered;     // recorded on the caller's stream after the gather kernel
-};
 
 /// A launch slot: restores and batched stores (kBatchTilesPerTable batch tiles) fill its table.
 struct RestoreSlot {
@@ -82,14 +84,13 @@ struct RestoreSlot {
 
 /// Resources of one device, created on its first use.
 struct DeviceState {
-  DeviceState(int index, size_t staging_slot_bytes, size_t staging_slots, size_t launch_slots);
+  DeviceState(int index, size_t staging_bytes, size_t launch_slots);
   /// The copy stream paired with `caller` (created on first use, named "hss/copy/<dev>/<n>").
   cudaStream_t copy_stream_for(cudaStream_t caller);
   void synchronize_copy_streams() noexcept;
 
   const int index;
-  const size_t staging_slot_bytes;
-  SlotPool<StagingSlot> staging;
+  StagingArena staging;
   SlotPool<RestoreSlot> restores;
 
  private:
@@ -98,20 +99,25 @@ struct DeviceState {
 };
 
 /// The call's fence: an event recorded after its last copy (blocking-sync: a host wait sleeps).
+/// An error from the event (a failed copy or kernel, a lost context) makes it failed, never
+/// landed: the store drops the entries and counts them (stats().copy_failures).
 class EventFence final : public CopyFence {
  public:
   EventFence() : event_(Event::create(/*blocking_sync=*/true)) {}
   [[nodiscard]] bool wait() noexcept override;
   [[nodiscard]] bool ready() noexcept override;
   [[nodiscard]] std::string error() const override;
-  [[nodiscard]] bool landed() const noexcept override {
-    return landed_.load(std::memory_order_acquire);
-  }
+  [[nodiscard]] bool landed() const noexcept override { return state() == State::kLanded; }
+  [[nodiscard]] bool failed() const noexcept override { return state() == State::kFailed; }
   [[nodiscard]] cudaEvent_t event() const { return event_.get(); }
 
  private:
+  enum class State : uint8_t { kPending, kLanded, kFailed };
+  [[nodiscard]] State state() const noexcept { return state_.load(std::memory_order_acquire); }
+  void fail(cudaError_t status) noexcept;
+
   Event event_;
-  std::atomic<bool> landed_{false};  // cached: later checks make no CUDA call
+  std::atomic<State> state_{State::kPending};  // cached: later checks make no CUDA call
   mutable std::mutex mutex_;
   std::string error_;
 };
@@ -124,6 +130,7 @@ class CudaDevicePath final : public DevicePath {
 
   void check_pointer(const void* data, bool on_device, int device_index,
                      std::string_view what) override;
+  void check_stream(Stream stream) override;
   [[nodiscard]] FenceRef store(const kernels::SourceView& src, int device_index,
                                std::span<const kernels::WriteSegment> segments,
                                Stream stream) override;
@@ -148,12 +155,11 @@ class CudaDevicePath final : public DevicePath {
  private:
   DeviceState& device(int index);
   std::vector<DeviceState*> devices_in_use();
-  void store_direct(const kernels::SourceView& src, std::span<const kernels::WriteSegment> segments,
-                    cudaStream_t stream);
-  /// One staging round starting at segments[next] (element `consumed` of it). Advances both.
+  /// One staging round starting at segments[next] (element `consumed` of it). Advances both;
+  /// sets *waited when it waited on the host for staging.
   void store_round(DeviceState& dev, const kernels::SourceView& src,
                    std::span<const kernels::WriteSegment> segments, size_t& next, int64_t& consumed,
-                   cudaStream_t stream, cudaStream_t copy_stream);
+                   cudaStream_t stream, cudaStream_t copy_stream, bool* waited);
   /// Enqueues one launch of the chosen implementation from element `consumed` of
   /// segments[first] on, as much as the slot's table holds. Advances both.
   void restore_launch(RestoreSlot& slot, std::span<const kernels::GatherSegment> segments,
@@ -181,8 +187,7 @@ class CudaDevicePath final : public DevicePath {
   void hold_until_done(RestoreSlot& slot, std::shared_ptr<const void> keep_alive);
 
   const RestoreImpl restore_impl_;
-  const size_t staging_slot_bytes_;
-  const size_t staging_slots_;
+  const size_t staging_bytes_;
   const size_t launch_slots_;
   std::atomic<uint64_t> launch_waits_{0};
   std::atomic<uint64_t> staging_waits_{0};

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "batch_tiles.hpp"
+#include "cuda/capture_mode.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_path.hpp"
 #include "hss/kernels/launch.hpp"
@@ -18,11 +19,8 @@ using kernels::ElemType;
 using kernels::GatherSegment;
 
 bool device_mapped(const void* p) {
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
+  const RelaxedCaptureMode relaxed;
+  const cudaPointerAttributes attributes = pointer_attributes(p);
   return (attributes.type == cudaMemoryTypeHost && attributes.devicePointer == p) ||
          attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
 }
@@ -79,6 +77,7 @@ void CudaDevicePath::restore(std::span<const GatherSegment> segments,
                              std::shared_ptr<const void> keep_alive) {
   (void)release_finished();
   if (segments.empty()) return;
+  const RelaxedCaptureMode relaxed;
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   DeviceState& dev = device(device_index);  // validates the index
   DeviceGuard guard(device_index);
@@ -123,6 +122,7 @@ void CudaDevicePath::restore_batch(std::span<const RestoreJob> jobs, int device_
   const auto first = std::find_if(jobs.begin(), jobs.end(),
                                   [](const RestoreJob& job) { return !job.segments.empty(); });
   if (first == jobs.end()) return;
+  const RelaxedCaptureMode relaxed;
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   DeviceState& dev = device(device_index);  // validates the index
   DeviceGuard guard(device_index);
@@ -136,11 +136,10 @@ void CudaDevicePath::restore_batch(std::span<const RestoreJob> jobs, int device_
   }
   HSS_RANGE("restore/batch");
   TileCursor cursor;
-  for (;;) {
+  while (tiles_left(jobs, cursor)) {
     auto lease = acquire_launch_slot(dev);
     auto* table = static_cast<kernels::BatchRestoreTile*>((**lease).table.host());
     const size_t n = fill_restore_tiles(jobs, cursor, std::span(table, kBatchTilesPerTable));
-    if (n == 0) break;
     lease->touch(stream);
     kernels::launch_restore_batch(
         static_cast<const kernels::BatchRestoreTile*>((**lease).table.device()),

@@ -1,6 +1,10 @@
 #include <cuda_runtime_api.h>
 
+#include <string>
+
+#include "cuda/cuda_raii.hpp"
 #include "cuda_runtime.hpp"
+#include "hss/error.hpp"
 #include "log.hpp"
 
 namespace hss::detail {
@@ -16,33 +20,46 @@ RuntimeInfo detect_runtime() {
     (void)cudaGetLastError();  // clear the sticky-free error so later calls start clean
     return info;
   }
+  // Properties only: nothing here creates a context (an allocation would, on whatever device
+  // is current: device 0 in every worker that has not selected one yet).
+  bool mappable = true;
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
     info.devices.push_back(DeviceInfo{i, prop.name, prop.major, prop.minor,
                                       static_cast<uint64_t>(prop.totalGlobalMem)});
+    mappable = mappable && prop.canMapHostMemory != 0 && prop.unifiedAddressing != 0;
   }
   info.device_available = !info.devices.empty();
   if (!info.device_available) info.reason = "device properties could not be read";
-  if (info.device_available) {
-    void* probe = nullptr;
-    if (cudaHostAlloc(&probe, 4096, cudaHostAllocMapped | cudaHostAllocPortable) == cudaSuccess) {
-      info.pinned_memory = true;
-      (void)cudaFreeHost(probe);
-    } else {
-      (void)cudaGetLastError();
-    }
-  }
+  info.pinned_memory = info.device_available && mappable;
   return info;
 }
 
-void* pinned_host_alloc(size_t bytes) {
-  if (!cuda_device_available()) return nullptr;
+int store_device(const Config& config) {
+  if (!cuda_device_available()) return -1;
+  if (config.hidden_state_device < 0) {
+    int current = 0;
+    HSS_CUDA_CHECK(cudaGetDevice(&current));  // creates no context
+    return current;
+  }
+  const auto count = static_cast<int64_t>(runtime_info().devices.size());
+  if (config.hidden_state_device >= count) {
+    throw ConfigError("hidden_state_device = " + std::to_string(config.hidden_state_device) +
+                      " but the process sees " + std::to_string(count) + " CUDA device(s)");
+  }
+  return static_cast<int>(config.hidden_state_device);
+}
+
+void* pinned_host_alloc(size_t bytes, int device) {
+  if (!cuda_device_available() || device < 0) return nullptr;
   void* ptr = nullptr;
-  const cudaError_t status =
-      cudaHostAlloc(&ptr, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+  cudaError_t status = cudaSuccess;
+  cuda::run_on_device(device, [&] {
+    status = cudaHostAlloc(&ptr, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (status != cudaSuccess) (void)cudaGetLastError();
+  });
   if (status != cudaSuccess) {
-    (void)cudaGetLastError();
     log(LogLevel::kWarn, std::string("cudaHostAlloc of ") + std::to_string(bytes) +
                              " bytes failed (" + cudaGetErrorString(status) +
                              "); hidden-state pool falls back to pageable memory");
@@ -51,8 +68,13 @@ void* pinned_host_alloc(size_t bytes) {
   return ptr;
 }
 
-void pinned_host_free(void* ptr) noexcept {
-  if (ptr != nullptr) (void)cudaFreeHost(ptr);
+void pinned_host_free(void* ptr, int device) noexcept {
+  if (ptr == nullptr) return;
+  try {
+    cuda::run_on_device(device, [&] { (void)cudaFreeHost(ptr); });
+  } catch (...) {  // no thread, or the device is lost: free it here
+    (void)cudaFreeHost(ptr);
+  }
 }
 
 }  // namespace hss::detail

@@ -1,12 +1,12 @@
 #pragma once
-// A small set of reusable device resources (staging buffers, upload tables), each guarded by the
-// event recorded after the last GPU work that used it.
+// A fixed set of reusable device resources (launch tables), each guarded by the event recorded
+// after the last GPU work that used it.
 //
 // Slot states:  idle --acquire--> leased --record(stream)--> idle+pending --event done--> idle
 //                                      \--lease dropped without record (error)--> idle
-// * acquire() hands out an idle slot whose event has completed; when every slot is pending and
-//   the cap is reached it waits for one event (outside the lock); when all are leased it waits
-//   for a lease to end. Slots are created lazily up to max_slots: bounded device memory.
+// * Every slot is created with the pool (when a device's state is), so acquire() never allocates.
+// * acquire() hands out an idle slot whose event has finished; when every slot is pending it
+//   waits for one event (outside the lock); when all are leased it waits for a lease to end.
 // * A lease dropped without record() (an exception after enqueueing work) synchronises the
 //   streams it touched before the slot is reused: no later user overwrites memory a DMA or kernel
 //   still reads.
@@ -36,8 +36,11 @@ class SlotPool {
   };
 
  public:
-  SlotPool(size_t max_slots, std::function<Payload()> make)
-      : max_slots_(max_slots), make_(std::move(make)) {}
+  /// Creates `slots` payloads with make() now (the caller's device must be current).
+  SlotPool(size_t slots, const std::function<Payload()>& make) {
+    slots_.reserve(slots);
+    for (size_t i = 0; i < slots; ++i) slots_.push_back(std::make_unique<Slot>(make()));
+  }
   ~SlotPool() { synchronize(); }
   SlotPool(const SlotPool&) = delete;
   SlotPool& operator=(const SlotPool&) = delete;
@@ -79,22 +82,17 @@ class SlotPool {
     bool recorded_ = false;
   };
 
-  /// The caller's device must be current (a new slot allocates on it). `waited` is set when the
-  /// host had to wait for a slot (every slot busy and the cap reached).
+  /// `waited` is set when the host had to wait for a slot (every slot busy).
   [[nodiscard]] std::unique_ptr<Lease> acquire(bool* waited = nullptr) {
     std::unique_lock lock(mutex_);
     for (;;) {
       Slot* wait_for = nullptr;
       for (auto& slot : slots_) {
         if (slot->leased) continue;
-        if (!slot->pending || event_done(slot->done.get())) {
+        if (!slot->pending || event_finished(slot->done.get())) {
           return lease(*slot);
         }
         if (wait_for == nullptr) wait_for = slot.get();
-      }
-      if (slots_.size() < max_slots_) {
-        slots_.push_back(std::make_unique<Slot>(make_()));
-        return lease(*slots_.back());
       }
       if (waited != nullptr) *waited = true;
       if (wait_for != nullptr) {
@@ -108,10 +106,10 @@ class SlotPool {
     }
   }
 
-  [[nodiscard]] size_t size() const {
-    std::lock_guard lock(mutex_);
-    return slots_.size();
-  }
+  [[nodiscard]] size_t size() const { return slots_.size(); }
+
+  /// The payload of slot `i` while no lease can exist yet (the device state's warm-up).
+  [[nodiscard]] Payload& unleased(size_t i) { return slots_.at(i)->payload; }
 
   /// Calls fn(payload) for every idle slot whose work has completed (to drop what it kept alive).
   template <typename Fn>
@@ -119,7 +117,7 @@ class SlotPool {
     std::lock_guard lock(mutex_);
     for (auto& slot : slots_) {
       if (slot->leased) continue;
-      if (slot->pending && !event_done(slot->done.get())) continue;
+      if (slot->pending && !event_finished(slot->done.get())) continue;
       slot->pending = false;
       fn(slot->payload);
     }
@@ -148,8 +146,6 @@ class SlotPool {
     released_.notify_one();
   }
 
-  const size_t max_slots_;
-  std::function<Payload()> make_;
   mutable std::mutex mutex_;
   std::condition_variable released_;
   std::vector<std::unique_ptr<Slot>> slots_;

@@ -9,7 +9,8 @@ RuntimeInfo detect_runtime() {
   return info;
 }
 
-void* pinned_host_alloc(size_t) { return nullptr; }
-void pinned_host_free(void*) noexcept {}
+int store_device(const Config&) { return -1; }
+void* pinned_host_alloc(size_t, int) { return nullptr; }
+void pinned_host_free(void*, int) noexcept {}
 
 }  // namespace hss::detail

@@ -1,7 +1,7 @@
 // Batched device calls on a real device (ctest label gpu): one launch per stream for a batch of
 // mixed source types, strides, odd widths and offsets, outputs of every dtype, with results
-// bit-identical to the host path's single calls, for float32 and native storage. The same rules
-// run in CI on the simulated path (tests/test_sim_batch.cpp).
+// bit-identical to the host path's single calls, for float32 and native storage. CI runs them on
+// the CUDA runtime model (label gpu-model); tests/gpu/test_device_batch_rules.cpp has the rules.
 
 #include <gtest/gtest.h>
 
@@ -14,6 +14,7 @@
 
 #include "hss/build_info.hpp"
 #include "hss/config.hpp"
+#include "hss/error.hpp"
 #include "hss/hidden_state_store.hpp"
 #include "hss/kernels/convert.hpp"
 #include "hss/token_database.hpp"
@@ -72,9 +73,11 @@ TEST_P(DeviceBatch, OneLaunchPerStreamAndBitIdenticalToHostSingleCalls) {
       const int64_t rows = (r % 3 + 1) * kChunk + (r % 2 == 0 ? 0 : 7);
       const int64_t stride = r % 4 == 3 ? kCols + 5 : kCols;
       // The prompts of a request are the same across layers.
+      // One element of padding first: 16-bit views start 2 bytes into their allocation (not
+      // 16-byte aligned: the kernels' scalar head runs), float32 views 4 bytes.
       items.push_back(std::make_unique<Item>(
           test::tokens_of(rows, 50 + r), dtype, stride,
-          test::random_rows(dtype, rows, kCols, 100 * layer + r, stride, 2)));
+          test::random_rows(dtype, rows, kCols, 100 * layer + r, stride, element_size(dtype))));
       Item& item = *items.back();
       ASSERT_NE(item.device.ptr, nullptr);
       CUDA_OK(
@@ -83,8 +86,8 @@ TEST_P(DeviceBatch, OneLaunchPerStreamAndBitIdenticalToHostSingleCalls) {
       o.layer_idx = layer;
       o.stream = streams[r % 2].stream;
       device_items.push_back({item.tokens,
-                              {static_cast<unsigned char*>(item.device.ptr) + 2, dtype, rows, kCols,
-                               stride, Device::kCuda, 0},
+                              {static_cast<unsigned char*>(item.device.ptr) + element_size(dtype),
+                               dtype, rows, kCols, stride, Device::kCuda, 0},
                               o});
     }
   }
@@ -97,7 +100,7 @@ TEST_P(DeviceBatch, OneLaunchPerStreamAndBitIdenticalToHostSingleCalls) {
     o.stream = nullptr;
     EXPECT_EQ(
         reference.store_hidden_states(item.tokens,
-                                      {item.host.data() + 2, item.dtype,
+                                      {item.host.data() + element_size(item.dtype), item.dtype,
                                        device_items[i].hidden_states.rows, kCols, item.stride},
                                       o),
         results[i])
@@ -113,7 +116,7 @@ TEST_P(DeviceBatch, OneLaunchPerStreamAndBitIdenticalToHostSingleCalls) {
     const int64_t stride = i % 5 == 4 ? kCols + 9 : kCols;
     outs.push_back(std::make_unique<DeviceBytes>(static_cast<size_t>(rows * stride) *
                                                  element_size(out_dtype)));
-    CUDA_OK(cudaMemset(outs.back()->ptr, 0x77, outs.back()->bytes));
+    test::fill(outs.back()->ptr, 0x77, outs.back()->bytes);
     RetrieveOptions o;
     o.layer_idx = device_items[i].options.layer_idx;
     o.stream = streams[(i + 1) % 2].stream;
@@ -135,9 +138,90 @@ TEST_P(DeviceBatch, OneLaunchPerStreamAndBitIdenticalToHostSingleCalls) {
     RetrieveOptions o = reads[i].options;
     o.stream = nullptr;
     EXPECT_EQ(reference.retrieve_hidden_states_into(reads[i].token_ids, host_out, o), rows[i]);
-    EXPECT_EQ(rows[i], reads[i].out.rows) << i;
+    EXPECT_EQ(rows[i], reads[i].out.rows / kChunk * kChunk) << i;  // a partial chunk is not kept
     EXPECT_EQ(std::memcmp(got.data(), want.data(), bytes), 0) << i;
   }
+}
+
+// A GPU loads an element only from an address aligned to its size; a misaligned one is a sticky
+// cudaErrorMisalignedAddress that loses the context. Device views are therefore checked: a view
+// whose data is not element-aligned is InvalidArgument, before anything changes. (Row strides
+// are counted in elements, so an aligned base aligns every row.)
+TEST(DeviceViews, AMisalignedDeviceViewIsInvalidArgumentWithNothingChanged) {
+  HSS_REQUIRE_DEVICE();
+  Config c;
+  c.chunk_size = kChunk;
+  c.enable_hidden_state_cache = true;
+  c.max_hidden_state_cpu_size = 0.0625;
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore store(c, db);
+  const int64_t rows = 2 * kChunk, cols = 64;
+  const auto tokens = test::tokens_of(rows, 60);
+  const auto host = test::random_rows(DType::kFloat32, rows, cols, 61, 0, 4);
+  DeviceBytes dev(host.size() + 4);
+  test::upload(dev, host.data(), host.size());
+  auto* base = static_cast<unsigned char*>(dev.ptr);
+  const auto expect_misaligned = [](const auto& call, const char* argument) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for " << argument;
+    } catch (const InvalidArgument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(argument), std::string::npos) << what;
+      EXPECT_NE(what.find("aligned"), std::string::npos) << what;
+    }
+  };
+  // float32 rows 2 bytes off, bfloat16 rows 1 byte off: single calls and a batch item.
+  expect_misaligned(
+      [&] {
+        (void)store.store_hidden_states(
+            tokens, {base + 2, DType::kFloat32, rows, cols, 0, Device::kCuda, 0});
+      },
+      "hidden_states.data");
+  expect_misaligned(
+      [&] {
+        (void)store.store_hidden_states(
+            tokens, {base + 1, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0});
+      },
+      "hidden_states.data");
+  const StoreItem items[] = {
+      {tokens, {base + 4, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, {}},
+      {tokens, {base + 2, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, {1, 0}}};
+  expect_misaligned([&] { (void)store.store_batch(items); }, "items[1]");
+  EXPECT_EQ(store.num_entries(), 0u);
+  EXPECT_EQ(store.stats().stores, 0u);
+  EXPECT_EQ(store.stats().device_launches, 0u);
+
+  // An aligned view of the same memory (4 bytes in) stores, and an output 2 bytes off is refused.
+  EXPECT_EQ(
+      store
+          .store_hidden_states(tokens, {base + 4, DType::kFloat32, rows, cols, 0, Device::kCuda, 0})
+          .cached,
+      2);
+  DeviceBytes out(host.size() + 4);
+  test::fill(out.ptr, 0x55, out.bytes);
+  auto* out_base = static_cast<unsigned char*>(out.ptr);
+  const uint64_t retrieves = store.stats().retrieves;
+  expect_misaligned(
+      [&] {
+        (void)store.retrieve_hidden_states_into(
+            tokens, {out_base + 2, DType::kFloat32, rows, cols, 0, Device::kCuda, 0});
+      },
+      "out.data");
+  expect_misaligned(
+      [&] {
+        const RetrieveItem bad[] = {
+            {tokens, {out_base + 1, DType::kFloat16, rows, cols, 0, Device::kCuda, 0}, {}}};
+        (void)store.retrieve_batch_into(bad);
+      },
+      "items[0]");
+  EXPECT_EQ(store.stats().retrieves, retrieves);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(test::download(out.ptr, out.bytes), std::vector<unsigned char>(out.bytes, 0x55));
+  // The aligned store's rows are intact.
+  const auto got = store.retrieve_hidden_states(tokens);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(std::memcmp(got->data(), host.data() + 4, host.size() - 4), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Storage, DeviceBatch,

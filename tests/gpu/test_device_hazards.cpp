@@ -2,8 +2,8 @@
 // host, independent streams, many staging rounds in flight, a store under pressure right after a
 // device restore, device->device round trips for every (input, output, storage) dtype, an odd
 // base offset with cols = 2051, batch vs single calls, and wrong-device pointers. Each test skips
-// with the reason when no device is usable. The same rules run in CI on the simulated path
-// (tests/test_sim_store_rules.cpp); these prove the CUDA path keeps them.
+// with the reason when no device is usable. CI runs them on the CUDA runtime model (label
+// gpu-model), where StreamGate holds a stream as long as a test needs.
 
 #include <gtest/gtest.h>
 
@@ -59,33 +59,49 @@ void sleep_host_func(void* ms) {
   std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms)));
 }
 
-TEST(DeviceHazards, StoreOnAStreamBlockedFor500msReturnsInUnder50ms) {
+// A held stream (StreamGate) stands in for a long kernel: a call that returns while its stream is
+// held did not wait for it on the host; the model proves that without a clock. On a GPU the
+// calls must also return within 50 ms (the figures issue 9 asked for).
+TEST(DeviceHazards, StoreOnAHeldStreamReturnsAtOnce) {
   HSS_REQUIRE_DEVICE();
   ChunkedTokenDatabase db(256, false);
-  HiddenStateStore store(config_for(256, 0.5), db);
+#if HSS_CUDA_MODEL
+  const int64_t rows = 2560, cols = 4096;  // 40 MiB: the model's kernel twins run on the CPU
+#else
   const int64_t rows = 20480, cols = 4096;  // 320 MiB of float32
+#endif
+  HiddenStateStore store(config_for(256, 0.5), db);
   DeviceBytes dev(static_cast<size_t>(rows * cols) * 4);
   ASSERT_NE(dev.ptr, nullptr);
   StreamHolder stream;
-  static int delay_ms = 500;
-  CUDA_OK(cudaLaunchHostFunc(stream.stream, sleep_host_func, &delay_ms));
   StoreOptions o;
   o.stream = stream.stream;
   const auto tokens = tokens_of(rows, 1);
-  const auto start = Clock::now();
-  (void)store.store_hidden_states(tokens,
-                                  {dev.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, o);
-  const auto took = Clock::now() - start;
-  EXPECT_LT(took, std::chrono::milliseconds(50));
-  // The device-output retrieve on the same blocked stream also returns at once.
   DeviceBytes out(dev.bytes);
   RetrieveOptions ro;
   ro.stream = stream.stream;
-  const auto start2 = Clock::now();
-  EXPECT_EQ(store.retrieve_hidden_states_into(
-                tokens, {out.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, ro),
-            rows);
-  EXPECT_LT(Clock::now() - start2, std::chrono::milliseconds(50));
+  {
+    test::StreamGate gate(stream.stream);
+    const auto start = Clock::now();
+    (void)store.store_hidden_states(tokens,
+                                    {dev.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, o);
+    const auto took = Clock::now() - start;
+    // The device-output retrieve on the same held stream also returns at once.
+    const auto start2 = Clock::now();
+    EXPECT_EQ(store.retrieve_hidden_states_into(
+                  tokens, {out.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0}, ro),
+              rows);
+    const auto took2 = Clock::now() - start2;
+    EXPECT_EQ(cudaStreamQuery(stream.stream), cudaErrorNotReady);  // still held: nothing waited
+    (void)cudaGetLastError();
+#if !HSS_CUDA_MODEL
+    EXPECT_LT(took, std::chrono::milliseconds(50));
+    EXPECT_LT(took2, std::chrono::milliseconds(50));
+#else
+    (void)took;
+    (void)took2;
+#endif
+  }
   CUDA_OK(cudaStreamSynchronize(stream.stream));
 }
 
@@ -96,25 +112,51 @@ TEST(DeviceHazards, TwoStreamsAreIndependent) {
   const int64_t rows = 1024, cols = 1024;
   const auto host = random_rows(DType::kBFloat16, rows, cols, 2);
   DeviceBytes a(host.size()), b(host.size());
-  CUDA_OK(cudaMemcpy(a.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(b.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+  test::upload(a, host.data(), host.size());
+  test::upload(b, host.data(), host.size());
   StreamHolder sa, sb;
-  static int delay_ms = 1000;
-  CUDA_OK(cudaLaunchHostFunc(sa.stream, sleep_host_func, &delay_ms));
   StoreOptions oa, ob;
   oa.stream = sa.stream;
   ob.stream = sb.stream;
-  (void)store.store_hidden_states(tokens_of(rows, 3),
-                                  {a.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0}, oa);
-  const auto tb = tokens_of(rows, 4);
-  (void)store.store_hidden_states(tb, {b.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0},
-                                  ob);
-  const auto start = Clock::now();
-  const auto got = store.retrieve_hidden_states(tb);  // waits for B's copies only
-  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(500));
-  ASSERT_TRUE(got.has_value());
-  EXPECT_EQ(cudaStreamQuery(sa.stream), cudaErrorNotReady);
+  {
+    test::StreamGate gate(sa.stream);
+    (void)store.store_hidden_states(tokens_of(rows, 3),
+                                    {a.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0}, oa);
+    const auto tb = tokens_of(rows, 4);
+    (void)store.store_hidden_states(tb, {b.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0},
+                                    ob);
+    // Waits for b's copies only: a is held, and it returns.
+    const auto got = store.retrieve_hidden_states(tb);
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(cudaStreamQuery(sa.stream), cudaErrorNotReady);
+    (void)cudaGetLastError();  // the query recorded cudaErrorNotReady in this thread's error slot
+  }
   CUDA_OK(cudaStreamSynchronize(sa.stream));
+}
+
+TEST(DeviceHazards, AnErrorTheCallerLeftInTheThreadsErrorSlotIsNotTheStoresToReport) {
+  HSS_REQUIRE_DEVICE();
+  ChunkedTokenDatabase db(16, false);
+  HiddenStateStore store(config_for(16, 0.0625), db);
+  const auto host = random_rows(DType::kBFloat16, 32, 64, 40);
+  DeviceBytes dev(host.size());
+  test::upload(dev, host.data(), host.size());
+  StreamHolder held;
+  {
+    test::StreamGate gate(held.stream);
+    ASSERT_EQ(cudaStreamQuery(held.stream), cudaErrorNotReady);  // recorded in the error slot
+    gate.open();
+  }
+  // The engine never read its cudaErrorNotReady: the store's launch checks must not report it.
+  StreamHolder s;
+  StoreOptions o;
+  o.stream = s.stream;
+  EXPECT_EQ(store
+                .store_hidden_states(tokens_of(32, 41),
+                                     {dev.ptr, DType::kBFloat16, 32, 64, 0, Device::kCuda, 0}, o)
+                .cached,
+            2);
+  EXPECT_TRUE(store.retrieve_hidden_states(tokens_of(32, 41)).has_value());
 }
 
 TEST(DeviceHazards, MoreThanFourStagingRoundsInFlightWithoutAHostWait) {
@@ -287,11 +329,19 @@ TEST(DeviceHazards, HostMemoryLabelledCudaIsInvalidArgument) {
   EXPECT_EQ(store.num_entries(), 0u);
 }
 
-TEST(DeviceHazards, PointerOnAnotherDeviceIsInvalidArgument) {
-  HSS_REQUIRE_DEVICE();
-  int count = 0;
-  CUDA_OK(cudaGetDeviceCount(&count));
-  if (count < 2) GTEST_SKIP() << "needs two devices, found " << count;
+// Tests that need a second device are in suites named *TwoDevices: bench/gpu_check.sh leaves
+// them out on a one-GPU machine (where they would skip), the model runs them with two devices.
+class DeviceHazardsTwoDevices : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    HSS_REQUIRE_DEVICE();
+    int count = 0;
+    CUDA_OK(cudaGetDeviceCount(&count));
+    if (count < 2) GTEST_SKIP() << "needs two devices, found " << count;
+  }
+};
+
+TEST_F(DeviceHazardsTwoDevices, PointerOnAnotherDeviceIsInvalidArgument) {
   ChunkedTokenDatabase db(16, false);
   HiddenStateStore store(config_for(16, 0.0625), db);
   CUDA_OK(cudaSetDevice(1));
@@ -302,6 +352,27 @@ TEST(DeviceHazards, PointerOnAnotherDeviceIsInvalidArgument) {
       (void)store.store_hidden_states(t, {on1.ptr, DType::kFloat32, 16, 64, 0, Device::kCuda, 0}),
       InvalidArgument);
   EXPECT_EQ(store.num_entries(), 0u);
+}
+
+TEST_F(DeviceHazardsTwoDevices, WrongDevicePointersAreInvalidArgumentWithNothingChanged) {
+  ChunkedTokenDatabase db(16, false);
+  HiddenStateStore store(config_for(16, 0.0625), db);
+  const auto t = tokens_of(16, 32);
+  const auto host_rows = random_rows(DType::kFloat32, 16, 64, 33);
+  DeviceBytes on0(host_rows.size());
+  CUDA_OK(cudaMemcpy(on0.ptr, host_rows.data(), host_rows.size(), cudaMemcpyHostToDevice));
+  // Memory of device 0 labelled as device 1, host memory labelled cuda, device memory as host.
+  EXPECT_THROW(
+      (void)store.store_hidden_states(t, {on0.ptr, DType::kFloat32, 16, 64, 0, Device::kCuda, 1}),
+      InvalidArgument);
+  EXPECT_THROW((void)store.store_hidden_states(
+                   t, {host_rows.data(), DType::kFloat32, 16, 64, 0, Device::kCuda, 0}),
+               InvalidArgument);
+  EXPECT_THROW(
+      (void)store.store_hidden_states(t, {on0.ptr, DType::kFloat32, 16, 64, 0, Device::kHost, 0}),
+      InvalidArgument);
+  EXPECT_EQ(store.num_entries(), 0u);
+  EXPECT_EQ(store.stats().stores, 0u);
 }
 
 }  // namespace

@@ -304,8 +304,8 @@ TEST(DevicePath, BadDeviceIndexIsInvalidArgumentAndWritesNothing) {
   EXPECT_FALSE(s.device->retrieve_hidden_states(tokens).has_value());
 }
 
-TEST(DevicePath, DeviceStoreEmitsGatherCastAndD2hRanges) {
-  HSS_REQUIRE_DEVICE();
+/// The NVTX ranges (through the trace hook) one device store of `dtype` rows emits.
+std::vector<std::string> ranges_of_a_device_store(DType dtype) {
   struct Seen {
     std::mutex mutex;
     std::vector<std::string> names;
@@ -320,16 +320,27 @@ TEST(DevicePath, DeviceStoreEmitsGatherCastAndD2hRanges) {
       &seen);
   Stores s(make_config(StorageDType::kFloat32));
   const auto tokens = make_tokens(kChunk, 12);
-  DeviceBytes dev(static_cast<size_t>(kChunk * 8 * 4));
-  CUDA_OK(cudaMemset(dev.ptr, 0, dev.bytes));
-  s.device->store_hidden_states(tokens, {dev.ptr, DType::kFloat32, kChunk, 8, 0, Device::kCuda, 0});
+  DeviceBytes dev(static_cast<size_t>(kChunk * 8) * element_size(dtype));
+  test::fill(dev.ptr, 0, dev.bytes);
+  s.device->store_hidden_states(tokens, {dev.ptr, dtype, kChunk, 8, 0, Device::kCuda, 0});
   trace::set_range_hook(nullptr);
   std::lock_guard lock(seen.mutex);
-  const auto has = [&](const char* n) {
-    return std::find(seen.names.begin(), seen.names.end(), n) != seen.names.end();
-  };
-  EXPECT_TRUE(has("store/gather_cast"));
-  EXPECT_TRUE(has("store/d2h"));
+  return seen.names;
+}
+
+bool has(const std::vector<std::string>& names, const char* name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+TEST(DevicePath, EveryDeviceStoreEmitsGatherCastAndD2hRanges) {
+  HSS_REQUIRE_DEVICE();
+  // Cast (bfloat16 -> float32 storage) or not (float32), a device store gathers into staging on
+  // the caller's stream (store/gather_cast), then copies to the pool on a copy stream (store/d2h).
+  for (const DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+    const auto names = ranges_of_a_device_store(dtype);
+    EXPECT_TRUE(has(names, "store/gather_cast")) << to_string(dtype);
+    EXPECT_TRUE(has(names, "store/d2h")) << to_string(dtype);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -364,7 +375,7 @@ TEST_P(DeviceRestore, RetrieveIntoDeviceMemoryEqualsHostRetrieve) {
   const int64_t want_rows = 7 * kChunk - row_begin;
   const int64_t out_rows = want_rows + 3, stride = cols + p.pad;
   DeviceBytes out(static_cast<size_t>(out_rows * stride) * sizeof(float));
-  CUDA_OK(cudaMemset(out.ptr, 0xAB, out.bytes));
+  test::fill(out.ptr, 0xAB, out.bytes);
   StreamHolder stream;
   RetrieveOptions opt;
   opt.row_begin = row_begin;

@@ -121,10 +121,13 @@ HSS_HOST_DEVICE auto narrow_from_float(float f) {
 HSS_HOST_DEVICE float load_as_float(const void* row, int64_t index, ElemType t) {
   switch (t) {
     case ElemType::kFloat32:
+      HSS_DEVICE_ACCESS(static_cast<const float*>(row) + index, 4, false);
       return static_cast<const float*>(row)[index];
     case ElemType::kFloat16:
+      HSS_DEVICE_ACCESS(static_cast<const uint16_t*>(row) + index, 2, false);
       return f16_to_float(static_cast<const uint16_t*>(row)[index]);
     default:
+      HSS_DEVICE_ACCESS(static_cast<const uint16_t*>(row) + index, 2, false);
       return bf16_to_float(static_cast<const uint16_t*>(row)[index]);
   }
 }
@@ -133,12 +136,15 @@ HSS_HOST_DEVICE float load_as_float(const void* row, int64_t index, ElemType t) 
 HSS_HOST_DEVICE void store_from_float(void* row, int64_t index, ElemType t, float value) {
   switch (t) {
     case ElemType::kFloat32:
+      HSS_DEVICE_ACCESS(static_cast<float*>(row) + index, 4, true);
       static_cast<float*>(row)[index] = value;
       break;
     case ElemType::kFloat16:
+      HSS_DEVICE_ACCESS(static_cast<uint16_t*>(row) + index, 2, true);
       static_cast<uint16_t*>(row)[index] = float_to_f16(value);
       break;
     default:
+      HSS_DEVICE_ACCESS(static_cast<uint16_t*>(row) + index, 2, true);
       static_cast<uint16_t*>(row)[index] = float_to_bf16(value);
       break;
   }

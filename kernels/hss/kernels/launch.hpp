@@ -41,4 +41,14 @@ void launch_cub_batched_memcpy(void* temp, size_t temp_bytes, const void* const*
                                void* const* dsts, const uint64_t* sizes, int64_t num_buffers,
                                cudaStream_t stream);
 
+/// Bytes of the descriptor table warm_up needs.
+[[nodiscard]] size_t warm_up_table_bytes();
+/// Launches every kernel above once over a table of empty tiles, so that their modules are loaded
+/// now (CUDA loads a kernel's module at its first launch) and not on an engine's hot path.
+/// `table_host` / `table_device`: a device-mapped pinned table of warm_up_table_bytes(), written
+/// here; `cub_temp`: device scratch of cub_batched_memcpy_temp_bytes(1) bytes at least. The caller
+/// synchronises `stream` before reusing the table.
+void warm_up(void* table_host, const void* table_device, void* cub_temp, size_t cub_temp_bytes,
+             cudaStream_t stream);
+
 }  // namespace hss::kernels

@@ -104,8 +104,12 @@ HSS_HOST_DEVICE void store_element(const SourceView& s, int64_t row0, int64_t fl
                                    int64_t i, ElemType dst_type) {
   const void* src = source_address(s, row0, flat);
   if (dst_type == ElemType::kFloat32) {
-    static_cast<float*>(dst)[i] = load_as_float(src, 0, s.type);
+    const float value = load_as_float(src, 0, s.type);
+    HSS_DEVICE_ACCESS(static_cast<float*>(dst) + i, 4, true);
+    static_cast<float*>(dst)[i] = value;
   } else {  // native 16-bit storage keeps the caller's bits
+    HSS_DEVICE_ACCESS(src, 2, false);
+    HSS_DEVICE_ACCESS(static_cast<uint16_t*>(dst) + i, 2, true);
     static_cast<uint16_t*>(dst)[i] = *static_cast<const uint16_t*>(src);
   }
 }
@@ -117,8 +121,12 @@ HSS_HOST_DEVICE void restore_element(const GatherSegment& seg, int64_t i, const 
   void* dst = output_address(out, seg.dst_elem + i);
   if (seg.src_type == out.type) {
     if (out.type == ElemType::kFloat32) {
+      HSS_DEVICE_ACCESS(static_cast<const float*>(seg.src) + i, 4, false);
+      HSS_DEVICE_ACCESS(dst, 4, true);
       *static_cast<float*>(dst) = static_cast<const float*>(seg.src)[i];
     } else {
+      HSS_DEVICE_ACCESS(static_cast<const uint16_t*>(seg.src) + i, 2, false);
+      HSS_DEVICE_ACCESS(dst, 2, true);
       *static_cast<uint16_t*>(dst) = static_cast<const uint16_t*>(seg.src)[i];
     }
     return;

@@ -100,6 +100,7 @@ struct alignas(16) Vec16 {
 /// Sources are read once and not written while a kernel runs (the caller's tensor on its own
 /// stream; pool blocks whose copies have landed), so the read-only path is safe.
 HSS_HOST_DEVICE Vec16 load_vec16(const void* p) {
+  HSS_DEVICE_ACCESS(p, 16, false);
 #if defined(__CUDA_ARCH__)
   const uint4 v = __ldg(static_cast<const uint4*>(p));
   return Vec16{{v.x, v.y, v.z, v.w}};
@@ -111,6 +112,7 @@ HSS_HOST_DEVICE Vec16 load_vec16(const void* p) {
 }
 
 HSS_HOST_DEVICE void store_vec16(void* p, const Vec16& v) {
+  HSS_DEVICE_ACCESS(p, 16, true);
 #if defined(__CUDA_ARCH__)
   *static_cast<uint4*>(p) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
 #else
@@ -120,6 +122,7 @@ HSS_HOST_DEVICE void store_vec16(void* p, const Vec16& v) {
 
 /// 8 bytes (one 64-bit store on the device): a narrowed vector of four 16-bit elements.
 HSS_HOST_DEVICE void store_vec8(void* p, uint32_t lo, uint32_t hi) {
+  HSS_DEVICE_ACCESS(p, 8, true);
 #if defined(__CUDA_ARCH__)
   *static_cast<uint2*>(p) = make_uint2(lo, hi);
 #else

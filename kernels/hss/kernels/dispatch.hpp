@@ -1,0 +1,95 @@
+#pragma once
+// The launchers' rules, shared by the CUDA launchers (kernels/*.cu) and their host twins (the
+// CUDA runtime model, tests/cuda_model): the grid limit, which (source, storage) pairs a store
+// kernel supports and which output types a restore writes. Both sides reject exactly the same
+// calls with the same messages. Host code only.
+
+#include <cstdint>
+#include <string>
+
+#include "hss/error.hpp"
+#include "hss/kernels/convert.hpp"
+
+namespace hss::kernels {
+
+/// gridDim.x limit of a 1-D launch (one block per tile).
+inline constexpr int64_t kMaxGridBlocks = 0x7FFFFFFF;
+
+/// False when there is nothing to launch; hss::Error when the grid would be too large.
+inline bool grid_needed(int64_t num_tiles, const char* kernel) {
+  if (num_tiles <= 0) return false;
+  if (num_tiles > kMaxGridBlocks)
+    throw Error(std::string(kernel) + ": too many tiles for one grid");
+  return true;
+}
+
+/// Calls fn.template operator()<S, D>() for a store kernel's supported (source S, storage D)
+/// pair: f32->f32, f16->f32, bf16->f32, f16->f16, bf16->bf16. hss::Error for any other.
+template <typename Fn>
+void dispatch_store_pair(ElemType src, ElemType dst, Fn&& fn) {
+  using enum ElemType;
+  if (dst == kFloat32) {
+    switch (src) {
+      case kFloat32:
+        return fn.template operator()<kFloat32, kFloat32>();
+      case kFloat16:
+        return fn.template operator()<kFloat16, kFloat32>();
+      case kBFloat16:
+        return fn.template operator()<kBFloat16, kFloat32>();
+    }
+  } else if (dst == src) {
+    if (src == kFloat16) return fn.template operator()<kFloat16, kFloat16>();
+    if (src == kBFloat16) return fn.template operator()<kBFloat16, kBFloat16>();
+  }
+  throw Error("gather_cast: unsupported (source, storage) element types (" +
+              std::to_string(static_cast<int>(src)) + ", " + std::to_string(static_cast<int>(dst)) +
+              ")");
+}
+
+/// Calls fn.template operator()<D>() for a restore output type D. hss::Error for an unknown one.
+template <typename Fn>
+void dispatch_output(ElemType out, Fn&& fn) {
+  switch (out) {
+    case ElemType::kFloat32:
+      return fn.template operator()<ElemType::kFloat32>();
+    case ElemType::kFloat16:
+      return fn.template operator()<ElemType::kFloat16>();
+    case ElemType::kBFloat16:
+      return fn.template operator()<ElemType::kBFloat16>();
+  }
+  throw Error("restore_gather: unknown output element type " +
+              std::to_string(static_cast<int>(out)));
+}
+
+/// Calls fn.template operator()<S, D>() for every supported store pair (warm-up).
+template <typename Fn>
+void dispatch_each_store_pair(Fn&& fn) {
+  using enum ElemType;
+  fn.template operator()<kFloat32, kFloat32>();
+  fn.template operator()<kFloat16, kFloat32>();
+  fn.template operator()<kBFloat16, kFloat32>();
+  fn.template operator()<kFloat16, kFloat16>();
+  fn.template operator()<kBFloat16, kBFloat16>();
+}
+
+/// Calls fn.template operator()<D>() for every restore output type (warm-up).
+template <typename Fn>
+void dispatch_each_output(Fn&& fn) {
+  fn.template operator()<ElemType::kFloat32>();
+  fn.template operator()<ElemType::kFloat16>();
+  fn.template operator()<ElemType::kBFloat16>();
+}
+
+/// Short names of the element types, for kernel names ("gather_cast<bf16,f32>").
+inline const char* short_name(ElemType t) {
+  switch (t) {
+    case ElemType::kFloat32:
+      return "f32";
+    case ElemType::kFloat16:
+      return "f16";
+    default:
+      return "bf16";
+  }
+}
+
+}  // namespace hss::kernels

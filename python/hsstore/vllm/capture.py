@@ -1,0 +1,359 @@
+"""Worker side of a vLLM capture: forward hooks that copy each request's newly computed prompt
+rows into its whole-prompt buffers, restores of the rows vLLM skipped computing, stores of new
+chunks, and the recompute requests for prefixes whose hidden states are missing.
+
+Per request and step (one engine step = one forward over every scheduled request)::
+
+    begin_step   rows [have, p) are needed (p = the step's first position: vLLM's local or LMCache's
+                 hit) -> restore them, every label at once (all or nothing)
+                     restored to >= p   -> this step's rows [p, p + n) will be captured
+                     restored to r < p  -> report the block holding r as invalid: vLLM recomputes
+                                           from it (kv_load_failure_policy="recompute") or fails
+                                           the request ("fail"); this step's rows are dropped
+    forward      each hook: out[label][p : p + n] <- the layer's output rows (one copy per row,
+                 torch releases the GIL for it)
+    end_step     have = p + n; store the chunks now complete, from token_offset (the first
+                 position this capture computed) on; once have == prompt length the buffers are
+                 the consumer's (take()), exactly the prompt, restored prefix plus computed tail
+
+Nothing here holds a lock: a worker runs one step at a time (vLLM's model runner thread); take()
+and stats() are called between steps (collective_rpc runs on the same thread).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import re
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .layers import FINAL, resolve_layers
+
+__all__ = ["PromptCapture", "decoder_layers_of"]
+
+logger = logging.getLogger("hsstore.vllm")
+
+# vLLM appends "-" and 8 hex digits to the caller's request id (InputProcessor.assign_request_id).
+_INTERNAL_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+
+
+def external_request_id(internal_id: str) -> str:
+    """The id RequestOutput carries for vLLM's internal request id."""
+    return _INTERNAL_SUFFIX.sub("", internal_id)
+
+
+def decoder_layers_of(model: torch.nn.Module):
+    """The decoder layer list of a vLLM causal LM (model.model.layers, or a language model's)."""
+    for path in ("model.layers", "language_model.model.layers", "layers"):
+        obj: Any = model
+        for name in path.split("."):
+            obj = getattr(obj, name, None)
+            if obj is None:
+                break
+        if obj is not None:
+            return obj
+    raise ValueError(
+        f"hsstore.vllm: cannot find the decoder layers of {type(model).__name__} "
+        "(looked for model.layers, language_model.model.layers, layers)"
+    )
+
+
+class _Request:
+    """What a capture holds for one request; `have` rows of the prompt are valid, contiguous."""
+
+    __slots__ = ("req_id", "tokens", "prompt_len", "chunks", "outs", "have", "offset", "stored",
+                 "failed")
+
+    def __init__(self, req_id: str, tokens: List[int]) -> None:
+        self.req_id = req_id
+        self.tokens = tokens
+        self.prompt_len = len(tokens)
+        self.chunks: Any = None  # the store's chunk list, computed on first use
+        self.outs: Dict[int, torch.Tensor] = {}
+        self.have = 0  # rows [0, have) hold the prompt's hidden states
+        self.offset: Optional[int] = None  # first position computed here (the store's token_offset)
+        self.stored = 0  # chunks ending at or before this are stored (or were restored)
+        self.failed: Optional[str] = None
+
+    @property
+    def done(self) -> bool:
+        return self.have >= self.prompt_len
+
+
+class PromptCapture:
+    """Captures, restores and stores the prompt hidden states of every request in one worker.
+
+    Args:
+        store: a hsstore.vllm.stores adapter (DropInStore, LMCacheStore or EngineStore).
+        layer_specs: what to keep (hsstore.vllm.layers); resolved against the model on attach().
+        block_size: vLLM's KV block size (the unit of a recompute).
+        keep: hold finished prompts for take() (else only store them).
+        max_kept: finished prompts held at most; the oldest untaken are dropped (and counted).
+    """
+
+    #: What stats() counts (rows are prompt rows; a request's rows are restored or computed).
+    COUNTERS = ("requests", "rows_computed", "rows_restored", "rows_stored", "chunks_written",
+                "recomputes", "tokens_recomputed", "prompts_completed",
+                "results_dropped_untaken", "requests_skipped_no_token_ids",
+                # Where the time goes (ns), in steps that capture rows: the hooks' copies, the
+                # stores after the forward, the restores before it, and the whole step (from the
+                # restores to the stores).
+                "capture_ns", "store_ns", "restore_ns", "step_ns", "steps")
+
+    def __init__(self, store, layer_specs: Sequence[Any], block_size: int, *, keep: bool = True,
+                 max_kept: int = 4096) -> None:
+        self.store = store
+        self.layer_specs = list(layer_specs)
+        self.labels: List[int] = []
+        self.block_size = block_size
+        self.keep = keep
+        self.max_kept = max_kept
+        self.model_runner: Any = None
+        self._hooks: List[Any] = []
+        self._requests: Dict[str, _Request] = {}
+        self._results: "collections.OrderedDict[str, _Request]" = collections.OrderedDict()
+        self._by_external: Dict[str, str] = {}
+        self._plan: List[Tuple[_Request, int, int, int]] = []
+        self._fired: set = set()
+        self._invalid_blocks: set = set()
+        self._step_started = 0
+        self.counters = collections.Counter({name: 0 for name in self.COUNTERS})
+
+    # -- wiring -------------------------------------------------------------------------------
+
+    def attach(self, model_runner: Any) -> List[int]:
+        """Installs the forward hooks on the runner's model; returns the storage labels."""
+        if self.model_runner is not None:
+            return self.labels
+        model = model_runner.model
+        layers = decoder_layers_of(model)
+        self.labels = resolve_layers(self.layer_specs, len(layers))
+        for label in self.labels:
+            if label == FINAL:
+                self._hooks.append(model.register_forward_hook(self._hook(label, summed=False)))
+            else:
+                self._hooks.append(layers[label].register_forward_hook(self._hook(label, True)))
+        self.model_runner = model_runner
+        self.hidden_size = model_runner.model_config.get_hidden_size()
+        self.dtype = model_runner.model_config.dtype
+        self.device = model_runner.device
+        return self.labels
+
+    def detach(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        self.model_runner = None
+
+    def _hook(self, label: int, summed: bool):
+        def hook(module, args, output):
+            if not self._plan:
+                return
+            started = time.perf_counter_ns()
+            if summed:  # a decoder layer returns (hidden, residual): the stream is their sum
+                hidden, residual = output[0], output[1]
+                for req, src, dst, n in self._plan:
+                    torch.add(hidden[src : src + n], residual[src : src + n],
+                              out=req.outs[label][dst : dst + n])
+            else:
+                hidden = output[0] if isinstance(output, (tuple, list)) else output
+                for req, src, dst, n in self._plan:
+                    req.outs[label][dst : dst + n].copy_(hidden[src : src + n])
+            self._fired.add(label)
+            self.counters["capture_ns"] += time.perf_counter_ns() - started
+
+        return hook
+
+    # -- one engine step ----------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        """Before the forward: which rows of which request this step computes, and the restores
+        (or recomputes) of the prefixes vLLM did not compute."""
+        self._plan = []
+        self._fired = set()
+        runner = self.model_runner
+        if runner is None:
+            return
+        self._step_started = time.perf_counter_ns()
+        batch = runner.input_batch
+        num_reqs = batch.num_reqs
+        if num_reqs == 0:
+            return
+        starts = runner.query_start_loc.np
+        computed = batch.num_computed_tokens_cpu
+        live = runner.requests
+        for i, req_id in enumerate(batch.req_ids[:num_reqs]):
+            if req_id is None:
+                continue
+            position = int(computed[i])
+            count = int(starts[i + 1] - starts[i])
+            req = self._requests.get(req_id)
+            if req is None:
+                req = self._new_request(req_id, live.get(req_id), position)
+                if req is None:
+                    continue
+            if req.done or req.failed or position >= req.prompt_len:
+                continue
+            if position > req.have:
+                started = time.perf_counter_ns()
+                restored = self._restore(req, position, live.get(req_id))
+                self.counters["restore_ns"] += time.perf_counter_ns() - started
+                if not restored:
+                    continue
+            if req.offset is None or position < req.offset:
+                req.offset = position
+            self._plan.append((req, int(starts[i]), position, min(count, req.prompt_len - position)))
+        self._prune(live)
+
+    def end_step(self) -> None:
+        """After the forward: commit the captured rows, store the chunks now complete."""
+        plan, self._plan = self._plan, []
+        if not plan:
+            return
+        missing = [label for label in self.labels if label not in self._fired]
+        if missing:
+            raise RuntimeError(
+                f"hsstore.vllm: the hooks of layers {missing} did not fire during the forward: "
+                "the model is compiled (torch.compile inlines decoder layers); build the LLM with "
+                "enforce_eager=True to capture intermediate layers"
+            )
+        started = time.perf_counter_ns()
+        touched = []
+        for req, _, position, count in plan:
+            if position <= req.have:
+                req.have = max(req.have, position + count)
+                self.counters["rows_computed"] += count
+                touched.append(req)
+        for req in dict.fromkeys(touched):
+            self._store_complete_chunks(req)
+            if req.done:
+                self._finish(req)
+        finished = time.perf_counter_ns()
+        self.counters["store_ns"] += finished - started
+        self.counters["step_ns"] += finished - self._step_started
+        self.counters["steps"] += 1
+
+    def take_invalid_blocks(self) -> set:
+        blocks, self._invalid_blocks = self._invalid_blocks, set()
+        return blocks
+
+    # -- consumer -----------------------------------------------------------------------------
+
+    def take(self, request_id: str, *, remove: bool = True) -> Optional[Dict[int, torch.Tensor]]:
+        """The whole prompt's hidden states per label, or None if the request is unknown or its
+        prompt is not complete. Raises RuntimeError for a request whose hidden states could not
+        be completed (its prefix lacked them and vLLM was told to fail it)."""
+        internal = request_id if request_id in self._results else self._by_external.get(request_id)
+        req = self._results.get(internal) if internal is not None else None
+        if req is None:
+            failed = self._requests.get(internal or request_id)
+            if failed is not None and failed.failed:
+                raise RuntimeError(failed.failed)
+            return None
+        if remove:
+            self._results.pop(req.req_id, None)
+            self._by_external.pop(external_request_id(req.req_id), None)
+        if req.failed:
+            raise RuntimeError(req.failed)
+        return dict(req.outs)
+
+    def discard(self) -> None:
+        self._results.clear()
+        self._by_external.clear()
+
+    def stats(self) -> dict:
+        out = dict(self.counters)
+        out.update(store=self.store.name, labels=list(self.labels), kept=len(self._results),
+                   in_flight=len(self._requests))
+        return out
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _new_request(self, req_id: str, cached: Any, position: int) -> Optional[_Request]:
+        tokens = getattr(cached, "prompt_token_ids", None)
+        if tokens is None:
+            self.counters["requests_skipped_no_token_ids"] += 1  # prompt embeddings
+            return None
+        if position >= len(tokens) and position > 0:
+            return None  # seen first in decode (captured from before this capture was attached)
+        req = _Request(req_id, list(tokens))
+        shape = (req.prompt_len, self.hidden_size)
+        req.outs = {label: torch.empty(shape, dtype=self.dtype, device=self.device)
+                    for label in self.labels}
+        self._requests[req_id] = req
+        self.counters["requests"] += 1
+        return req
+
+    def _chunks(self, req: _Request):
+        if req.chunks is None:
+            req.chunks = self.store.chunks(req.tokens)
+        return req.chunks
+
+    def _restore(self, req: _Request, position: int, cached: Any) -> bool:
+        """Rows [req.have, position) from the store; False (and a recompute) when they are not
+        all there for every label."""
+        begin = req.have
+        reached = self.store.restore(req.tokens, self._chunks(req), self.labels, req.outs, begin,
+                                     position)
+        if reached > begin:
+            self.counters["rows_restored"] += min(reached, req.prompt_len) - begin
+            req.have = min(reached, req.prompt_len)
+            req.stored = max(req.stored, req.have)
+        if req.have >= position:
+            return True
+        self._recompute(req, position, cached)
+        return False
+
+    def _recompute(self, req: _Request, position: int, cached: Any) -> None:
+        first = req.have // self.block_size  # the block holding the first missing row
+        block_ids = cached.block_ids[0] if cached is not None and cached.block_ids else []
+        self.counters["recomputes"] += 1
+        self.counters["tokens_recomputed"] += position - first * self.block_size
+        if first >= len(block_ids):
+            req.failed = (f"hsstore.vllm: request {req.req_id}: the hidden states of prompt "
+                          f"tokens [{req.have}, {position}) are missing and vLLM holds no block "
+                          "to recompute them from")
+            logger.error(req.failed)
+            return
+        self._invalid_blocks.add(block_ids[first])
+        logger.info("hsstore.vllm: request %s: hidden states of tokens [%d, %d) missing, "
+                    "recomputing from token %d", req.req_id, req.have, position,
+                    first * self.block_size)
+        req.offset = first * self.block_size if req.offset is None else min(
+            req.offset, first * self.block_size)
+
+    def _store_complete_chunks(self, req: _Request) -> None:
+        end = self.store.complete_end(self._chunks(req), req.have)
+        if end <= req.stored:
+            return
+        offset = max(req.offset if req.offset is not None else 0, req.stored)
+        if offset < end:
+            written = self.store.store_rows(req.tokens, self._chunks(req), self.labels, req.outs,
+                                            offset, end)
+            self.counters["chunks_written"] += written
+            self.counters["rows_stored"] += end - offset
+        req.stored = end
+
+    def _finish(self, req: _Request) -> None:
+        self._requests.pop(req.req_id, None)
+        self.counters["prompts_completed"] += 1
+        if not self.keep:
+            return
+        self._results[req.req_id] = req
+        self._by_external[external_request_id(req.req_id)] = req.req_id
+        while len(self._results) > self.max_kept:
+            old_id, _ = self._results.popitem(last=False)
+            self._by_external.pop(external_request_id(old_id), None)
+            self.counters["results_dropped_untaken"] += 1
+
+    def _prune(self, live: Dict[str, Any]) -> None:
+        """Requests vLLM no longer runs (finished or preempted before their prompt completed)."""
+        if len(self._requests) <= len(live):
+            return
+        for req_id in [r for r in self._requests if r not in live]:
+            req = self._requests[req_id]
+            if not req.failed:
+                del self._requests[req_id]

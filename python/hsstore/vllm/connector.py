@@ -1,0 +1,341 @@
+"""vLLM KV connectors that keep hidden states beside the KV cache and never hand a consumer a
+truncated prefix.
+
+* :class:`HiddenStateLMCacheConnector`: vLLM's ``LMCacheConnectorV1`` (real LMCache 0.5.6 moves the
+  KV) plus hidden states in the LMCache engine's ``hidden_state_store`` (hsstore's drop-in, or
+  LMCache's own with ``"hsstore.store": "lmcache"``).
+* :class:`HiddenStateConnector`: no LMCache; the KV is vLLM's own prefix cache and the hidden
+  states live in an hsstore ``Engine`` in each worker.
+
+Both cap every prefix hit at the chunk-aligned hidden-state coverage of every required layer:
+
+* LMCache's hit (``get_num_new_matched_tokens``): the worker's ``LMCacheEngine.lookup``, which
+  LMCache's lookup server calls, answers min(KV hit, hidden-state coverage) (LMCache#4824).
+* vLLM's own prefix-cache hit: the scheduler's ``KVCacheManager.get_computed_blocks`` (bound to
+  the connector by vLLM) is truncated at the same coverage, asked through LMCache's lookup, or of
+  the worker's store when it shares the scheduler's process.
+* Whatever a scheduler could not see (evictions between lookup and step, a store in another
+  process), the worker finds at restore time and reports as invalid blocks: vLLM recomputes them
+  (``kv_load_failure_policy="recompute"``) or fails the request (``"fail"``). Never fewer rows.
+
+Configuration is ``kv_connector_extra_config`` (hsstore.vllm.HiddenStates writes it)::
+
+    hsstore.layers        layers to keep, all required (hsstore.vllm.layers): [-1] by default
+    hsstore.store         "hsstore" (the drop-in, default) or "lmcache" (LMCache's own store)
+    hsstore.config        the hsstore Engine's config (HiddenStateConnector only): a dict
+    hsstore.keep          hold finished prompts for take() (default true)
+    hsstore.worker_init   "module:function" called in each worker before LMCache starts (tests
+                          install LMCache's CPU copy path with it: hsstore.vllm.testing)
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from typing import Any, Dict, Optional
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1
+
+from .capture import PromptCapture
+from .layers import check_specs, resolve_layers
+
+__all__ = ["HiddenStateConnector", "HiddenStateLMCacheConnector", "worker_connector"]
+
+logger = logging.getLogger("hsstore.vllm")
+
+# Worker-side connectors of this process by engine_id: install()/take() find the capture here,
+# and a scheduler in the same process asks the store for coverage.
+_WORKERS: Dict[str, "_HiddenStates"] = {}
+_COUNTERS: Dict[str, Any] = {}
+
+
+def worker_connector(engine_id: Optional[str] = None) -> "_HiddenStates":
+    """This process's worker-side hidden-state state (the only one when engine_id is None)."""
+    if engine_id is not None:
+        return _WORKERS[engine_id]
+    if len(_WORKERS) != 1:
+        raise RuntimeError(f"hsstore.vllm: {len(_WORKERS)} hidden-state connectors in this "
+                           "process, expected exactly one")
+    return next(iter(_WORKERS.values()))
+
+
+class _HiddenStates:
+    """The part both connectors share: options, the capture, the caps and their counters."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole) -> None:
+        transfer = vllm_config.kv_transfer_config
+        extra = dict(transfer.kv_connector_extra_config or {})
+        self.engine_id = transfer.engine_id
+        self.role = role
+        self.store_kind = extra.get("hsstore.store", "hsstore")
+        if self.store_kind not in ("hsstore", "lmcache"):
+            raise ValueError(f"hsstore.store must be 'hsstore' or 'lmcache', got {self.store_kind!r}")
+        self.layer_specs = check_specs(extra.get("hsstore.layers", [-1]))
+        model_config = vllm_config.model_config
+        self.labels = resolve_layers(self.layer_specs,
+                                     model_config.get_num_layers(vllm_config.parallel_config))
+        self.keep = bool(extra.get("hsstore.keep", True))
+        self.engine_config = extra.get("hsstore.config")
+        self.worker_init = extra.get("hsstore.worker_init")
+        self.block_size = vllm_config.cache_config.block_size
+        self.policy = transfer.kv_load_failure_policy
+        if vllm_config.parallel_config.pipeline_parallel_size != 1:
+            raise ValueError("hsstore.vllm: pipeline parallelism is not supported (the final "
+                             "hidden state lives on the last stage only)")
+        self.store: Any = None
+        self.capture: Optional[PromptCapture] = None
+        # One set of counters per engine and process: a scheduler that shares its worker's
+        # process (in-process engines, vLLM's default engine core) counts into the same one.
+        self.lock, self.counters = _COUNTERS.setdefault(self.engine_id, (threading.Lock(), {
+            "lookups": 0, "lookup_hits_capped": 0, "lookup_tokens_capped": 0,
+            "local_hits_capped": 0, "local_tokens_capped": 0}))
+
+    def count(self, **deltas: int) -> None:
+        with self.lock:
+            for name, delta in deltas.items():
+                self.counters[name] = self.counters.get(name, 0) + delta
+
+    def run_worker_init(self) -> None:
+        if not self.worker_init:
+            return
+        module, _, function = str(self.worker_init).partition(":")
+        getattr(importlib.import_module(module), function)()
+
+    def register_worker(self, store: Any) -> None:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        self.store = store
+        # Hidden states are replicated across tensor-parallel ranks: rank 0 keeps them.
+        self.rank = get_tensor_model_parallel_rank()
+        self.capture = PromptCapture(store, self.layer_specs, self.block_size, keep=self.keep)
+        _WORKERS[self.engine_id] = self
+
+    def unregister(self) -> None:
+        if _WORKERS.get(self.engine_id) is self:
+            del _WORKERS[self.engine_id]
+        if self.capture is not None:
+            self.capture.detach()
+
+    # -- worker steps -------------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        if self.capture is not None:
+            self.capture.begin_step()
+
+    def end_step(self) -> None:
+        if self.capture is not None:
+            self.capture.end_step()
+
+    def invalid_blocks(self) -> set:
+        return self.capture.take_invalid_blocks() if self.capture is not None else set()
+
+    def stats(self) -> dict:
+        out = self.capture.stats() if self.capture is not None else {}
+        with self.lock:
+            out.update(self.counters)
+        if self.store is not None:
+            out["store_stats"] = self.store.stats()
+        return out
+
+    # -- caps -----------------------------------------------------------------------------------
+
+    def cap_lmcache_lookups(self, engine: Any) -> None:
+        """Wraps engine.lookup (LMCache's lookup server calls it, on its own thread): the hit is
+        at most the hidden-state coverage of every label."""
+        original = engine.lookup
+        store, labels, token_database = self.store, self.labels, engine.token_database
+
+        def lookup(tokens=None, hashes=None, offsets=None, search_range=None, lookup_id=None,
+                   pin=False, request_configs=None):
+            hit = original(tokens=tokens, hashes=hashes, offsets=offsets,
+                           search_range=search_range, lookup_id=lookup_id, pin=pin,
+                           request_configs=request_configs)
+            self.count(lookups=1)
+            if hit <= 0:
+                return hit
+            chunks = []
+            for chunk in token_database.process_tokens(tokens=tokens, hashes=hashes,
+                                                       offsets=offsets,
+                                                       request_configs=request_configs):
+                if chunk[0] >= hit:
+                    break
+                chunks.append(chunk)
+            covered = store.coverage(chunks, labels)
+            if covered < hit:
+                self.count(lookup_hits_capped=1, lookup_tokens_capped=hit - covered)
+                return covered
+            return hit
+
+        engine.lookup = lookup
+
+    def cap_local_hits(self, kv_cache_manager: Any, coverage) -> None:
+        """Truncates vLLM's own prefix-cache hits at coverage(request) (None: unknown here, the
+        worker verifies)."""
+        original = kv_cache_manager.get_computed_blocks
+        block_size = self.block_size
+
+        def get_computed_blocks(request):
+            blocks, hit, boundary = original(request)
+            if hit <= 0:
+                return blocks, hit, boundary
+            covered = coverage(request)
+            if covered is None or covered >= hit:
+                return blocks, hit, boundary
+            keep = covered // block_size * block_size
+            self.count(local_hits_capped=1, local_tokens_capped=hit - keep)
+            blocks = kv_cache_manager.truncate_computed_blocks(blocks, keep)
+            return blocks, keep, boundary if boundary <= keep else 0
+
+        kv_cache_manager.get_computed_blocks = get_computed_blocks
+
+
+class _StepMetadata:
+    """Worker hooks around vLLM's step calls, shared by both connectors (a mixin)."""
+
+    _hs: _HiddenStates
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)  # type: ignore[misc]
+        if getattr(connector_metadata, "hsstore_forward", True):
+            self._hs.begin_step()
+
+    def wait_for_save(self) -> None:
+        super().wait_for_save()  # type: ignore[misc]
+        self._hs.end_step()
+
+    def get_block_ids_with_load_errors(self) -> set:
+        return set(super().get_block_ids_with_load_errors()) | self._hs.invalid_blocks()  # type: ignore[misc]
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        meta = super().build_connector_meta(scheduler_output)  # type: ignore[misc]
+        # Steps without a forward (only KV transfers) must not read a stale input batch.
+        meta.hsstore_forward = scheduler_output.total_num_scheduled_tokens > 0
+        return meta
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()  # type: ignore[misc]
+        finally:
+            self._hs.unregister()
+
+
+class HiddenStateLMCacheConnector(_StepMetadata, LMCacheConnectorV1):
+    """LMCache's connector with hidden states that are never a truncated prefix."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
+        self._hs = _HiddenStates(vllm_config, role)
+        if role == KVConnectorRole.WORKER:
+            # LMCache is first imported here, after vLLM set the worker up (earlier breaks vLLM).
+            self._hs.run_worker_init()
+            import hsstore.lmcache as dropin
+
+            if self._hs.store_kind == "hsstore":
+                dropin.install()
+            else:
+                dropin.uninstall()
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        if role == KVConnectorRole.WORKER:
+            from .stores import store_for_lmcache_engine
+
+            engine = self._lmcache_engine.lmcache_engine
+            if engine is None:
+                raise RuntimeError("hsstore.vllm: LMCache built no engine in this worker")
+            self._hs.register_worker(store_for_lmcache_engine(engine))
+            self._hs.cap_lmcache_lookups(engine)
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        self._hs.cap_local_hits(kv_cache_manager, self._lmcache_coverage)
+
+    def _lmcache_coverage(self, request: Any) -> Optional[int]:
+        """The capped LMCache lookup (KV and hidden states both present), primed for LMCache's
+        own get_num_new_matched_tokens of the same request (its lookup cache, by request id)."""
+        impl = self._lmcache_engine
+        client = getattr(impl, "lookup_client", None)
+        if client is None:
+            return 0
+        cached = client.lookup_cache(lookup_id=request.request_id)
+        if cached != -1:
+            return cached  # int, or None while an async lookup runs (unknown)
+        from lmcache.integration.vllm.vllm_v1_adapter import extract_request_configs
+
+        token_ids = request.all_token_ids
+        if impl.skip_last_n_tokens > 0:
+            token_ids = token_ids[: -impl.skip_last_n_tokens]
+        return client.lookup(token_ids, lookup_id=request.request_id,
+                             request_configs=extract_request_configs(request.sampling_params))
+
+
+class HiddenStateConnector(_StepMetadata, KVConnectorBase_V1):
+    """Hidden states without LMCache: vLLM's own prefix cache holds the KV, an hsstore Engine in
+    each worker the hidden states (its chunk_size defaults to vLLM's block size, so hits align)."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self._hs = _HiddenStates(vllm_config, role)
+        if role == KVConnectorRole.WORKER:
+            import hsstore
+
+            from .stores import EngineStore
+
+            self._hs.run_worker_init()
+            config = {"chunk_size": self._hs.block_size, "enable_hidden_state_cache": True,
+                      "max_hidden_state_cpu_size": 1.0, "max_local_cpu_size": 0.001}
+            config.update(self._hs.engine_config or {})
+            metadata = hsstore.Metadata(model_name=vllm_config.model_config.model,
+                                        kv_dtype=str(vllm_config.model_config.dtype))
+            self._engine = hsstore.Engine(config, metadata)
+            self._hs.register_worker(EngineStore(self._engine))
+
+    # -- scheduler: no external KV; vLLM's own hits are capped at the store's coverage ----------
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        self._hs.cap_local_hits(kv_cache_manager, self._local_coverage)
+
+    def _local_coverage(self, request: Any) -> Optional[int]:
+        worker = _WORKERS.get(self._hs.engine_id)
+        if worker is None:
+            return None  # the store lives in another process: the worker verifies instead
+        return worker.store.coverage(worker.store.chunks(list(request.all_token_ids)),
+                                     self._hs.labels)
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
+        return 0, False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+        return None
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        meta = KVConnectorMetadata()
+        meta.hsstore_forward = scheduler_output.total_num_scheduled_tokens > 0
+        return meta
+
+    def request_finished(self, request: Any, block_ids: list):
+        return False, None
+
+    # -- worker: nothing to load or save for KV -------------------------------------------------
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any):
+        return None
+
+    def wait_for_save(self) -> None:
+        self._hs.end_step()
+
+    def get_block_ids_with_load_errors(self) -> set:
+        return self._hs.invalid_blocks()
+
+    def shutdown(self) -> None:
+        self._hs.unregister()

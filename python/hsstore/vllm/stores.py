@@ -1,0 +1,194 @@
+"""The hidden-state stores a vLLM capture writes to and restores from, behind one small interface.
+
+* :class:`DropInStore`: hsstore's LMCache drop-in (``hsstore.lmcache.HiddenStateStore``) inside a
+  real LMCache engine. Chunks and keys are LMCache's, KV presence is LMCache's storage manager.
+* :class:`LMCacheStore`: LMCache's own ``HiddenStateStore``, through its public API only (the
+  reference the tests and the benchmark compare against).
+* :class:`EngineStore`: an hsstore ``Engine``'s store, without LMCache: the KV is vLLM's own
+  prefix cache, which a worker cannot ask per chunk, so KV presence is not checked here (the
+  scheduler caps vLLM's hits at this store's coverage instead).
+
+Every store works on a request's chunk list (``chunks(tokens)``, computed once per request) and
+labels (``hsstore.vllm.layers``). Restores are all or nothing across labels and report the prefix
+end they reached; stores take rows [token_offset, end) of a request's prompt buffers.
+Thread safety: what the underlying store offers (hsstore's: any thread; LMCache's: one thread).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+import torch
+
+__all__ = ["DropInStore", "EngineStore", "LMCacheStore", "store_for_lmcache_engine"]
+
+
+def _complete_end(chunks: Sequence[Any], have: int) -> int:
+    """The end of the last chunk that rows [0, have) fill completely (0 if none)."""
+    end = 0
+    for _, chunk_end, _ in chunks:
+        if chunk_end > have:
+            break
+        end = chunk_end
+    return end
+
+
+def _chunk_count_before(chunks: Sequence[Any], end: int) -> int:
+    """Chunks that start before `end` (the ones a restore of [.., end) needs)."""
+    count = 0
+    for start, _, _ in chunks:
+        if start >= end:
+            break
+        count += 1
+    return count
+
+
+class DropInStore:
+    """hsstore's LMCache drop-in, as LMCacheEngine built it (hsstore.lmcache.install())."""
+
+    name = "hsstore"
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def chunks(self, tokens: List[int]) -> List[Any]:
+        return self.store.chunks(tokens)
+
+    def coverage(self, chunks: List[Any], labels: Sequence[int]) -> int:
+        return self.store.coverage(chunks, labels)
+
+    complete_end = staticmethod(_complete_end)
+
+    def restore(self, tokens, chunks, labels, outs: Dict[int, torch.Tensor], row_begin, end) -> int:
+        need = chunks[: _chunk_count_before(chunks, end)]
+        rows = self.store.retrieve_layers_into(
+            need, labels, [outs[label][row_begin:] for label in labels], row_begin=row_begin
+        )
+        return row_begin + rows if rows else 0
+
+    def store_rows(self, tokens, chunks, labels, outs, token_offset: int, end: int) -> int:
+        upto = chunks[: _chunk_count_before(chunks, end)]
+        written = 0
+        for label in labels:
+            written += self.store.store_chunks(
+                upto, outs[label][token_offset:end], layer_idx=label, token_offset=token_offset
+            )
+        return written
+
+    def stats(self) -> dict:
+        return dict(self.store.stats())
+
+
+class LMCacheStore:
+    """LMCache's own HiddenStateStore (its public API: store/retrieve per layer, has_chunk)."""
+
+    name = "lmcache"
+
+    def __init__(self, store: Any, engine: Any) -> None:
+        self.store = store
+        self.engine = engine  # its storage manager exists from post_init() on
+        self.token_database = engine.token_database
+
+    def chunks(self, tokens: List[int]) -> List[Any]:
+        return list(self.token_database.process_tokens(tokens=tokens))
+
+    complete_end = staticmethod(_complete_end)
+
+    def coverage(self, chunks: List[Any], labels: Sequence[int]) -> int:
+        # LMCache's own walk, read through its public methods: KV first, then every layer.
+        end = 0
+        storage_manager = self.engine.storage_manager
+        for _, chunk_end, key in chunks:
+            if storage_manager is not None and storage_manager.contains(key) is None:
+                break
+            if not all(self.store.has_chunk(key, label) for label in labels):
+                break
+            end = chunk_end
+        return end
+
+    def restore(self, tokens, chunks, labels, outs: Dict[int, torch.Tensor], row_begin, end) -> int:
+        need = chunks[: _chunk_count_before(chunks, end)]
+        if not need:
+            return 0
+        prefix = tokens[: need[-1][1]]
+        restored = {}
+        for label in labels:
+            rows = self.store.retrieve_hidden_states(prefix, layer_idx=label)
+            if rows is None:
+                return 0
+            restored[label] = rows
+        reached = min(rows.shape[0] for rows in restored.values())  # all or nothing
+        if reached <= row_begin:
+            return 0
+        for label, rows in restored.items():
+            outs[label][row_begin:reached].copy_(rows[row_begin:reached])
+        return reached
+
+    def store_rows(self, tokens, chunks, labels, outs, token_offset: int, end: int) -> int:
+        written = 0
+        for label in labels:
+            written += self.store.store_hidden_states(
+                tokens[:end], outs[label][token_offset:end], layer_idx=label,
+                token_offset=token_offset,
+            )
+        return written
+
+    def stats(self) -> dict:
+        return {"keys_held": self.store.num_cached_chunks()}
+
+
+class EngineStore:
+    """An hsstore Engine's store (no LMCache): token ids in, hsstore's own chunk keys."""
+
+    name = "hsstore-engine"
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.store = engine.hidden_state_store
+        if self.store is None:
+            raise ValueError("hsstore.config: enable_hidden_state_cache must be true")
+        # vLLM's prefix cache holds the KV, in the scheduler: treat KV as present here.
+        self.store.bind_storage_manager(None)
+        self.chunk_size = engine.config.chunk_size
+
+    def chunks(self, tokens: List[int]) -> torch.Tensor:
+        return torch.tensor(tokens, dtype=torch.int64)  # token ids are the chunk list here
+
+    def coverage(self, chunks: torch.Tensor, labels: Sequence[int]) -> int:
+        return self.store.coverage(chunks, list(labels))
+
+    def complete_end(self, chunks: torch.Tensor, have: int) -> int:
+        return have // self.chunk_size * self.chunk_size
+
+    def restore(self, tokens, chunks, labels, outs: Dict[int, torch.Tensor], row_begin, end) -> int:
+        upto = -(-end // self.chunk_size) * self.chunk_size
+        rows = self.store.retrieve_layers_into(
+            chunks[:upto], list(labels), [outs[label][row_begin:] for label in labels],
+            row_begin=row_begin,
+        )
+        return row_begin + rows if rows else 0
+
+    def store_rows(self, tokens, chunks, labels, outs, token_offset: int, end: int) -> int:
+        ids = chunks[:end]
+        written = self.store.store_batch(
+            [(ids, outs[label][token_offset:end], label, token_offset) for label in labels]
+        )
+        return sum(written)
+
+    def stats(self) -> dict:
+        return dict(self.store.stats())
+
+
+def store_for_lmcache_engine(engine: Any):
+    """The adapter for the hidden-state store an LMCacheEngine built (drop-in or LMCache's)."""
+    store = engine.hidden_state_store
+    if store is None:
+        raise ValueError(
+            "LMCache's config has enable_hidden_state_cache=false (or "
+            "max_hidden_state_cpu_size=0): there is no hidden-state store to capture into"
+        )
+    from .. import lmcache as dropin
+
+    if isinstance(store, dropin.HiddenStateStore):
+        return DropInStore(store)
+    return LMCacheStore(store, engine)

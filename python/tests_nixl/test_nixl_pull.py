@@ -1,0 +1,184 @@
+"""Prefill/decode transfer over NIXL between real processes (hsstore.nixl): round trip, leases
+against the producer's eviction, a producer killed mid-transfer, corrupted and unauthenticated
+granules, an expired lease, a full consumer pool, KV gaps, and two consumers at once."""
+
+import socket
+import struct
+
+import pytest
+
+from conftest import CHUNK, config
+
+TOKENS = 4096
+COLS = 256
+LAYERS = [-1, 0, 5]
+ENTRY_BYTES = CHUNK * COLS * 4
+KEY = "decode-and-prefill-share-this-secret"
+
+
+def store(producer, seed=1, n=TOKENS, layers=LAYERS, cols=COLS):
+    return producer.send(cmd="store", seed=seed, n=n, layers=layers, cols=cols)
+
+
+def pull(consumer, producer, seed=1, n=TOKENS, layers=LAYERS, **extra):
+    return consumer.send(cmd="pull", address=producer.address, seed=seed, n=n, layers=layers,
+                         cols=COLS, **extra)
+
+
+def test_round_trip_three_layers_of_a_4096_token_prompt_bit_for_bit(peers):
+    producer, consumer = peers(("producer", config(64)), ("consumer", config(64)))
+    store(producer)
+    r = pull(consumer, producer)
+    assert r["result"]["missed"] is None
+    assert r["result"]["chunks_pulled"] == TOKENS // CHUNK
+    assert r["result"]["entries_published"] == 3 * TOKENS // CHUNK
+    assert r["result"]["bytes"] == 3 * TOKENS * COLS * 4
+    assert r["rows"] == TOKENS and r["equal"]
+    assert r["stats"]["transfer"]["imported_entries"] == 48
+    p = producer.send(cmd="stats")["stats"]["transfer"]
+    assert p["leases_held"] == 0 and p["leases_released"] == 1 and p["exported_entries"] == 48
+    # Everything is local now: a second pull moves nothing.
+    again = pull(consumer, producer)
+    assert again["result"]["chunks_wanted"] == 0 and again["rows"] == TOKENS
+
+
+def test_only_chunks_with_kv_on_the_consumer_are_pulled(peers):
+    producer, consumer = peers(("producer", config(64)), ("consumer", config(64)))
+    store(producer)
+    r = pull(consumer, producer, kv_gone=[6])
+    assert r["result"]["chunks_wanted"] == 6
+    assert r["rows"] == 6 * CHUNK and r["equal"]
+    assert r["stats"]["transfer"]["imported_entries"] == 18
+
+
+def test_leased_granules_survive_producer_pool_pressure_and_are_reused_after_release(peers):
+    # The producer's pool holds 16 entries of 256 x 256 float32; the leased prompt takes 12.
+    producer, consumer = peers(("producer", config(4)), ("consumer", config(64)))
+    store(producer, seed=1, n=4 * CHUNK, layers=[0, 1, 2])
+    consumer.write(cmd="pull", address=producer.address, seed=1, n=4 * CHUNK, layers=[0, 1, 2],
+                   cols=COLS, pause_after_lease=True)
+    assert consumer.read()["event"] == "leased"
+    leased = producer.send(cmd="stats")["stats"]["transfer"]
+    assert leased["leases_held"] == 1 and leased["leased_bytes"] == 12 * ENTRY_BYTES
+    # Pressure: a 6-chunk prompt needs 6 entries; 4 are free and the leased key is never evicted.
+    s = store(producer, seed=11, n=6 * CHUNK, layers=[0])["stats"]
+    assert s["allocation_failures"] == 1 and s["hs_evictions"] == 0
+    assert all(producer.send(cmd="has", seed=1, n=4 * CHUNK, layer=0)["has"])
+    consumer.write(cmd="go")
+    r = consumer.read()
+    assert r["result"]["missed"] is None and r["rows"] == 4 * CHUNK and r["equal"]
+    # Released: the same pressure now evicts the prompt and reuses its granules.
+    assert producer.send(cmd="stats")["stats"]["transfer"]["leases_held"] == 0
+    for seed in (21, 22, 23):
+        store(producer, seed=seed, n=6 * CHUNK, layers=[0])
+    assert not any(producer.send(cmd="has", seed=1, n=4 * CHUNK, layer=0)["has"])
+    assert producer.send(cmd="stats")["stats"]["hs_evictions"] >= 4
+
+
+def test_producer_killed_mid_transfer_is_a_bounded_clean_miss(peers):
+    producer, consumer = peers(("producer", config(160)), ("consumer", config(160)))
+    store(producer, n=16384, layers=[0, 1])  # 32 MiB per layer: the READ takes a while
+    r = pull(consumer, producer, n=16384, layers=[0, 1], kill_after_post=producer.pid, timeout=5)
+    producer.proc.wait(timeout=10)
+    assert r["result"]["missed"] is not None
+    assert r["entries"] == 0 and r["rows"] == 0  # nothing half-published
+    assert r["stats"]["transfer"]["imported_entries"] == 0
+    assert r["stats"]["pool_free_bytes"] == r["stats"]["pool_capacity_bytes"]
+    assert r["elapsed"] < 5 + 2  # bounded by the timeout
+    assert r["agent"]["missed_pulls"] == 1
+
+
+def test_corrupted_granule_is_a_counted_miss_and_the_prefix_stops_before_it(peers):
+    producer, consumer = peers(("producer", config(64)), ("consumer", config(64)))
+    store(producer)
+    r = pull(consumer, producer, corrupt_at=(5 * len(LAYERS) + 1) * ENTRY_BYTES + 100)
+    assert r["result"]["entries_rejected"] == 1
+    assert r["stats"]["transfer"]["rejected_entries"] == 1
+    assert r["rows"] == 5 * CHUNK and r["equal"]  # chunk 5 misses one layer: the prefix ends there
+
+
+def test_mac_keyed_consumer_serves_only_what_a_key_holder_exported(peers):
+    producer, keyed, other = peers(
+        ("producer", config(64, hidden_state_mac_key=KEY)),
+        ("consumer", config(64, hidden_state_mac_key=KEY)),
+        ("consumer", config(64, hidden_state_mac_key=KEY + "-not-the-same")),
+    )
+    store(producer)
+    ok = pull(keyed, producer)
+    assert ok["result"]["missed"] is None and ok["rows"] == TOKENS and ok["equal"]
+    bad = pull(other, producer)
+    assert bad["rows"] == 0
+    assert bad["stats"]["transfer"]["unauthenticated_entries"] == 48
+
+
+def test_expired_lease_is_a_miss(peers):
+    producer, consumer = peers(("producer", config(64, hidden_state_transfer_lease_ms=50)),
+                               ("consumer", config(64)))
+    store(producer)
+    r = pull(consumer, producer, sleep_after_lease=0.3)
+    assert r["result"]["missed"] == "lease expired"
+    assert r["rows"] == 0 and r["entries"] == 0
+    assert r["stats"]["transfer"]["abandoned_entries"] == 48
+    assert producer.send(cmd="stats")["stats"]["transfer"]["leases_expired"] == 1
+
+
+def test_full_consumer_pool_is_a_clean_partial_prefix(peers):
+    producer, consumer = peers(("producer", config(64)), ("consumer", config(5 * 3 * 0.25 + 0.1)))
+    store(producer)
+    r = pull(consumer, producer)
+    assert r["result"]["chunks_pulled"] == 5
+    assert r["rows"] == 5 * CHUNK and r["equal"]
+    assert r["result"]["missed"] is not None
+
+
+def test_two_consumers_pull_the_same_prefix_at_once(peers):
+    producer, a, b = peers(("producer", config(64)), ("consumer", config(64)), ("consumer", config(64)))
+    store(producer)
+    for c in (a, b):
+        c.write(cmd="pull", address=producer.address, seed=1, n=TOKENS, layers=LAYERS, cols=COLS)
+    ra, rb = a.read(), b.read()
+    for r in (ra, rb):
+        assert r["result"]["missed"] is None and r["rows"] == TOKENS and r["equal"]
+    p = producer.send(cmd="stats")["stats"]["transfer"]
+    assert p["exports"] == 2 and p["leases_released"] == 2 and p["leases_held"] == 0
+
+
+def test_malformed_control_messages_get_an_error_and_the_producer_keeps_serving(peers):
+    producer, consumer = peers(("producer", config(64)), ("consumer", config(64)))
+    store(producer)
+    host, port = producer.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        for payload in (b"", b"HSSQ", b"HSSQ\x01\x00\x00\x00" + b"\xff" * 40, b"junk" * 100):
+            s.sendall(struct.pack("<BI", 2, len(payload)) + payload)
+            kind, length = struct.unpack("<BI", s.recv(5, socket.MSG_WAITALL))
+            body = s.recv(length, socket.MSG_WAITALL)
+            assert kind == 4 and b"transfer message" in body
+        s.sendall(struct.pack("<BI", 3, 8) + struct.pack("<Q", 12345))  # an unknown lease
+        kind, length = struct.unpack("<BI", s.recv(5, socket.MSG_WAITALL))
+        assert kind == 3 and s.recv(length, socket.MSG_WAITALL) == b"\x00"
+    r = pull(consumer, producer)
+    assert r["rows"] == TOKENS and r["equal"]
+    assert producer.send(cmd="stats")["agent"]["serve_errors"] == 4
+
+
+def test_a_restarted_producer_is_reached_again_on_the_next_pull(peers):
+    producer, consumer = peers(("producer", config(64, hidden_state_transfer_listen="127.0.0.1:0")),
+                               ("consumer", config(64)))
+    store(producer, n=2 * CHUNK)
+    assert pull(consumer, producer, n=2 * CHUNK)["rows"] == 2 * CHUNK
+    address = producer.address
+    producer.close()  # gone: its agent, pool and socket
+    dead = consumer.send(cmd="pull", address=address, seed=2, n=2 * CHUNK, layers=LAYERS, cols=COLS)
+    assert dead["result"]["missed"].startswith("producer failed") and dead["rows"] == 0
+    port = int(address.rsplit(":", 1)[1])
+    (again,) = peers(("producer", config(64, hidden_state_transfer_listen=f"127.0.0.1:{port}")))
+    store(again, seed=3, n=2 * CHUNK)
+    r = consumer.send(cmd="pull", address=again.address, seed=3, n=2 * CHUNK, layers=LAYERS, cols=COLS)
+    assert r["result"]["missed"] is None and r["rows"] == 2 * CHUNK and r["equal"]
+    # Restarted again, unnoticed: the cached connection fails on first use and is replaced.
+    again.close()
+    (third,) = peers(("producer", config(64, hidden_state_transfer_listen=f"127.0.0.1:{port}")))
+    store(third, seed=4, n=2 * CHUNK)
+    r = consumer.send(cmd="pull", address=third.address, seed=4, n=2 * CHUNK, layers=LAYERS, cols=COLS)
+    assert r["result"]["missed"] is None and r["rows"] == 2 * CHUNK and r["equal"]
+    assert r["agent"]["peer_failures"] == 1

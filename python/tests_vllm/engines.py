@@ -1,0 +1,229 @@
+"""Real vLLM engines for the e2e tests and the benchmark: a tiny dummy-weight Llama written to a
+local directory (no download, no tokenizer), its weights re-initialised from a seed to an O(1)
+scale, and helpers to build, run and tear down an LLM with hsstore.vllm installed."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import pathlib
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+TINY = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000}
+# The benchmark's larger CPU-feasible model.
+MEDIUM = {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
+          "num_key_value_heads": 8, "intermediate_size": 2816, "vocab_size": 4096}
+
+
+def write_llama(directory: pathlib.Path, shape: Dict[str, int] = TINY,
+                max_positions: int = 8192) -> pathlib.Path:
+    """A Llama config.json (float32) vLLM can load with load_format='dummy'."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "max_position_embeddings": max_positions, "torch_dtype": "float32",
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+              "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, **shape}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def reinit_weights(worker: Any, seed: int) -> int:
+    """collective_rpc target: every parameter from a seeded generator, at a scale that keeps
+    activations O(1) (vLLM's dummy weights are U(-1e-3, 1e-3): near-zero activations, where a
+    wrong row would hardly show). Norm weights 1. Identical in every process."""
+    import torch
+
+    model = worker.model_runner.model
+    count = 0
+    with torch.no_grad():
+        for index, (name, param) in enumerate(sorted(model.named_parameters())):
+            generator = torch.Generator().manual_seed(seed * 100003 + index)
+            if "norm" in name:
+                param.fill_(1.0)
+            else:
+                fan_in = param.shape[-1] if param.dim() > 1 else 1
+                values = torch.randn(param.shape, generator=generator) / (fan_in ** 0.5)
+                if "embed" in name:
+                    values = torch.randn(param.shape, generator=generator)
+                param.copy_(values.to(param.dtype))
+            count += 1
+    return count
+
+
+def lmcache_config(*, chunk_size: int = 256, kv_gb: float = 0.5, hs_gb: float = 0.25,
+                   **extra: Any) -> Dict[str, Any]:
+    config = {"chunk_size": chunk_size, "local_cpu": True, "max_local_cpu_size": kv_gb,
+              "enable_hidden_state_cache": True, "max_hidden_state_cpu_size": hs_gb,
+              "save_unfull_chunk": False, "use_layerwise": False, "enable_async_loading": False}
+    config.update(extra)
+    return config
+
+
+def reset_lmcache_singletons() -> None:
+    """LMCache keeps one config and one engine per process: a later LLM in this process must not
+    inherit an earlier one's."""
+    import sys
+
+    utils = sys.modules.get("lmcache.integration.vllm.utils")
+    if utils is not None:
+        utils._config_instance = None
+    builder = sys.modules.get("lmcache.v1.cache_engine")
+    if builder is not None:
+        from lmcache.integration.vllm.utils import ENGINE_NAME
+
+        if builder.LMCacheEngineBuilder.get(ENGINE_NAME) is not None:
+            builder.LMCacheEngineBuilder.destroy(ENGINE_NAME)
+
+
+def allow_engines_after_lmcache() -> None:
+    """A second LLM in a process that has imported LMCache fails in vLLM's kernel-override scan
+    (vllm/triton_utils/dispatcher.py reads vars() of every module attribute): llvmlite's `lib`
+    wrapper (imported by numba, which LMCache imports) answers every attribute, `__dict__`
+    included, with a function wrapper. Make it answer dunder names as Python objects do. Tests
+    and benchmarks only: they build many engines in one process; `vllm serve` builds one."""
+    import sys
+
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    if ffi is None or getattr(ffi._lib_wrapper, "_hsstore_patched", False):
+        return
+    original = ffi._lib_wrapper.__getattr__
+
+    def getattr_(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return original(self, name)
+
+    ffi._lib_wrapper.__getattr__ = getattr_
+    ffi._lib_wrapper._hsstore_patched = True
+
+
+@contextlib.contextmanager
+def engine(model_dir: pathlib.Path, hs: Any, *, lmcache: Optional[Dict[str, Any]] = None,
+           prefix_caching: bool = False, multiprocess: bool = False, executor: str = "uni",
+           seed: int = 7, max_model_len: int = 4096, **llm_args: Any) -> Iterator[Any]:
+    """An LLM with `hs` (hsstore.vllm.HiddenStates) installed; torn down on exit."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+    if multiprocess:
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # reinit_weights is a function
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # LMCache hashes chunks with Python's hash(): its scheduler-side lookups and its worker-side
+    # stores agree across processes only with a fixed seed (LMCache's own requirement).
+    os.environ["PYTHONHASHSEED"] = os.environ.get("PYTHONHASHSEED", "0")
+    # Worker processes unpickle this module's functions by reference: they must import it.
+    here = str(pathlib.Path(__file__).resolve().parent)
+    path = os.environ.get("PYTHONPATH", "")
+    if here not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = here + (os.pathsep + path if path else "")
+    reset_lmcache_singletons()
+    allow_engines_after_lmcache()
+    from vllm import LLM
+
+    llm = LLM(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
+              enforce_eager=True, dtype="float32", max_model_len=max_model_len, seed=0,
+              enable_prefix_caching=prefix_caching, distributed_executor_backend=executor,
+              **hs.llm_kwargs(lmcache=lmcache), **llm_args)
+    try:
+        llm.collective_rpc(reinit_weights, args=(seed,))
+        hs.install(llm)
+        yield llm
+    finally:
+        with contextlib.suppress(Exception):
+            hs.shutdown()
+        with contextlib.suppress(Exception):
+            llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+        reset_lmcache_singletons()
+
+
+def generate(llm: Any, prompts: Sequence[List[int]], *, max_tokens: int = 1,
+             skip_prefix_cache: bool = False) -> List[Any]:
+    """Greedy generation from token-id prompts, in order."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False,
+                            skip_reading_prefix_cache=skip_prefix_cache or None)
+    return llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                        use_tqdm=False)
+
+
+# -- worker-side helpers (collective_rpc targets; in-process engines call them directly) ----------
+
+
+def worker_store(worker: Any, engine_id: str, method: str, *args: Any) -> Any:
+    """Calls a method of the worker's hidden-state store (the drop-in, LMCache's store, or the
+    hsstore Engine's) with LMCache's chunks of args[0] when args[0] is a token list."""
+    from hsstore.vllm.connector import worker_connector
+
+    adapter = worker_connector(engine_id).store
+    return getattr(adapter.store, method)(*args)
+
+
+def worker_chunk_keys(worker: Any, engine_id: str, tokens: List[int]) -> List[Any]:
+    from hsstore.vllm.connector import worker_connector
+
+    adapter = worker_connector(engine_id).store
+    return [key for _, _, key in adapter.chunks(tokens)]
+
+
+def worker_has_chunks(worker: Any, engine_id: str, tokens: List[int], label: int) -> List[bool]:
+    """Per LMCache chunk of tokens: does the store hold label's hidden states (no KV check)?"""
+    from hsstore.vllm.connector import worker_connector
+
+    adapter = worker_connector(engine_id).store
+    return [adapter.store.has_chunk(key, label) for _, _, key in adapter.chunks(tokens)]
+
+
+def worker_evict_lmcache_kv(worker: Any, engine_id: str, tokens: List[int],
+                            chunk_indices: Sequence[int]) -> int:
+    """Removes the KV of some chunks of tokens from LMCache's LocalCPUBackend (as its own
+    eviction would); hidden states are left alone. Returns the chunks removed."""
+    from hsstore.vllm.connector import worker_connector
+    from lmcache.integration.vllm.utils import ENGINE_NAME
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    engine = LMCacheEngineBuilder.get(ENGINE_NAME)
+    backend = engine.storage_manager.storage_backends["LocalCPUBackend"]
+    keys = [key for _, _, key in worker_connector(engine_id).store.chunks(tokens)]
+    return sum(bool(backend.remove(keys[i])) for i in chunk_indices)
+
+
+def worker_drop_engine_chunk(worker: Any, engine_id: str, tokens: List[int], chunk: int) -> bool:
+    """hsstore Engine mode: drops every layer of one chunk of tokens (native keys)."""
+    from hsstore.vllm.connector import worker_connector
+
+    store = worker_connector(engine_id).store
+    database = store.engine.token_database
+    key = database.process_tokens(tokens)[chunk][2]
+    return store.store.drop_key(key)
+
+
+def block_size(llm: Any) -> int:
+    """vLLM's KV block size (128 on vllm-cpu): the hsstore Engine's chunk size by default."""
+    return llm.llm_engine.vllm_config.cache_config.block_size
+
+
+def rpc(llm: Any, function: Any, *args: Any) -> Any:
+    """collective_rpc of a helper above; the first worker's answer."""
+    engine_id = llm.llm_engine.vllm_config.kv_transfer_config.engine_id
+    return llm.collective_rpc(function, args=(engine_id, *args))[0]
+
+
+def worker_keep_only(worker: Any, engine_id: str, tokens: List[int], first: int, last: int,
+                     label: int, rows: Any) -> None:
+    """Drops chunks [first, last) of tokens from the store, then stores them again for `label`
+    alone (from `rows`, the prompt's states of that label): a store where one required layer
+    goes further than another."""
+    from hsstore.vllm.connector import worker_connector
+
+    adapter = worker_connector(engine_id).store
+    chunks = adapter.chunks(tokens)
+    for _, _, key in chunks[first:last]:
+        adapter.store.drop_key(key)
+    begin, end = chunks[first][0], chunks[last - 1][1]
+    adapter.store.store_hidden_states(tokens[:end], rows[begin:end], layer_idx=label,
+                                      token_offset=begin)

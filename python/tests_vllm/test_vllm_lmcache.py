@@ -1,0 +1,138 @@
+"""Real vLLM + real LMCache: hidden states of a real forward pass, restored plus computed, equal a
+full recompute bit for bit, and the engine is never told a prefix hit whose hidden states are not
+all there. Each test runs with hsstore's drop-in and, where LMCache's own HiddenStateStore has the
+capability, with LMCache's store as the reference."""
+
+import pytest
+import torch
+
+import engines
+import hsstore.vllm
+from conftest import CPU_KV, STEP_TOKENS
+
+CHUNK = 256
+HIDDEN = engines.TINY["hidden_size"]
+ENTRY_BYTES = CHUNK * HIDDEN * 4  # one (chunk, layer) entry, float32
+GIB = 1024**3
+LAYERS = [-1, 1]  # the final state and an intermediate layer
+
+
+def capture(store):
+    return hsstore.vllm.HiddenStates(layers=LAYERS, store=store, worker_init=CPU_KV)
+
+
+def counters(hs):
+    stats = hs.stats()[0]
+    return {k: v for k, v in stats.items() if isinstance(v, int)}
+
+
+def delta(before, after):
+    return {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
+
+
+def run(llm, hs, prompt, **kwargs):
+    """Generates for one prompt; its whole-prompt hidden states, its output, and the counter
+    deltas of that request."""
+    before = counters(hs)
+    out = engines.generate(llm, [prompt], **kwargs)[0]
+    states = hs.take(out)
+    return states, out, delta(before, counters(hs))
+
+
+def recompute(llm, hs, prompt):
+    """A full recompute (no prefix hit of any kind, same prefill steps): the reference."""
+    states, out, d = run(llm, hs, prompt, skip_prefix_cache=True)
+    assert out.num_cached_tokens == 0 and d["rows_restored"] == 0
+    assert d["rows_computed"] == len(prompt)
+    return states
+
+
+def assert_exact(states, reference, prompt_len):
+    assert set(states) == set(LAYERS)
+    for label in LAYERS:
+        assert states[label].shape == (prompt_len, HIDDEN)
+        assert torch.equal(states[label], reference[label]), label
+        assert states[label].abs().mean() > 0.1  # O(1) activations: a wrong row would show
+
+
+@pytest.fixture(scope="module", params=["hsstore", "lmcache"])
+def lmcache_engine(request, tiny_model):
+    hs = capture(request.param)
+    with engines.engine(tiny_model, hs, lmcache=engines.lmcache_config(),
+                        max_num_batched_tokens=STEP_TOKENS) as llm:
+        yield llm, hs, request.param
+
+
+def test_prefix_from_lmcache_equals_full_recompute(lmcache_engine, tokens):
+    llm, hs, _ = lmcache_engine
+    prefix = tokens(1024)
+    a, b = prefix + tokens(100), prefix + tokens(100)
+    states_a, out_a, d_a = run(llm, hs, a)
+    assert out_a.num_cached_tokens == 0 and d_a["rows_computed"] == len(a)
+
+    states_b, out_b, d_b = run(llm, hs, b)
+    # B's prefix KV came from LMCache, its hidden states from the store: only the tail ran.
+    assert out_b.num_cached_tokens == 1024
+    assert d_b["rows_restored"] == 1024 and d_b["rows_computed"] == 100
+    assert d_b["lookup_hits_capped"] == 0
+
+    assert_exact(states_b, recompute(llm, hs, b), len(b))
+    for label in LAYERS:  # control: the prefixes agree, the tails differ
+        assert torch.equal(states_a[label][:1024], states_b[label][:1024])
+        assert not torch.equal(states_a[label][1024:], states_b[label][1024:])
+
+
+def test_multi_turn_stores_only_new_rows(lmcache_engine, tokens):
+    llm, hs, store = lmcache_engine
+    turn1 = tokens(1100)
+    _, out1, d1 = run(llm, hs, turn1, max_tokens=60)
+    assert d1["rows_computed"] == 1100 and d1["rows_stored"] == 1024  # 4 full chunks
+    generated = list(out1.outputs[0].token_ids)
+    assert len(generated) == 60
+    turn2 = turn1 + generated + tokens(300)  # 1460 tokens: 5 full chunks
+
+    states, out2, d2 = run(llm, hs, turn2)
+    # Turn 1's hidden states cover its prompt's 4 chunks: that is the hit, whatever KV LMCache
+    # holds beyond it; rows from 1024 on are computed, and only they are stored (token_offset).
+    assert out2.num_cached_tokens == 1024
+    assert d2["rows_restored"] == 1024 and d2["rows_computed"] == len(turn2) - 1024
+    assert d2["rows_stored"] == CHUNK  # chunk [1024, 1280) only
+    if store == "hsstore":
+        assert d2["chunks_written"] == len(LAYERS)
+    assert_exact(states, recompute(llm, hs, turn2), len(turn2))
+
+
+def test_kv_evicted_drops_orphans_lazily_and_recomputes(lmcache_engine, tokens):
+    llm, hs, _ = lmcache_engine
+    prefix = tokens(1024)
+    a, b = prefix + tokens(50), prefix + tokens(60)
+    run(llm, hs, a)
+    assert engines.rpc(llm, engines.worker_has_chunks, a, -1) == [True] * 4
+    # LMCache evicts the KV of A's first chunk; the hidden states stay until a walk meets them.
+    assert engines.rpc(llm, engines.worker_evict_lmcache_kv, a, [0]) == 1
+    assert engines.rpc(llm, engines.worker_has_chunks, a, -1) == [True] * 4
+    assert engines.rpc(llm, engines.worker_store, "retrieve_hidden_states", a) is None
+    assert engines.rpc(llm, engines.worker_has_chunks, a, -1)[0] is False  # dropped by the walk
+
+    states, out, d = run(llm, hs, b)
+    assert out.num_cached_tokens == 0  # no KV prefix: the whole prompt is recomputed
+    assert d["rows_restored"] == 0 and d["rows_computed"] == len(b)
+    assert_exact(states, recompute(llm, hs, b), len(b))
+
+
+def test_two_layers_required_one_missing_recomputes_uncovered_part(lmcache_engine, tokens):
+    llm, hs, _ = lmcache_engine
+    prefix = tokens(1024)
+    a, b = prefix + tokens(100), prefix + tokens(100)
+    states_a, _, _ = run(llm, hs, a)
+    # Chunks 2 and 3 keep the final layer only (dropped, then stored again for -1 alone).
+    engines.rpc(llm, engines.worker_keep_only, a, 2, 4, -1, states_a[-1])
+    assert engines.rpc(llm, engines.worker_has_chunks, a, -1) == [True] * 4
+    assert engines.rpc(llm, engines.worker_has_chunks, a, 1) == [True, True, False, False]
+
+    states, out, d = run(llm, hs, b)
+    # All or nothing: the hit ends where one required layer ends, though the other goes on.
+    assert out.num_cached_tokens == 512
+    assert d["lookup_hits_capped"] == 1 and d["lookup_tokens_capped"] == 512
+    assert d["rows_restored"] == 512 and d["rows_computed"] == len(b) - 512
+    assert_exact(states, recompute(llm, hs, b), len(b))

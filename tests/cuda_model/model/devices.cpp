@@ -1,0 +1,123 @@
+// Devices, contexts and errors of the model. Every device reports compute capability 9.0 with
+// host memory mapping and unified addressing. As in CUDA 12 and later, cudaSetDevice initialises
+// the device's primary context; cudaGetDeviceCount, cudaGetDeviceProperties, cudaGetDevice and
+// cudaPointerGetAttributes create none.
+
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "model/names.hpp"
+#include "model/state.hpp"
+
+using namespace hss::cuda_model::detail;
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (this_thread().in_host_func) return result(cudaErrorNotPermitted);
+  if (count == nullptr) return result(cudaErrorInvalidValue);
+  const Model& m = Model::get();
+  *count = m.device_count;
+  return m.device_count == 0 ? result(cudaErrorNoDevice) : cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (const cudaError_t e = enter(); e != cudaSuccess) return result(e);
+  if (device == nullptr) return result(cudaErrorInvalidValue);
+  *device = this_thread().device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (const cudaError_t e = enter(); e != cudaSuccess) return result(e);
+  Model& m = Model::get();
+  if (device < 0 || device >= m.device_count) return result(cudaErrorInvalidDevice);
+  std::unique_lock lock(m.mutex);
+  ThreadState& t = this_thread();
+  t.device = device;
+  t.device_set = true;
+  init_context(m.devices[static_cast<size_t>(device)]);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (const cudaError_t e = enter(); e != cudaSuccess) return result(e);
+  const Model& m = Model::get();
+  if (prop == nullptr) return result(cudaErrorInvalidValue);
+  if (device < 0 || device >= m.device_count) return result(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "hsstore CUDA model %d", device);
+  prop->totalGlobalMem = m.device_memory;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 2;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->maxThreadsDim[0] = 1024;
+  prop->maxThreadsDim[1] = 1024;
+  prop->maxThreadsDim[2] = 64;
+  prop->maxGridSize[0] = 0x7FFFFFFF;
+  prop->maxGridSize[1] = 65535;
+  prop->maxGridSize[2] = 65535;
+  prop->canMapHostMemory = 1;
+  prop->unifiedAddressing = 1;
+  prop->asyncEngineCount = 2;
+  prop->concurrentKernels = 1;
+  prop->pciDeviceID = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceReset() {
+  if (const cudaError_t e = enter(); e != cudaSuccess) return result(e);
+  Model& m = Model::get();
+  std::unique_lock lock(m.mutex);
+  DeviceState& d = current_device(lock);
+  // The primary context goes with everything it owned: memory, and the sticky error with it.
+  free_device_allocations(d.index);
+  d.device_bytes = 0;
+  d.sticky = cudaSuccess;
+  d.sticky_what.clear();
+  d.loaded.clear();
+  d.context = false;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError() {
+  (void)Model::get();
+  ThreadState& t = this_thread();
+  Model& m = Model::get();
+  if (m.device_count > 0) {
+    std::unique_lock lock(m.mutex);
+    // A sticky error cannot be cleared: every call keeps reporting it.
+    if (const cudaError_t sticky = current_device(lock).sticky; sticky != cudaSuccess) {
+      return sticky;
+    }
+  }
+  return std::exchange(t.last, cudaSuccess);
+}
+
+cudaError_t cudaPeekAtLastError() {
+  Model& m = Model::get();
+  if (m.device_count > 0) {
+    std::unique_lock lock(m.mutex);
+    if (const cudaError_t sticky = current_device(lock).sticky; sticky != cudaSuccess) {
+      return sticky;
+    }
+  }
+  return this_thread().last;
+}
+
+const char* cudaGetErrorName(cudaError_t error) { return error_name(error); }
+
+const char* cudaGetErrorString(cudaError_t error) { return error_string(error); }
+
+cudaError_t cudaDriverGetVersion(int* version) {
+  if (version == nullptr) return result(cudaErrorInvalidValue);
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  if (version == nullptr) return result(cudaErrorInvalidValue);
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
