@@ -38,8 +38,9 @@ struct BareStore {
   HiddenStateStore store;
 
   /// pool_bytes is rounded up to what Config can express; the pool is prefaulted here.
+  /// copy_threads: hidden_state_copy_threads.
   BareStore(int64_t chunk_size, uint64_t pool_bytes, StorageDType storage,
-            StoreImpl store_impl = StoreImpl::kStaging);
+            StoreImpl store_impl = StoreImpl::kStaging, int copy_threads = 1);
   /// Drops every key of `tokens` (untimed resets between reps).
   void drop(std::span<const int32_t> tokens);
 };
@@ -49,9 +50,12 @@ struct BareStore {
 [[nodiscard]] uint64_t pool_bytes_for(int64_t entries, int64_t chunk_size, int64_t hidden_dim,
                                       int64_t elem_bytes);
 
-/// A buffer for the copy references, page-aligned and touched on creation. Alignment matters:
-/// a destination 16 bytes off its source's 64-byte phase made glibc's memcpy 20x slower for
-/// 128 KiB copies (64-71 us instead of ~3 us), so every reference buffer starts on a page.
+/// A buffer for the copy references (and the inputs of host figures), page-aligned and touched on
+/// creation. Alignment matters: a destination 16 bytes off its source's 64-byte phase made glibc's
+/// memcpy 20x slower for 128 KiB copies (64-71 us instead of ~3 us), so every buffer starts on a
+/// page. Buffers of 2 MiB or more are on transparent huge pages, as hsstore's pool and output
+/// recycler are, so page size is no part of a ratio (4 KiB reference pages had put the retrieve
+/// at 1.25x of "the machine's limit").
 class CopyBuffer {
  public:
   explicit CopyBuffer(size_t bytes);
@@ -62,10 +66,12 @@ class CopyBuffer {
   [[nodiscard]] size_t size() const { return size_; }
 
  private:
-  struct Free {
-    void operator()(std::byte* p) const { std::free(p); }
+  struct Unmap {
+    void* base;
+    size_t bytes;
+    void operator()(std::byte* p) const;
   };
-  std::unique_ptr<std::byte, Free> data_;
+  std::unique_ptr<std::byte, Unmap> data_{nullptr, Unmap{nullptr, 0}};
   size_t size_ = 0;
 };
 
@@ -74,8 +80,25 @@ class CopyBuffer {
 [[nodiscard]] Timed memcpy_reference(const void* src, size_t bytes, int copies = 1,
                                      const std::string& name = "memcpy");
 
-/// The same copy with non-temporal stores (the bench's own loop): the most a streaming copy gets
-/// out of this machine's memory, for figures whose candidate streams. Plain memcpy off x86-64.
+/// memcpy of the same bytes split into `threads` contiguous parts, the calling thread copying the
+/// first and persistent helper threads (woken per run, as hidden_state_copy_threads' workers
+/// are) the others: the reference of multi-threaded copies. Named "memcpy N threads".
+[[nodiscard]] Timed memcpy_threads_reference(const void* src, size_t bytes, int threads);
+
+/// The same three references reading `src` itself (the candidate's own input), not a copy of it:
+/// source memory is then no part of the ratio either (a store read its input vector 10-15% slower
+/// than the references read their own copies of it, docs/perf.md).
+[[nodiscard]] Timed memcpy_reference(std::shared_ptr<const CopyBuffer> src, int copies = 1,
+                                     const std::string& name = "memcpy");
+[[nodiscard]] Timed memcpy_threads_reference(std::shared_ptr<const CopyBuffer> src, int threads);
+/// The same split with the streaming copy in every part ("stream copy N threads").
+[[nodiscard]] Timed stream_copy_threads_reference(std::shared_ptr<const CopyBuffer> src,
+                                                  int threads);
+[[nodiscard]] Timed stream_copy_reference(std::shared_ptr<const CopyBuffer> src, int copies = 1);
+
+/// The same copy with non-temporal stores (the bench's own loop, 32-byte stores with AVX2, else
+/// 16-byte): the most a streaming copy gets out of this machine's memory, for figures whose
+/// candidate streams. Plain memcpy off x86-64.
 void stream_copy(void* dst, const void* src, size_t bytes);
 [[nodiscard]] Timed stream_copy_reference(const void* src, size_t bytes, int copies = 1);
 

@@ -5,7 +5,8 @@
 // interleaved rep by rep (the order rotates each rep), so a noisy neighbour slows both sides of a
 // pair alike. A figure's ratio is the median over reps of the per-rep throughput ratio
 // (candidate work per second / reference work per second), never a ratio of two medians taken
-// minutes apart.
+// minutes apart. A figure timed against both "memcpy" and "stream copy" of the same bytes also
+// gets "faster copy": per rep, the faster of the two.
 //
 // Not thread-safe: one Report per process, used from the main thread.
 

@@ -15,22 +15,23 @@ struct Shape {
   int layers = 1;
 };
 
-/// A case's caller-side input: float32 or bfloat16 rows, plus a float32 buffer of the same
-/// element count for the memcpy reference of float32 bytes.
+/// A case's caller-side input: float32 or bfloat16 rows in a page-aligned CopyBuffer (a 64-byte
+/// aligned tensor, as torch allocates them), which the copy references of a store read too.
 struct Input {
   DType dtype;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
+  std::shared_ptr<const CopyBuffer> buffer;
 
-  Input(DType type, int64_t numel) : dtype(type) {
+  Input(DType type, int64_t numel) : dtype(type), buffer(make(type, numel)) {}
+  [[nodiscard]] const void* data() const { return buffer->data(); }
+
+ private:
+  static std::shared_ptr<const CopyBuffer> make(DType type, int64_t numel) {
     if (type == DType::kFloat32) {
-      f32 = random_f32(numel, 7);
-    } else {
-      bf16 = random_bf16(numel, 7);
+      const std::vector<float> v = random_f32(numel, 7);
+      return std::make_shared<const CopyBuffer>(v.data(), v.size() * sizeof(float));
     }
-  }
-  [[nodiscard]] const void* data() const {
-    return dtype == DType::kFloat32 ? static_cast<const void*>(f32.data()) : bf16.data();
+    const std::vector<uint16_t> v = random_bf16(numel, 7);
+    return std::make_shared<const CopyBuffer>(v.data(), v.size() * sizeof(uint16_t));
   }
 };
 
@@ -62,12 +63,14 @@ struct StoreRig {
   std::vector<int32_t> tokens;
   int64_t pool_esize;
 
-  StoreRig(const Shape& s, DType in_type, StorageDType st, std::shared_ptr<Input> shared_input)
+  StoreRig(const Shape& s, DType in_type, StorageDType st, std::shared_ptr<Input> shared_input,
+           int copy_threads = 1)
       : shape(s), in(in_type), storage(st), input(std::move(shared_input)) {
     pool_esize = (storage == StorageDType::kNative && in != DType::kFloat32) ? 2 : 4;
     const int64_t chunks = s.tokens / s.chunk * s.layers;
-    hss = std::make_shared<BareStore>(
-        s.chunk, pool_bytes_for(chunks, s.chunk, s.hidden, pool_esize), storage);
+    hss =
+        std::make_shared<BareStore>(s.chunk, pool_bytes_for(chunks, s.chunk, s.hidden, pool_esize),
+                                    storage, StoreImpl::kStaging, copy_threads);
     tokens = make_tokens(s.tokens, 11);
   }
 
@@ -123,16 +126,33 @@ void store_case(Context& ctx, const std::string& name, const Shape& s, DType in,
                 StorageDType storage, bool with_naive) {
   auto input = std::make_shared<Input>(in, s.tokens * s.hidden);
   StoreRig rig(s, in, storage, input);
-  // memcpy of the bytes the pool receives (float32 bytes for widened input).
-  auto ref_src = std::make_shared<CopyBuffer>(static_cast<size_t>(rig.bytes_written() / s.layers));
-  std::vector<Timed> refs{memcpy_reference(ref_src->data(), ref_src->size(), s.layers)};
-  refs.back().prepare = [ref_src] {};  // keeps the source alive as long as the reference
+  // A copy of the bytes the pool receives: from the store's own input when the pool keeps its
+  // bytes, else (widened input) from a float32 buffer of the bytes written.
+  const auto written = static_cast<size_t>(rig.bytes_written() / s.layers);
+  const std::shared_ptr<const CopyBuffer> ref_src =
+      written == input->buffer->size() ? input->buffer
+                                       : std::make_shared<const CopyBuffer>(written);
+  std::vector<Timed> refs{memcpy_reference(ref_src, s.layers)};
   if (with_naive) {
     refs.push_back(naive_store_timed(s, input, in));
-    refs.push_back(stream_copy_reference(ref_src->data(), ref_src->size(), s.layers));
-    refs.back().prepare = [ref_src] {};
+    refs.push_back(stream_copy_reference(ref_src, s.layers));
   }
   (void)ctx.report.measure("store", name, params_of(s, in, storage, ""), rig.timed(name), refs);
+}
+
+/// hidden_state_copy_threads 1 and 2 against a 2-thread memcpy and a 2-thread streaming copy of
+/// the bytes the pool receives (and the single-thread memcpy), float32 rows.
+void store_copy_threads_case(Context& ctx, const Shape& s) {
+  auto input = std::make_shared<Input>(DType::kFloat32, s.tokens * s.hidden);
+  std::vector<Timed> refs{memcpy_threads_reference(input->buffer, 2),
+                          stream_copy_threads_reference(input->buffer, 2),
+                          memcpy_reference(input->buffer)};
+  for (int threads : {1, 2}) {
+    StoreRig rig(s, DType::kFloat32, StorageDType::kFloat32, input, threads);
+    Params p = params_of(s, DType::kFloat32, StorageDType::kFloat32, "");
+    p.threads = threads;
+    (void)ctx.report.measure("store", "f32 copy threads", p, rig.timed("f32 copy threads"), refs);
+  }
 }
 
 /// bfloat16 input kept native against the same input widened to float32: tokens/s of each.
@@ -143,9 +163,7 @@ void store_native_vs_float32(Context& ctx, const Shape& s) {
   Timed cand = native.timed("bf16 native");
   Timed peer = widened.timed("store bf16 float32-storage");
   cand.work = peer.work = static_cast<double>(s.tokens * s.layers);
-  auto ref_src = std::make_shared<CopyBuffer>(static_cast<size_t>(native.bytes_written()));
-  std::vector<Timed> refs{peer, memcpy_reference(ref_src->data(), ref_src->size())};
-  refs.back().prepare = [ref_src] {};
+  std::vector<Timed> refs{peer, memcpy_reference(input->buffer)};  // native: the input's bytes
   refs.back().work = 0;
   // The memcpy ratio must stay in bytes: give the candidate's bytes-based ratio its own figure.
   (void)ctx.report.measure("store", "bf16 native vs float32 storage",
@@ -165,10 +183,11 @@ struct RetrieveRig {
   std::shared_ptr<std::vector<int32_t>> tokens;
   std::shared_ptr<Input> input;
 
-  RetrieveRig(const Shape& s, DType in, StorageDType storage) : shape(s) {
+  RetrieveRig(const Shape& s, DType in, StorageDType storage, int copy_threads = 1) : shape(s) {
     const int64_t esize = (storage == StorageDType::kNative && in != DType::kFloat32) ? 2 : 4;
     hss = std::make_shared<BareStore>(
-        s.chunk, pool_bytes_for(s.tokens / s.chunk * s.layers, s.chunk, s.hidden, esize), storage);
+        s.chunk, pool_bytes_for(s.tokens / s.chunk * s.layers, s.chunk, s.hidden, esize), storage,
+        StoreImpl::kStaging, copy_threads);
     tokens = std::make_shared<std::vector<int32_t>>(make_tokens(s.tokens, 13));
     input = std::make_shared<Input>(in, s.tokens * s.hidden);
     const TensorView view = host_view(input->data(), in, s.tokens, s.hidden);
@@ -269,13 +288,39 @@ void retrieve_case(Context& ctx, const std::string& name, const Shape& s, DType 
   }
 }
 
+/// hidden_state_copy_threads 1 and 2, fresh tensor and caller's buffer, against a 2-thread
+/// memcpy and a 2-thread streaming copy of the float32 output bytes (and the single-thread
+/// memcpy).
+void retrieve_copy_threads_case(Context& ctx, const Shape& s) {
+  auto src = std::make_shared<const CopyBuffer>(static_cast<size_t>(s.tokens * s.hidden * 4));
+  std::vector<Timed> refs{memcpy_threads_reference(src, 2), stream_copy_threads_reference(src, 2),
+                          memcpy_reference(src)};
+  for (int threads : {1, 2}) {
+    RetrieveRig rig(s, DType::kFloat32, StorageDType::kFloat32, threads);
+    Params p = params_of(s, DType::kFloat32, StorageDType::kFloat32, "fresh");
+    p.threads = threads;
+    (void)ctx.report.measure("retrieve", "f32 fresh copy threads", p, rig.fresh(), refs);
+    p.output = "into";
+    (void)ctx.report.measure("retrieve", "f32 into copy threads", p, rig.into(), refs);
+  }
+}
+
 }  // namespace
 
+/// The host copy strategy every store of this process got (one calibration per process), so a
+/// run's ratios can be read against it.
+void note_host_copy(Context& ctx, const std::string& workload) {
+  const BareStore probe(256, uint64_t{64} << 20, StorageDType::kFloat32);
+  ctx.report.note(workload, "host copy: " + probe.store.stats().host_copy.summary);
+}
+
 void run_store(Context& ctx) {
+  note_host_copy(ctx, "store");
   const Shape base = ctx.quick ? Shape{256, 1024, 2048, 1} : Shape{};
   store_case(ctx, "f32", base, DType::kFloat32, StorageDType::kFloat32, true);
   store_case(ctx, "bf16 float32-storage", base, DType::kBFloat16, StorageDType::kFloat32, true);
   store_native_vs_float32(ctx, base);
+  store_copy_threads_case(ctx, base);
   if (ctx.quick) {
     store_case(ctx, "f32", {64, 1024, 2048, 3}, DType::kFloat32, StorageDType::kFloat32, false);
   } else {
@@ -302,9 +347,11 @@ void run_store(Context& ctx) {
 }
 
 void run_retrieve(Context& ctx) {
+  note_host_copy(ctx, "retrieve");
   const Shape base = ctx.quick ? Shape{256, 1024, 2048, 1} : Shape{};
   retrieve_case(ctx, "f32", base, DType::kFloat32, StorageDType::kFloat32, true, true);
   retrieve_case(ctx, "bf16 native", base, DType::kBFloat16, StorageDType::kNative, true, false);
+  retrieve_copy_threads_case(ctx, base);
   if (ctx.quick) {
     retrieve_case(ctx, "f32", {64, 1024, 2048, 3}, DType::kFloat32, StorageDType::kFloat32, false,
                   false);

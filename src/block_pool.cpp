@@ -55,6 +55,16 @@ std::optional<uint64_t> memory_available() {
   return limit;
 }
 
+/// Faults every page of [mem, mem + bytes) in writable (huge pages where madvise asked for them):
+/// MADV_POPULATE_WRITE (Linux 5.14), else one write per 4 KiB page.
+void populate(void* mem, uint64_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  if (madvise(mem, bytes, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  auto* p = static_cast<volatile unsigned char*>(mem);
+  for (uint64_t off = 0; off < bytes; off += 4096) p[off] = 0;
+}
+
 uint64_t checked_granule(uint64_t capacity_bytes, uint64_t requested) {
   if (requested == 0) return BlockPool::granule_for_pool(capacity_bytes);
   if (requested % BlockPool::kMinGranuleBytes != 0 || requested > BlockPool::kMaxGranuleBytes) {
@@ -105,13 +115,16 @@ BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_p
     pinned_ = base_ != nullptr;
   }
   if (base_ == nullptr) {
-    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
-    if (prefault) flags |= MAP_POPULATE;
-    void* mem = mmap(nullptr, capacity_bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
+    void* mem = mmap(nullptr, capacity_bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mem == MAP_FAILED) {
       throw Error("hidden-state pool: could not map " + std::to_string(capacity_bytes) + " bytes");
     }
+    // Huge pages before the first fault: populated first (MAP_POPULATE), the pool was all 4 KiB
+    // pages, and khugepaged then collapsed it 16 MiB per 10 s while the engine ran, so the same
+    // call got faster over minutes (issue 22's small-call times; docs/perf.md).
     (void)madvise(mem, capacity_bytes, MADV_HUGEPAGE);
+    if (prefault) populate(mem, capacity_bytes);
     base_ = static_cast<std::byte*>(mem);
   }
   // Lowest ids on top of the stack: the first entries fill the arena from its start.

@@ -57,6 +57,8 @@ constexpr std::string_view kHiddenStateLaunchSlots = "hidden_state_launch_slots"
 constexpr std::string_view kHiddenStateDevice = "hidden_state_device";
 constexpr std::string_view kHiddenStateOutputCacheBytes = "hidden_state_output_cache_bytes";
 constexpr std::string_view kHiddenStateStreamThresholdBytes = "hidden_state_stream_threshold_bytes";
+constexpr std::string_view kHiddenStateCopyThreads = "hidden_state_copy_threads";
+constexpr int64_t kMaxCopyThreads = 64;
 
 // Where a value came from and how it was written, so validation errors can quote the input
 // rather than a reformatted number. `where` reads "line 3" or "environment variable X". Keys
@@ -176,6 +178,16 @@ double parse_double(std::string_view key, const YAML::Node& node, std::string_vi
     }
   }
   fail(key, "expected a number", describe(node), where);
+}
+
+// An integer, or `auto` / null for "chosen by hsstore" (unset).
+std::optional<int64_t> parse_auto_int(std::string_view key, const YAML::Node& node,
+                                      std::string_view where) {
+  if (node.IsNull() || (node.IsScalar() && lower(node.Scalar()) == "auto")) return std::nullopt;
+  if (is_plain_scalar(node)) {
+    if (auto value = parse_int_text(node.Scalar())) return *value;
+  }
+  fail(key, "expected an integer, auto or null", describe(node), where);
 }
 
 bool parse_bool(std::string_view key, const YAML::Node& node, std::string_view where) {
@@ -330,7 +342,9 @@ bool apply_key(Config& cfg, std::string_view key, const YAML::Node& value, std::
   } else if (key == kHiddenStateOutputCacheBytes) {
     cfg.hidden_state_output_cache_bytes = parse_int(key, value, where);
   } else if (key == kHiddenStateStreamThresholdBytes) {
-    cfg.hidden_state_stream_threshold_bytes = parse_int(key, value, where);
+    cfg.hidden_state_stream_threshold_bytes = parse_auto_int(key, value, where);
+  } else if (key == kHiddenStateCopyThreads) {
+    cfg.hidden_state_copy_threads = parse_int(key, value, where);
   } else {
     return false;
   }
@@ -363,7 +377,8 @@ constexpr std::array kKnownKeys = {kChunkSize,
                                    kHiddenStateLaunchSlots,
                                    kHiddenStateDevice,
                                    kHiddenStateOutputCacheBytes,
-                                   kHiddenStateStreamThresholdBytes};
+                                   kHiddenStateStreamThresholdBytes,
+                                   kHiddenStateCopyThreads};
 
 std::string origin_of(const Origins& origins, std::string_view key) {
   const auto it = origins.find(key);
@@ -538,9 +553,13 @@ void validate_with(const Config& cfg, const Origins& origins) {
     fail_key(origins, kHiddenStateOutputCacheBytes, "must be >= 0 (bytes)",
              std::to_string(cfg.hidden_state_output_cache_bytes));
   }
-  if (cfg.hidden_state_stream_threshold_bytes < 0) {
-    fail_key(origins, kHiddenStateStreamThresholdBytes, "must be >= 0 (bytes)",
-             std::to_string(cfg.hidden_state_stream_threshold_bytes));
+  if (cfg.hidden_state_stream_threshold_bytes && *cfg.hidden_state_stream_threshold_bytes < 0) {
+    fail_key(origins, kHiddenStateStreamThresholdBytes, "must be >= 0 (bytes) or auto",
+             std::to_string(*cfg.hidden_state_stream_threshold_bytes));
+  }
+  if (cfg.hidden_state_copy_threads < 1 || cfg.hidden_state_copy_threads > kMaxCopyThreads) {
+    fail_key(origins, kHiddenStateCopyThreads, "must be in 1..64 (threads per host copy)",
+             std::to_string(cfg.hidden_state_copy_threads));
   }
 }
 
@@ -831,7 +850,10 @@ std::string Config::to_yaml() const {
   out +=
       "hidden_state_output_cache_bytes: " + std::to_string(hidden_state_output_cache_bytes) + "\n";
   out += "hidden_state_stream_threshold_bytes: " +
-         std::to_string(hidden_state_stream_threshold_bytes) + "\n";
+         (hidden_state_stream_threshold_bytes ? std::to_string(*hidden_state_stream_threshold_bytes)
+                                              : std::string("auto")) +
+         "\n";
+  out += "hidden_state_copy_threads: " + std::to_string(hidden_state_copy_threads) + "\n";
   return out;
 }
 

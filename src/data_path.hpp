@@ -21,23 +21,33 @@
 #include <string>
 #include <string_view>
 
+#include "host_copy.hpp"
 #include "hss/config.hpp"
 #include "hss/kernels/layout.hpp"
 #include "hss/tensor.hpp"
 
 namespace hss::detail {
 
-/// Default of Config::hidden_state_stream_threshold_bytes.
-inline constexpr uint64_t kDefaultStreamThresholdBytes = uint64_t{8} << 20;
+class CopyWorkers;
 
-/// Host path: converts and copies synchronously on the calling thread. Calls moving at least
-/// `stream_threshold_bytes` use non-temporal stores (HSS_STREAM_THRESHOLD_KB overrides it).
+/// How a host copy runs: the store's strategy (host_copy.hpp; nullptr = default_host_copy()) and
+/// the threads it may split a large call over (copy_workers.hpp; nullptr = the caller alone),
+/// each taking at least `min_split_bytes` (tests lower it to split small calls).
+struct HostCopyContext {
+  const HostCopy* strategy = nullptr;
+  CopyWorkers* workers = nullptr;
+  uint64_t min_split_bytes = uint64_t{4} << 20;  // kMinBytesPerCopyThread
+};
+
+/// Host path: converts and copies synchronously, on the calling thread (and the context's
+/// workers for calls of at least 2 x min_split_bytes). Calls writing at least the strategy's
+/// threshold use its stores for that size. Every strategy and thread count writes the same bytes.
 void host_store(const kernels::SourceView& src, std::span<const kernels::WriteSegment> segments,
-                uint64_t stream_threshold_bytes = kDefaultStreamThresholdBytes);
+                const HostCopyContext& context = {});
 /// Writes out.type (float32, float16 or bfloat16): bit copies when the storage type matches,
 /// exact widening, nearest-even narrowing.
 void host_restore(std::span<const kernels::GatherSegment> segments, const kernels::OutputView& out,
-                  uint64_t stream_threshold_bytes = kDefaultStreamThresholdBytes);
+                  const HostCopyContext& context = {});
 
 /// Completion of the device-to-host copies of one store call, shared by the entries it wrote.
 /// Three states: pending, landed (the rows are in the pool), failed (they never will be: the

@@ -44,6 +44,13 @@ HiddenStateStore::Impl::Impl(const Config& config, const TokenDatabase& token_da
       token_database_(token_database),
       pool_(checked_pool_bytes(config), static_cast<uint64_t>(config.hidden_state_block_bytes),
             /*try_pinned=*/true, /*prefault=*/true, detail::store_device(config)),
+      // The pool is empty: the calibration may overwrite it.
+      host_copy_(detail::choose_host_copy(
+          config, std::span<std::byte>(pool_.block_address(0), pool_.capacity_bytes()))),
+      copy_workers_(config.hidden_state_copy_threads > 1
+                        ? std::make_unique<detail::CopyWorkers>(
+                              static_cast<int>(config.hidden_state_copy_threads))
+                        : nullptr),
       device_path_(detail::DevicePath::create(config)),
       mac_(detail::ValueMac::from_config(config)),
       // Queued writes may keep half the pool from eviction; beyond that they copy.
@@ -263,6 +270,9 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
     s.per_kind[k].chunks_written = counters_.kind_chunks_written[k].load();
   }
   s.remote = remote_.stats();
+  s.host_copy = host_copy_.info;
+  s.host_copy.copy_threads = copy_workers_ ? copy_workers_->threads() : 1;
+  s.host_copy.split_copies = copy_workers_ ? copy_workers_->split_runs() : 0;
   const detail::LeaseTable::Counts leases = leases_.counts();
   const TransferCounters& t = transfer_counters_;
   s.transfer = {t.exports.load(),

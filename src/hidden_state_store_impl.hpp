@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "block_pool.hpp"
+#include "copy_workers.hpp"
 #include "data_path.hpp"
 #include "deferred_release.hpp"
 #include "dtype_codes.hpp"
@@ -188,6 +189,9 @@ class HiddenStateStore::Impl {
   void reserve_and_apply(const TensorView& hidden, const StoreOptions& opt,
                          kernels::ElemType storage, StorePlan& plan);
   void copy_rows(StorePlan& plan, const TensorView& hidden, const StoreOptions& opt);
+  /// Host stores: merges segments that continue each other in the source and the pool.
+  static void merge_host_runs(std::pmr::vector<kernels::WriteSegment>& segments,
+                              int64_t cols) noexcept;
   /// The pool segments of the plan's granted writes (into plan.segments, reserved in phase 1)
   /// and the caller's tensor as the kernels see it.
   kernels::SourceView plan_segments(StorePlan& plan, const TensorView& hidden,
@@ -217,6 +221,10 @@ class HiddenStateStore::Impl {
   bool evict_for_space(uint64_t guard) noexcept;
 
   void check_open_locked() const;
+  /// How this store's host copies run (strategy and workers).
+  [[nodiscard]] detail::HostCopyContext host_copy_context() const {
+    return {&host_copy_, copy_workers_.get()};
+  }
   /// Outside the index lock, before eviction decisions: refresh fence flags, release finished
   /// restores' pins and granules whose copies landed (none of it waits).
   void reclaim_device_resources() noexcept;
@@ -238,6 +246,10 @@ class HiddenStateStore::Impl {
   // goes.
   detail::BlockPool pool_;
   detail::DeferredRelease deferred_{pool_};
+  // Host copies: the strategy chosen for this machine (calibrated on the empty pool, once per
+  // process) and the workers that split large copies (none with hidden_state_copy_threads 1).
+  const detail::HostCopy host_copy_;
+  std::unique_ptr<detail::CopyWorkers> copy_workers_;
   std::unique_ptr<detail::DevicePath> device_path_;
   std::atomic<const StorageManager*> storage_manager_{nullptr};
 

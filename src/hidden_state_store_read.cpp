@@ -218,7 +218,7 @@ std::vector<HostTensor> HiddenStateStore::Impl::retrieve_chunk_list(std::span<co
       const int64_t cols = w.cols(s);
       HostTensor tensor(w.prefix_tokens - row_begin, cols);
       detail::host_restore(plan_restore(w, s, row_begin), {tensor.data(), cols, cols},
-                           static_cast<uint64_t>(config_.hidden_state_stream_threshold_bytes));
+                           host_copy_context());
       out.push_back(std::move(tensor));
     }
   }
@@ -333,7 +333,7 @@ int64_t HiddenStateStore::Impl::restore_walk_into(Walk& w, std::span<const Mutab
       job_device.push_back(out.device_index);
     } else {
       detail::host_restore(plan_restore(w, s, row_begin), view,
-                           static_cast<uint64_t>(config_.hidden_state_stream_threshold_bytes));
+                           host_copy_context());
     }
   }
   if (!device_jobs.empty()) {

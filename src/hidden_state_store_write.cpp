@@ -214,9 +214,32 @@ void HiddenStateStore::Impl::copy_rows(StorePlan& plan, const TensorView& hidden
     plan.fence = device_path_->store(source, hidden.device_index, plan.segments, opt.stream);
   } else {
     HSS_RANGE("store/gather_cast");
-    detail::host_store(source, plan.segments,
-                       static_cast<uint64_t>(config_.hidden_state_stream_threshold_bytes));
+    merge_host_runs(plan.segments, source.cols);
+    detail::host_store(source, plan.segments, host_copy_context());
   }
+}
+
+void HiddenStateStore::Impl::merge_host_runs(std::pmr::vector<kernels::WriteSegment>& segments,
+                                             int64_t cols) noexcept {
+  // Chunks whose source rows follow each other and whose granules are adjacent in the pool (a
+  // fresh pool, or one refilled after LRU evictions) are one copy: a store of contiguous chunks
+  // is one copy of the same bytes, and glibc's memcpy picks its path for the whole run. Host
+  // sources only: a segment's source element is then any flat offset from its row0. In place.
+  if (segments.empty()) return;
+  size_t out = 0;
+  for (size_t i = 1; i < segments.size(); ++i) {
+    kernels::WriteSegment& last = segments[out];
+    const kernels::WriteSegment& next = segments[i];
+    const auto esize = static_cast<int64_t>(kernels::elem_bytes(last.dst_type));
+    if (next.dst_type == last.dst_type &&
+        static_cast<std::byte*>(last.dst) + last.count * esize == next.dst &&
+        last.src_row0 * cols + last.src_elem + last.count == next.src_row0 * cols + next.src_elem) {
+      last.count += next.count;
+    } else {
+      segments[++out] = next;
+    }
+  }
+  segments.resize(out + 1);
 }
 
 kernels::SourceView HiddenStateStore::Impl::plan_segments(StorePlan& plan, const TensorView& hidden,

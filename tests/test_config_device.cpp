@@ -1,5 +1,6 @@
 // The device-path and host-copy Config keys (hidden_state_restore_impl, hidden_state_staging_bytes,
-// hidden_state_output_cache_bytes, hidden_state_stream_threshold_bytes): defaults, parsing,
+// hidden_state_output_cache_bytes, hidden_state_stream_threshold_bytes, hidden_state_copy_threads):
+// defaults, parsing,
 // validation with the key and value named, and to_yaml round trips.
 
 #include <gtest/gtest.h>
@@ -35,7 +36,8 @@ TEST(ConfigDevice, Defaults) {
   EXPECT_EQ(c.hidden_state_store_impl, StoreImpl::kStaging);
   EXPECT_EQ(c.hidden_state_staging_bytes, int64_t{1} << 30);
   EXPECT_EQ(c.hidden_state_output_cache_bytes, int64_t{2048} << 20);
-  EXPECT_EQ(c.hidden_state_stream_threshold_bytes, int64_t{8} << 20);
+  EXPECT_EQ(c.hidden_state_stream_threshold_bytes, std::nullopt);  // chosen for the machine
+  EXPECT_EQ(c.hidden_state_copy_threads, 1);
   EXPECT_NO_THROW(c.validate());
 }
 
@@ -44,11 +46,13 @@ TEST(ConfigDevice, KeysParse) {
       "hidden_state_restore_impl: copy_engine\n"
       "hidden_state_staging_bytes: 4096\n"
       "hidden_state_output_cache_bytes: 0\n"
-      "hidden_state_stream_threshold_bytes: 65536\n");
+      "hidden_state_stream_threshold_bytes: 65536\n"
+      "hidden_state_copy_threads: 3\n");
   EXPECT_EQ(c.hidden_state_restore_impl, RestoreImpl::kCopyEngine);
   EXPECT_EQ(c.hidden_state_staging_bytes, 4096);
   EXPECT_EQ(c.hidden_state_output_cache_bytes, 0);
   EXPECT_EQ(c.hidden_state_stream_threshold_bytes, 65536);
+  EXPECT_EQ(c.hidden_state_copy_threads, 3);
   EXPECT_TRUE(c.unknown_keys.empty());
   EXPECT_EQ(Config::from_yaml("hidden_state_restore_impl: cub").hidden_state_restore_impl,
             RestoreImpl::kCub);
@@ -90,6 +94,33 @@ TEST(ConfigDevice, LaunchSlotsParseAndAreBounded) {
                   {"hidden_state_launch_slots", "5000", "line 2"});
 }
 
+TEST(ConfigDevice, StreamThresholdAutoIsUnset) {
+  for (const char* text : {"auto", "AUTO", "null", "~"}) {
+    const Config c =
+        Config::from_yaml(std::string("hidden_state_stream_threshold_bytes: ") + text + "\n");
+    EXPECT_EQ(c.hidden_state_stream_threshold_bytes, std::nullopt) << text;
+  }
+  const Config c;
+  EXPECT_NE(c.to_yaml().find("hidden_state_stream_threshold_bytes: auto\n"), std::string::npos);
+  EXPECT_EQ(Config::from_yaml(c.to_yaml()).hidden_state_stream_threshold_bytes, std::nullopt);
+  EXPECT_EQ(Config::from_yaml("hidden_state_stream_threshold_bytes: 0\n")
+                .hidden_state_stream_threshold_bytes,
+            0);
+}
+
+TEST(ConfigDevice, CopyThreadsAreBounded) {
+  EXPECT_EQ(Config::from_yaml("hidden_state_copy_threads: 64\n").hidden_state_copy_threads, 64);
+  expect_mentions(error_of("hidden_state_copy_threads: 0\n"),
+                  {"hidden_state_copy_threads", "0", "line 1", "1..64"});
+  expect_mentions(error_of("chunk_size: 16\nhidden_state_copy_threads: 65\n"),
+                  {"hidden_state_copy_threads", "65", "line 2"});
+  expect_mentions(error_of("hidden_state_copy_threads: two\n"),
+                  {"hidden_state_copy_threads", "two", "line 1"});
+  Config c;
+  c.hidden_state_copy_threads = -1;
+  EXPECT_THROW(c.validate(), ConfigError);
+}
+
 TEST(ConfigDevice, TheStoresDeviceParsesAndIsBounded) {
   EXPECT_EQ(Config().hidden_state_device, -1);  // the constructing thread's current device
   const Config c = Config::from_yaml("hidden_state_device: 3\n");
@@ -111,6 +142,8 @@ TEST(ConfigDeviceErrors, BadValuesNameKeyValueAndLine) {
                   {"hidden_state_output_cache_bytes", "-1", "line 1"});
   expect_mentions(error_of("hidden_state_stream_threshold_bytes: -8\n"),
                   {"hidden_state_stream_threshold_bytes", "-8", "line 1"});
+  expect_mentions(error_of("hidden_state_stream_threshold_bytes: sometimes\n"),
+                  {"hidden_state_stream_threshold_bytes", "sometimes", "line 1", "auto"});
 }
 
 TEST(ConfigDeviceErrors, ValidateInCode) {
@@ -133,6 +166,7 @@ TEST(ConfigDevice, ToYamlRoundTrips) {
   c.hidden_state_staging_bytes = 123456;
   c.hidden_state_output_cache_bytes = 7;
   c.hidden_state_stream_threshold_bytes = 0;
+  c.hidden_state_copy_threads = 2;
   const std::string text = c.to_yaml();
   EXPECT_NE(text.find("hidden_state_restore_impl: cub\n"), std::string::npos) << text;
   const Config back = Config::from_yaml(text);
@@ -140,6 +174,7 @@ TEST(ConfigDevice, ToYamlRoundTrips) {
   EXPECT_EQ(back.hidden_state_staging_bytes, 123456);
   EXPECT_EQ(back.hidden_state_output_cache_bytes, 7);
   EXPECT_EQ(back.hidden_state_stream_threshold_bytes, 0);
+  EXPECT_EQ(back.hidden_state_copy_threads, 2);
 }
 
 }  // namespace

@@ -94,9 +94,15 @@ struct Config {
   /// Bytes of released restore outputs the process keeps for reuse (HostTensor recycler). >= 0.
   /// HSS_OUTPUT_CACHE_MB overrides it (debugging aid).
   int64_t hidden_state_output_cache_bytes = int64_t{2048} << 20;
-  /// Host copies of at least this many bytes use non-temporal stores. >= 0.
-  /// HSS_STREAM_THRESHOLD_KB overrides it (debugging aid).
-  int64_t hidden_state_stream_threshold_bytes = int64_t{8} << 20;
+  /// Override of the host copy strategy: host calls writing at least this many bytes use
+  /// non-temporal stores, smaller ones regular stores. >= 0. Unset (default; `auto` or null in
+  /// YAML): chosen for the machine by a calibration or the CPU family's rule (stats().host_copy,
+  /// docs/perf.md). HSS_STREAM_THRESHOLD_KB overrides both (debugging aid).
+  std::optional<int64_t> hidden_state_stream_threshold_bytes;
+  /// Threads one large host store or restore may be split over (the caller's and
+  /// hidden_state_copy_threads - 1 workers the store starts). 1..64; default 1: an engine's cores
+  /// are its own.
+  int64_t hidden_state_copy_threads = 1;
 
   // Remote-value MAC and point-to-point transfer (hsstore extensions).
   /// Keyed MAC (HMAC-SHA256) of remote values, for both remote paths: the secret itself (at

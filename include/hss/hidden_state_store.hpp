@@ -50,7 +50,8 @@
 // Thread safety: every public method may be called from many threads at once. The index lock is
 // held for index updates only, never across a copy, a kernel launch or a KV contains() call.
 // What may block the host (docs/design.md, "What may block the host, and when"): host-memory
-// calls copy on the calling thread; a host-output retrieve of an entry whose device-to-host copy
+// calls copy on the calling thread (and the store's copy workers, hidden_state_copy_threads, while
+// it waits); a host-output retrieve of an entry whose device-to-host copy
 // is in flight waits for that copy; a casting device store waits when the device's staging
 // budget (hidden_state_staging_bytes) is in flight; a device launch (restore, batch) waits when
 // every launch slot of its device (hidden_state_launch_slots) is in flight; flush() and close()
@@ -68,6 +69,7 @@
 #include "hss/activation.hpp"
 #include "hss/cache_key.hpp"
 #include "hss/config.hpp"
+#include "hss/host_copy_stats.hpp"
 #include "hss/remote_stats.hpp"
 #include "hss/storage_manager.hpp"
 #include "hss/tensor.hpp"
@@ -139,6 +141,7 @@ struct HiddenStateStats {
   uint64_t device_launches = 0;
   std::array<KindStats, kNumActivationKinds> per_kind{};  ///< indexed by ActivationKind
   RemoteStats remote;  ///< the shared remote tier (all zero when hidden_state_remote_url is unset)
+  HostCopyStats host_copy;  ///< the host copy strategy chosen for this machine, copy threads
   TransferStats transfer;  ///< point-to-point exports and imports (hss/pool_transfer.hpp)
 };
 

@@ -142,6 +142,7 @@ void bind_config(nb::module_& m) {
       .def_ro("hidden_state_output_cache_bytes", &hss::Config::hidden_state_output_cache_bytes)
       .def_ro("hidden_state_stream_threshold_bytes",
               &hss::Config::hidden_state_stream_threshold_bytes)
+      .def_ro("hidden_state_copy_threads", &hss::Config::hidden_state_copy_threads)
       .def_ro("unknown_keys", &hss::Config::unknown_keys)
       .def_static(
           "keys",

@@ -133,6 +133,23 @@ nb::dict transfer_stats_dict(const hss::TransferStats& t) {
   return d;
 }
 
+nb::dict host_copy_stats_dict(const hss::HostCopyStats& h) {
+  nb::dict d;
+  d["copies"] = std::string(hss::to_string(h.copies));
+  d["widening"] = std::string(hss::to_string(h.widening));
+  d["stream_threshold_bytes"] = h.stream_threshold_bytes;
+  d["chosen_by"] = std::string(hss::to_string(h.chosen_by));
+  d["cpu"] = h.cpu;
+  d["summary"] = h.summary;
+  d["regular_copy_gbps"] = h.regular_copy_gbps;
+  d["streaming_copy_gbps"] = h.streaming_copy_gbps;
+  d["regular_widen_gbps"] = h.regular_widen_gbps;
+  d["streaming_widen_gbps"] = h.streaming_widen_gbps;
+  d["copy_threads"] = h.copy_threads;
+  d["split_copies"] = h.split_copies;
+  return d;
+}
+
 nb::dict stats_dict(const hss::HiddenStateStats& st) {
   nb::dict d;
   d["keys_held"] = st.keys_held;
@@ -170,6 +187,7 @@ nb::dict stats_dict(const hss::HiddenStateStats& st) {
   d["per_kind"] = per_kind;
   d["remote"] = remote_stats_dict(st.remote);
   d["transfer"] = transfer_stats_dict(st.transfer);
+  d["host_copy"] = host_copy_stats_dict(st.host_copy);
   return d;
 }
 

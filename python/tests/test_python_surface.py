@@ -32,6 +32,7 @@ def test_every_config_key_is_an_attribute_with_its_value():
         "hidden_state_store_impl": "mapped", "hidden_state_staging_bytes": 1 << 20,
         "hidden_state_launch_slots": 8, "hidden_state_output_cache_bytes": 0,
         "hidden_state_stream_threshold_bytes": 123, "hidden_state_kinds": ["hidden", "key"],
+        "hidden_state_copy_threads": 2,
     })
     values = config.to_dict()
     assert sorted(values) == sorted(keys)
@@ -46,6 +47,12 @@ def test_every_config_key_is_an_attribute_with_its_value():
     assert values["hidden_state_launch_slots"] == 8
     assert values["hidden_state_output_cache_bytes"] == 0
     assert values["hidden_state_stream_threshold_bytes"] == 123
+    assert values["hidden_state_copy_threads"] == 2
+    # auto (the default): None, and it survives the round trips too.
+    auto = hsstore.Config()
+    assert auto.hidden_state_stream_threshold_bytes is None
+    assert hsstore.Config(auto.to_dict()).hidden_state_stream_threshold_bytes is None
+    assert hsstore.Config(auto.to_yaml()).hidden_state_stream_threshold_bytes is None
     assert values["hidden_state_remote_url"] == []
     # Every key survives the round trip through a dict, and through YAML.
     assert hsstore.Config(values).to_dict() == values

@@ -185,6 +185,13 @@ def test_token_id_forms(fix):
 def test_stats_and_context_manager():
     with Fixture().store as store:
         assert store.stats()["entries_held"] == 0
+        host_copy = store.stats()["host_copy"]  # the C++ HostCopyStats, key for key
+        assert host_copy["copies"] in ("regular", "streaming")
+        assert host_copy["widening"] in ("regular", "streaming")
+        assert host_copy["chosen_by"] in ("calibration", "cpu rule", "config", "environment")
+        assert host_copy["copy_threads"] == 1
+        assert host_copy["split_copies"] == 0
+        assert host_copy["summary"] and host_copy["cpu"]
     with pytest.raises(hsstore.Error, match="closed"):
         store.num_cached_chunks() if False else store.store_hidden_states(
             list(range(CHUNK)), rows(CHUNK))

@@ -2,7 +2,7 @@
 //   hss config check FILE [--hidden-dim N] [--layers N] [--dtype D]
 //   hss keys --tokens FILE|- [--config FILE] [--chunk-size N] [--save-unfull-chunk] [--model NAME]
 //            [--world-size N] [--worker-id N] [--fmt NAME] [--kv-dtype NAME]
-//   hss info
+//   hss info [--config FILE]
 #include <unistd.h>
 #include <cstdio>
 
@@ -36,7 +36,9 @@ commands:
       --chunk-size N  (default 256)   --save-unfull-chunk
       --model NAME  --fmt NAME  --world-size N  --worker-id N  --kv-dtype NAME
                       the key metadata (defaults: vllm, "", 1, 0, bfloat16)
-  info                version, build options, devices, pinned memory
+  info                version, build options, devices, pinned memory, the host copy strategy
+      --config FILE   use its host copy keys (hidden_state_stream_threshold_bytes,
+                      hidden_state_copy_threads)
   --help              this text
 
 exit status: 0 success, 1 bad input (the message says what), 2 usage error
@@ -187,8 +189,33 @@ int keys(Args& args) {
   return hss::cli::kExitOk;
 }
 
+/// The host copy strategy a store with `file`'s copy keys gets on this machine: a store on a
+/// pool just large enough to calibrate (72 MiB, populated), nothing else from the file.
+void print_host_copy(const std::string& file) {
+  hss::Config config = file.empty() ? hss::Config{} : hss::Config::from_file(file);
+  config.enable_hidden_state_cache = true;
+  config.max_hidden_state_cpu_size = 72.0 / 1024;
+  config.hidden_state_remote_url.clear();
+  try {
+    const hss::ChunkedTokenDatabase db(config.chunk_size, false);
+    const hss::HiddenStateStore store(config, db);
+    const hss::HostCopyStats copy = store.stats().host_copy;
+    std::printf("host copies: %s\n", copy.summary.c_str());
+    std::printf("  cpu: %s; copy threads: %lld\n", copy.cpu.c_str(),
+                static_cast<long long>(copy.copy_threads));
+  } catch (const hss::Error& e) {
+    std::printf("host copies: not probed (%s)\n", e.what());
+  }
+}
+
 int info(Args& args) {
-  if (!args.done()) throw UsageError("info takes no arguments, got '" + args.peek() + "'");
+  std::string config_file;
+  while (!args.done()) {
+    if (!args.take_flag("--config")) {
+      throw UsageError("info takes no arguments but --config FILE, got '" + args.peek() + "'");
+    }
+    config_file = args.value("--config");
+  }
   const hss::BuildInfo build = hss::build_info();
   const hss::RuntimeInfo& runtime = hss::runtime_info();
   std::printf("hsstore %s\n", build.version.c_str());
@@ -215,6 +242,7 @@ int info(Args& args) {
                 std::string(hss::to_string(static_cast<hss::ActivationKind>(k))).c_str());
   }
   std::printf(" (slot = chunk key, kind, layer)\n");
+  print_host_copy(config_file);
   return hss::cli::kExitOk;
 }
 

@@ -1,0 +1,60 @@
+#pragma once
+// The host copy strategy of a store, part of HiddenStateStats: which stores its large host copies
+// use on this machine and why (docs/perf.md, "Host copy strategy"), and its copy threads.
+// A plain value: safe to copy and read from any thread.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace hss {
+
+/// How a host copy writes its destination.
+enum class HostStores {
+  kRegular,    ///< through the cache: glibc memcpy (rep movsb or vector stores), our vector loops
+  kStreaming,  ///< non-temporal stores: no read-for-ownership, the data not left in cache
+};
+
+/// What decided the strategy.
+enum class HostCopySource {
+  kCalibration,  ///< a short calibration on the first pool large enough (once per process)
+  kCpuRule,      ///< the rule for the CPU family (pool too small to calibrate, or a near-tie)
+  kConfig,       ///< hidden_state_stream_threshold_bytes
+  kEnvironment,  ///< HSS_STREAM_THRESHOLD_KB (a debugging override)
+};
+
+struct HostCopyStats {
+  /// Same-type copies (and the widening casts, bfloat16/float16 to float32) of calls writing at
+  /// least stream_threshold_bytes. Smaller calls always use regular stores.
+  HostStores copies = HostStores::kRegular;
+  HostStores widening = HostStores::kRegular;
+  uint64_t stream_threshold_bytes = 0;
+  HostCopySource chosen_by = HostCopySource::kCpuRule;
+  std::string cpu;      ///< what the rule read: vendor, family, model, vector width of the loops
+  std::string summary;  ///< one line for logs and `hss info`: the choice and its reason
+  /// The calibration's throughput of each candidate in GB/s (0 when none ran).
+  double regular_copy_gbps = 0, streaming_copy_gbps = 0;
+  double regular_widen_gbps = 0, streaming_widen_gbps = 0;
+  int64_t copy_threads = 1;   ///< hidden_state_copy_threads
+  uint64_t split_copies = 0;  ///< host copies that ran on more than one thread
+};
+
+[[nodiscard]] constexpr std::string_view to_string(HostStores stores) {
+  return stores == HostStores::kStreaming ? "streaming" : "regular";
+}
+
+[[nodiscard]] constexpr std::string_view to_string(HostCopySource source) {
+  switch (source) {
+    case HostCopySource::kCalibration:
+      return "calibration";
+    case HostCopySource::kCpuRule:
+      return "cpu rule";
+    case HostCopySource::kConfig:
+      return "config";
+    case HostCopySource::kEnvironment:
+      return "environment";
+  }
+  return "unknown";
+}
+
+}  // namespace hss
