@@ -124,7 +124,7 @@ bool HiddenStateStore::Impl::has_chunk(const CacheEngineKey& key, Slot slot) con
   if (record == nullptr) return false;
   const EntryRef* entry = record->find(slot);
   // A failed device copy (the cached flag) is as good as absent: its rows never land.
-  return entry != nullptr && (*entry)->ready && !(*entry)->copy_failed();
+  return entry != nullptr && (*entry)->ready() && !(*entry)->copy_failed();
 }
 
 bool HiddenStateStore::Impl::drop_key(const CacheEngineKey& key) {
@@ -191,7 +191,7 @@ void HiddenStateStore::Impl::check_invariants() const {
     if (*record.lru != &key) fail("LRU node of key " + key.to_string() + " points elsewhere");
     if (record.slots.empty()) fail("key " + key.to_string() + " has no slots");
     const auto ready_slots = std::count_if(record.slots.begin(), record.slots.end(),
-                                           [](const EntryRef& e) { return e->ready; });
+                                           [](const EntryRef& e) { return e->ready(); });
     if (static_cast<uint32_t>(ready_slots) != record.ready_slots) {
       fail("key " + key.to_string() + " counts its READY slots wrong");
     }
@@ -210,7 +210,7 @@ void HiddenStateStore::Impl::check_invariants() const {
           fail("granule " + std::to_string(id) + " is held twice or also free");
         }
       }
-      if (e.ready) {
+      if (e.ready()) {
         ++ready;
         bytes += e.payload_bytes();
         blocks += e.blocks.size();

@@ -155,7 +155,7 @@ class HiddenStateStore::Impl {
   void apply_walk_locked(const Walk& w, detail::RecordLookups* lookups = nullptr,
                          int64_t touch_from = 0) noexcept;
   void count_walk(const Walk& w, int64_t n_tokens) noexcept;
-  /// restore_walk_into's checks alone (InvalidArgument, nothing changed).
+  /// The checks of `outs` against what the walk found (InvalidArgument, nothing changed).
   /// `item`: the batch index to name in a message (none for a single call).
   void check_walk_outputs(const Walk& w, std::span<const MutableTensorView> outs, int64_t row_begin,
                           std::optional<size_t> item = std::nullopt) const;
@@ -167,14 +167,33 @@ class HiddenStateStore::Impl {
   /// The outputs' views and pointers, and `stream` when an output is device memory.
   void check_outputs(std::span<const Slot> slots, std::span<const MutableTensorView> outs,
                      Stream stream) const;
+  /// One read of a retrieve call: a chunk list restored into `outs` (one view per slot). A
+  /// single call is a batch of one read.
+  struct ReadItem {
+    std::span<const Chunk> chunks;
+    int64_t n_tokens = 0;  ///< tokens the caller passed (for the miss count)
+    std::span<const Slot> slots;
+    std::span<const MutableTensorView> outs;  ///< checked by check_outputs already
+    int64_t row_begin = 0;
+    Stream stream = nullptr;
+    detail::RecordLookups* lookups = nullptr;  ///< the list's lookups, shared by its reads
+    size_t list = 0;  ///< reads of a call passing the same chunk list have the same number
+  };
   /// Walk + restore into `outs` (one per slot) + apply; the rows written (0 on a miss).
   int64_t retrieve_slots_into(std::span<const Chunk> chunks, int64_t n_tokens,
                               std::span<const Slot> slots, std::span<const MutableTensorView> outs,
                               int64_t row_begin, Stream stream);
-  /// Checks `outs` against the walk, then restores (host now; device enqueued on `stream` after
-  /// the walk's fences, holding the pins until done). Drops the walk's own pins.
-  int64_t restore_walk_into(Walk& w, std::span<const MutableTensorView> outs, int64_t row_begin,
-                            Stream stream);
+  /// The read pipeline of every retrieve-into call: read-through, one lock for every walk's
+  /// index part, KV and fences outside it, every output checked against its walk (naming
+  /// items[i] when `name_items`), restore_walks, one lock to apply every walk, counters once.
+  /// `walks` and `rows`: one per read, filled here.
+  void retrieve_reads(std::span<const ReadItem> reads, std::span<Walk> walks,
+                      std::span<int64_t> rows, bool name_items);
+  /// The restores of checked walks: host outputs now; device outputs grouped per (device,
+  /// stream) (launch_groups.hpp), each group one launch after the union of its walks' fences,
+  /// holding their pins until it has read the pool. Drops the walks' own pins.
+  void restore_walks(std::span<Walk> walks, std::span<const ReadItem> reads,
+                     std::span<int64_t> rows);
   /// Rows [row_begin, prefix end) of slot `slot` of a walk as gather segments.
   std::vector<kernels::GatherSegment> plan_restore(const Walk& w, size_t slot,
                                                    int64_t row_begin) const;
@@ -183,12 +202,22 @@ class HiddenStateStore::Impl {
   struct Write;
   struct StorePlan;
   struct PlanContext;
-  /// Arguments already validated: the allowlists, then the three phases.
+  /// Arguments already validated: store_plans for one plan.
   StoreResult store_validated(std::span<const Chunk> chunks, const TensorView& hidden,
                               const StoreOptions& opt);
-  void reserve_and_apply(const TensorView& hidden, const StoreOptions& opt,
-                         kernels::ElemType storage, StorePlan& plan);
-  void copy_rows(StorePlan& plan, const TensorView& hidden, const StoreOptions& opt);
+  /// The store pipeline of every store call (a single store is a batch of one): one lock for
+  /// every plan's reservation (the allowlists; each plan its own eviction guard, in order),
+  /// copy_plans outside it, one lock to publish, write-behind, counters once. `new_keys` bounds
+  /// the keys the plans may insert. Results: each plan's writes and cached count.
+  void store_plans(std::span<StorePlan> plans, size_t new_keys);
+  /// Phase 2: host plans copied now; device plans grouped per (device, stream)
+  /// (launch_groups.hpp): a group of one job is DevicePath::store (hidden_state_store_impl), a
+  /// group of several one DevicePath::store_batch launch whose fence every plan of it carries.
+  void copy_plans(std::span<StorePlan> plans);
+  /// Grants `entry` its granules (as many as blocks' capacity), evicting LRU keys not guarded
+  /// by `guard` while the pool is short. False, nothing taken and counted as an allocation
+  /// failure, when the pool cannot make room. Caller holds mutex_.
+  bool grant_blocks(detail::Entry& entry, uint64_t guard) noexcept;
   /// Host stores: merges segments that continue each other in the source and the pool.
   static void merge_host_runs(std::pmr::vector<kernels::WriteSegment>& segments,
                               int64_t cols) noexcept;
@@ -196,18 +225,8 @@ class HiddenStateStore::Impl {
   /// and the caller's tensor as the kernels see it.
   kernels::SourceView plan_segments(StorePlan& plan, const TensorView& hidden,
                                     const StoreOptions& opt);
-  /// Phase 2 of a store batch: host items copied now; device items grouped per (device, stream),
-  /// each group one DevicePath::store_batch (one launch) whose fence every plan of it carries.
-  void copy_batch_rows(std::span<StorePlan> plans, std::span<const StoreItem> items);
-  /// The restores of a batch: host outputs now; device outputs grouped per (device, stream),
-  /// each group one DevicePath::restore_batch after the union of the walks' fences, holding
-  /// every walk's pins until it has read the pool. Drops the walks' own pins.
-  void restore_batch_walks(std::span<Walk> walks, std::span<const RetrieveItem> items,
-                           std::span<int64_t> rows);
-  void publish(StorePlan& plan) noexcept;
-  void withdraw(StorePlan& plan) noexcept;
-  // The same with mutex_ held by the caller (the batch takes it once for every item).
-  // `context`: what the items of one call share (prepared keys, the lookups of plan.chunks).
+  // Phase 1 of one plan, phase 3 and the withdrawal, with mutex_ held by the caller.
+  // `context`: what the plans of one call share (prepared keys, the lookups of plan.chunks).
   void reserve_and_apply_locked(const TensorView& hidden, const StoreOptions& opt,
                                 kernels::ElemType storage, StorePlan& plan, PlanContext& context);
   void publish_locked(StorePlan& plan) noexcept;
@@ -293,7 +312,14 @@ struct HiddenStateStore::Impl::StorePlan {
   explicit StorePlan(std::pmr::memory_resource* memory = std::pmr::new_delete_resource())
       : writes(memory), segments(memory) {}
 
+  // The item: set by the caller of store_plans.
   std::span<const Chunk> chunks;
+  const TensorView* hidden = nullptr;
+  const StoreOptions* options = nullptr;
+  detail::RecordLookups* lookups = nullptr;  // of `chunks` (shared by the plans of one list)
+  size_t slot_hint = 1;  // slot vector capacity for a new key (plans sharing the list)
+
+  bool allowed = false;            // the slot passed the allowlists (phase 1)
   std::pmr::vector<Write> writes;  // planned; after phase 1: the granted ones, in chunk order
   std::pmr::vector<kernels::WriteSegment> segments;
   detail::FenceRef fence;

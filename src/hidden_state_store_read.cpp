@@ -6,9 +6,11 @@
 // So a retrieve that fails its checks changes nothing, and coverage is the walk without apply.
 
 #include <algorithm>
+#include <memory>
 #include <string>
 
 #include "hidden_state_store_impl.hpp"
+#include "launch_groups.hpp"
 #include "hss/error.hpp"
 #include "log.hpp"
 #include "nvtx.hpp"
@@ -47,7 +49,7 @@ void HiddenStateStore::Impl::walk_index_locked(Walk& w, std::span<const Chunk> c
     size_t s = 0;
     for (; s < slots.size(); ++s) {
       const EntryRef* entry = record->find(slots[s]);
-      if (entry == nullptr || !(*entry)->ready || (*entry)->rows != chunk.size()) break;
+      if (entry == nullptr || !(*entry)->ready() || (*entry)->rows != chunk.size()) break;
       // A hidden dim that changes part-way (a caller bug) ends the prefix there.
       if (present > 0 && (*entry)->cols != w.pinned[s]->cols) break;
     }
@@ -276,16 +278,70 @@ int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunk
                                                     int64_t row_begin, Stream stream) {
   HSS_RANGE("retrieve");
   check_outputs(slots, outs, stream);
-  (void)read_through(chunks, slots);  // remote tier: fills the pool where the walk would stop
-  // Host outputs need the rows now; device outputs only order themselves after the copies.
-  const bool all_device = std::all_of(outs.begin(), outs.end(), [](const MutableTensorView& o) {
-    return o.device == Device::kCuda;
-  });
-  Walk w = plan_walk(chunks, slots,
-                     all_device ? PendingCopies::kOrderOnDevice : PendingCopies::kWaitOnHost);
-  const int64_t rows = restore_walk_into(w, outs, row_begin, stream);
-  apply_walk(w, n_tokens);
+  // A batch of one, without the per-list lookup cache (each chunk is looked up once anyway).
+  const ReadItem read{chunks, n_tokens, slots, outs, row_begin, stream, nullptr, 0};
+  Walk walk;
+  int64_t rows = 0;
+  retrieve_reads(std::span<const ReadItem>(&read, 1), std::span<Walk>(&walk, 1),
+                 std::span<int64_t>(&rows, 1), /*name_items=*/false);
   return rows;
+}
+
+void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std::span<Walk> walks,
+                                            std::span<int64_t> rows, bool name_items) {
+  // The remote tier fills the pool where a walk would stop (no-op without one), before the lock.
+  for (const ReadItem& read : reads) (void)read_through(read.chunks, read.slots);
+  // One lock for every walk's index part; KV checks and fence waits outside it.
+  {
+    HSS_RANGE("retrieve/walk");
+    std::lock_guard lock(mutex_);
+    check_open_locked();
+    for (size_t i = 0; i < reads.size(); ++i) {
+      walk_index_locked(walks[i], reads[i].chunks, reads[i].slots, reads[i].lookups);
+    }
+  }
+  for (size_t i = 0; i < reads.size(); ++i) {
+    // Host outputs need the rows now; device outputs only order themselves after the copies.
+    const auto& outs = reads[i].outs;
+    const bool all_device = std::all_of(outs.begin(), outs.end(), [](const MutableTensorView& o) {
+      return o.device == Device::kCuda;
+    });
+    walk_finish(walks[i], all_device ? PendingCopies::kOrderOnDevice : PendingCopies::kWaitOnHost);
+  }
+  // Every output against its walk before anything is written.
+  for (size_t i = 0; i < reads.size(); ++i) {
+    check_walk_outputs(walks[i], reads[i].outs, reads[i].row_begin,
+                       name_items ? std::optional<size_t>(i) : std::nullopt);
+  }
+  restore_walks(walks, reads, rows);
+  // One touch per key and list: the LRU order after a run of touches depends only on each
+  // key's last touch, so an item skips the chunks a later item of its list touches again (a
+  // key erased in between is gone either way).
+  std::vector<int64_t> touch_from(reads.size(), 0);
+  if (reads.size() > 1) {
+    std::vector<int64_t> later_hits;
+    for (size_t i = reads.size(); i-- > 0;) {
+      if (reads[i].list >= later_hits.size()) later_hits.resize(reads[i].list + 1, 0);
+      int64_t& later = later_hits[reads[i].list];
+      touch_from[i] = std::min(later, walks[i].hits);
+      later = std::max(later, walks[i].hits);
+    }
+  }
+  {
+    // The lookups of the walks stay valid unless a key was erased meanwhile (they look again).
+    std::lock_guard lock(mutex_);
+    for (size_t i = 0; i < reads.size(); ++i) {
+      apply_walk_locked(walks[i], reads[i].lookups, touch_from[i]);
+    }
+  }
+  uint64_t hit_tokens = 0, miss_tokens = 0;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    hit_tokens += static_cast<uint64_t>(walks[i].prefix_tokens);
+    miss_tokens += static_cast<uint64_t>(reads[i].n_tokens - walks[i].prefix_tokens);
+  }
+  counters_.retrieves.fetch_add(reads.size(), std::memory_order_relaxed);
+  counters_.hit_tokens.fetch_add(hit_tokens, std::memory_order_relaxed);
+  counters_.miss_tokens.fetch_add(miss_tokens, std::memory_order_relaxed);
 }
 
 void HiddenStateStore::Impl::check_walk_outputs(const Walk& w,
@@ -311,48 +367,75 @@ void HiddenStateStore::Impl::check_walk_outputs(const Walk& w,
   }
 }
 
-int64_t HiddenStateStore::Impl::restore_walk_into(Walk& w, std::span<const MutableTensorView> outs,
-                                                  int64_t row_begin, Stream stream) {
-  if (row_begin >= w.prefix_tokens) return 0;
-  const int64_t rows = w.prefix_tokens - row_begin;
-  check_walk_outputs(w, outs, row_begin);
+void HiddenStateStore::Impl::restore_walks(std::span<Walk> walks, std::span<const ReadItem> reads,
+                                           std::span<int64_t> rows) {
   HSS_RANGE("retrieve/assemble");
-  // Device outputs of several slots (retrieve_layers_into) on one device: one batched launch.
-  // One device output keeps restore(), which honours hidden_state_restore_impl.
-  std::vector<std::vector<kernels::GatherSegment>> device_segments;
-  std::vector<detail::RestoreJob> device_jobs;
-  std::vector<int> job_device;
-  for (size_t s = 0; s < outs.size(); ++s) {
-    const MutableTensorView& out = outs[s];
-    // Any output dtype: same-type copies are bit-identical, narrowing rounds to nearest-even.
-    const kernels::OutputView view{out.data, w.cols(s), out.stride(),
-                                   detail::to_elem_type(out.dtype)};
-    if (out.device == Device::kCuda) {
-      device_segments.push_back(plan_restore(w, s, row_begin));
-      device_jobs.push_back({{}, view});
-      job_device.push_back(out.device_index);
-    } else {
-      detail::host_restore(plan_restore(w, s, row_begin), view,
-                           host_copy_context());
-    }
-  }
-  if (!device_jobs.empty()) {
-    for (size_t j = 0; j < device_jobs.size(); ++j) device_jobs[j].segments = device_segments[j];
-    // The pins live in the device path until the restores have read the pool, then drop.
-    auto pins = std::make_shared<std::vector<EntryRef>>(std::move(w.pinned));
-    const bool one_device = std::all_of(job_device.begin(), job_device.end(),
-                                        [&](int d) { return d == job_device.front(); });
-    if (device_jobs.size() > 1 && one_device) {
-      device_path_->restore_batch(device_jobs, job_device.front(), stream, w.fences, pins);
-    } else {
-      for (size_t j = 0; j < device_jobs.size(); ++j) {
-        device_path_->restore(device_jobs[j].segments, device_jobs[j].out, job_device[j], stream,
-                              w.fences, pins);
+  // Host outputs now; device outputs grouped per (device, stream), one launch per group after
+  // the union of its walks' fences, holding its walks' pins until it has read the pool.
+  detail::LaunchGroups<detail::RestoreJob> groups;
+  // Device jobs' segments (jobs hold spans of them: their buffers do not move with the list).
+  std::vector<std::vector<kernels::GatherSegment>> segments;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    Walk& w = walks[i];
+    const int64_t row_begin = reads[i].row_begin;
+    rows[i] = 0;
+    if (row_begin >= w.prefix_tokens) continue;  // nothing to restore
+    rows[i] = w.prefix_tokens - row_begin;
+    for (size_t s = 0; s < reads[i].outs.size(); ++s) {
+      const MutableTensorView& out = reads[i].outs[s];
+      // Any output dtype: same-type copies are bit-identical, narrowing rounds to nearest-even.
+      const kernels::OutputView view{out.data, w.cols(s), out.stride(),
+                                     detail::to_elem_type(out.dtype)};
+      if (out.device == Device::kCuda) {
+        segments.push_back(plan_restore(w, s, row_begin));
+        groups.add(out.device_index, reads[i].stream, {segments.back(), view}, i);
+      } else {
+        detail::host_restore(plan_restore(w, s, row_begin), view, host_copy_context());
       }
     }
   }
-  w.pinned.clear();  // the walk's own pins drop now; device restores hold theirs
-  return rows;
+  // The pins of a walk whose jobs are all in one group move into it; groups sharing a walk (its
+  // outputs on several devices) or holding several walks share or copy them.
+  std::vector<std::shared_ptr<std::vector<detail::EntryRef>>> walk_pins(walks.size());
+  const auto pins_of = [&](size_t i) {
+    if (!walk_pins[i]) {
+      walk_pins[i] = std::make_shared<std::vector<detail::EntryRef>>(std::move(walks[i].pinned));
+    }
+    return walk_pins[i];
+  };
+  for (auto& group : groups) {
+    const bool one_walk = std::all_of(group.items.begin(), group.items.end(),
+                                      [&](size_t i) { return i == group.items.front(); });
+    std::vector<detail::FenceRef> fences;
+    std::shared_ptr<std::vector<detail::EntryRef>> pins;
+    if (one_walk) {
+      fences = walks[group.items.front()].fences;  // distinct already
+      pins = pins_of(group.items.front());
+    } else {
+      pins = std::make_shared<std::vector<detail::EntryRef>>();
+      size_t last = SIZE_MAX;
+      for (const size_t i : group.items) {
+        if (i == last) continue;
+        last = i;
+        const Walk& w = walks[i];
+        fences.insert(fences.end(), w.fences.begin(), w.fences.end());
+        const auto& held = walk_pins[i] ? *walk_pins[i] : w.pinned;
+        pins->insert(pins->end(), held.begin(), held.end());
+      }
+      std::sort(fences.begin(), fences.end());
+      fences.erase(std::unique(fences.begin(), fences.end()), fences.end());
+    }
+    if (group.jobs.size() == 1) {
+      // One device output: restore(), which honours hidden_state_restore_impl.
+      const detail::RestoreJob& job = group.jobs.front();
+      device_path_->restore(job.segments, job.out, group.device_index, group.stream, fences,
+                            std::move(pins));
+    } else {
+      device_path_->restore_batch(group.jobs, group.device_index, group.stream, fences,
+                                  std::move(pins));
+    }
+  }
+  for (Walk& w : walks) w.pinned.clear();  // the walks' own pins drop; device restores hold theirs
 }
 
 int64_t HiddenStateStore::Impl::retrieve_chunk_layers_into(std::span<const Chunk> chunks,

@@ -19,7 +19,7 @@ namespace {
 
 bool held_ready(const detail::KeyRecord* record, Slot slot, int64_t rows) {
   const EntryRef* entry = record != nullptr ? record->find(slot) : nullptr;
-  return entry != nullptr && (*entry)->ready && (*entry)->rows == rows;
+  return entry != nullptr && (*entry)->ready() && (*entry)->rows == rows;
 }
 
 }  // namespace
@@ -88,8 +88,7 @@ HiddenStateStore::Impl::InsertResult HiddenStateStore::Impl::insert_fetched(
     const Chunk& chunk, Slot slot, const detail::RemoteValue& value, uint64_t guard) {
   const auto storage = detail::to_elem_type(value.dtype);
   auto entry = std::make_shared<detail::Entry>(pool_, value.rows, value.cols, storage, slot);
-  const size_t need = pool_.blocks_for(entry->payload_bytes());
-  entry->blocks.resize(need);
+  entry->blocks.reserve(pool_.blocks_for(entry->payload_bytes()));
   detail::StoreIndex::Prepared prepared;
   {
     std::lock_guard lock(mutex_);
@@ -103,32 +102,17 @@ HiddenStateStore::Impl::InsertResult HiddenStateStore::Impl::insert_fetched(
       index_.prepare_insert(prepared, chunk.key, 1);
       index_.reserve_keys(1);
     }
-    bool ok = need <= pool_.num_blocks() && pool_.allocate(entry->blocks);
-    while (!ok && need <= pool_.num_blocks() && evict_for_space(guard)) {
-      ok = pool_.allocate(entry->blocks);
-    }
-    if (!ok) {
-      entry->blocks.clear();
-      counters_.allocation_failures.fetch_add(1, std::memory_order_relaxed);
-      return InsertResult::kNoRoom;
-    }
+    if (!grant_blocks(*entry, guard)) return InsertResult::kNoRoom;
     // An eviction above may have removed this key's record: find or insert it again.
     if (index_.find(chunk.key) == nullptr && prepared.empty()) {
-      index_.prepare_insert(prepared, chunk.key, 1);  // rare; may throw, granules go back
+      index_.prepare_insert(prepared, chunk.key, 1);  // rare; may throw, ~Entry frees granules
       index_.reserve_keys(1);
     }
-    detail::KeyRecord& held = index_.find_or_insert(chunk.key, prepared);
-    held.guard = guard;
-    index_.touch(held);
-    held.slots.push_back(entry);  // PENDING: invisible to walks, not evictable
+    (void)index_.add_pending(chunk.key, entry, prepared, guard);  // invisible, not evictable
   }
   detail::fill_entry(*entry, pool_, value.payload);  // no lock: a copy
   std::lock_guard lock(mutex_);
-  if (detail::KeyRecord* record = index_.find(chunk.key)) {
-    if (const EntryRef* held = record->find(slot); held && *held == entry) {
-      index_.account_publish(*record, *entry);
-    }
-  }
+  (void)index_.publish(chunk.key, *entry);  // unless dropped meanwhile (close, drop_key)
   return InsertResult::kInserted;
 }
 

@@ -28,7 +28,7 @@ constexpr size_t kMaxExtentsPerEntry = size_t{1} << 26;
 
 bool held_ready(const detail::KeyRecord* record, Slot slot, int64_t rows) {
   const EntryRef* entry = record != nullptr ? record->find(slot) : nullptr;
-  return entry != nullptr && (*entry)->ready && (*entry)->rows == rows;
+  return entry != nullptr && (*entry)->ready() && (*entry)->rows == rows;
 }
 
 // The entry's granules as absolute extents, adjacent ones merged.
@@ -234,7 +234,7 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
         detail::Entry& entry = *item.entry;
         detail::KeyRecord* record = index_.find(chunk.key);
         if (EntryRef* held = record ? record->find(entry.slot) : nullptr) {
-          if (!(*held)->ready || ((*held)->rows == entry.rows && (*held)->cols == entry.cols &&
+          if (!(*held)->ready() || ((*held)->rows == entry.rows && (*held)->cols == entry.cols &&
                                   (*held)->storage == entry.storage)) {
             skipped[granted] = true;  // present, or being written by another call
             continue;
@@ -248,17 +248,7 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
           index_.prepare_insert(prepared, chunk.key, 1);
           index_.reserve_keys(1);
         }
-        const size_t need = entry.blocks.capacity();
-        entry.blocks.resize(need);  // within capacity: no allocation
-        bool ok = need <= pool_.num_blocks() && pool_.allocate(entry.blocks);
-        while (!ok && need <= pool_.num_blocks() && evict_for_space(guard)) {
-          ok = pool_.allocate(entry.blocks);
-        }
-        if (!ok) {
-          entry.blocks.clear();
-          counters_.allocation_failures.fetch_add(1, std::memory_order_relaxed);
-          break;  // prefix-strict: nothing after the first entry that does not fit
-        }
+        if (!grant_blocks(entry, guard)) break;  // prefix-strict: nothing after the first miss
         if (record != nullptr) {
           if (EntryRef* held = record->find(entry.slot)) {
             index_.erase_slot(chunk.key, held->get());  // another shape: replaced
@@ -275,14 +265,11 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
             throw;
           }
         }
-        detail::KeyRecord& held = record ? *record : index_.find_or_insert(chunk.key, prepared);
-        held.guard = guard;
-        index_.touch(held);
-        held.slots.push_back(item.entry);  // PENDING: invisible to walks, never evicted
+        (void)index_.add_pending(chunk.key, item.entry, prepared, guard, record);
       }
     } catch (...) {
       for (size_t i = 0; i < granted; ++i) {
-        if (!skipped[i]) index_.erase_slot(chunks[items[i].chunk].key, items[i].entry.get());
+        if (!skipped[i]) index_.withdraw(chunks[items[i].chunk].key, *items[i].entry);
       }
       throw;
     }
@@ -341,15 +328,14 @@ ImportResult HiddenStateStore::Impl::publish_import(Reservation::State& state) {
     for (size_t i = 0; i < state.items.size(); ++i) {
       Reservation::State::Item& item = state.items[i];
       const CacheEngineKey& key = state.chunks[item.chunk].key;
-      detail::KeyRecord* record = index_.find(key);
-      const EntryRef* held = record ? record->find(item.entry->slot) : nullptr;
-      if (held == nullptr || *held != item.entry) continue;  // dropped meanwhile (close, drop_key)
+      // An entry dropped meanwhile (close, drop_key) is DETACHED: neither published nor counted.
       if (pass[i] != 0) {
-        index_.account_publish(*record, *item.entry);
-        ++result.published;
-        result.bytes += item.entry->payload_bytes();
+        if (index_.publish(key, *item.entry)) {
+          ++result.published;
+          result.bytes += item.entry->payload_bytes();
+        }
       } else {
-        index_.erase_slot(key, item.entry.get());
+        index_.withdraw(key, *item.entry);
       }
     }
   }
@@ -371,7 +357,7 @@ void HiddenStateStore::Impl::abandon_import(Reservation::State& state) noexcept 
   {
     std::lock_guard lock(mutex_);
     for (const Reservation::State::Item& item : state.items) {
-      index_.erase_slot(state.chunks[item.chunk].key, item.entry.get());
+      index_.withdraw(state.chunks[item.chunk].key, *item.entry);
     }
   }
   transfer_counters_.abandoned.fetch_add(state.items.size(), std::memory_order_relaxed);

@@ -4,12 +4,15 @@
 //      operations that cannot throw (touches, evictions, granule grants, inserts as PENDING);
 //   2. no lock: copy the rows into the granted granules (host) or enqueue the copies (device);
 //   3. under the lock: publish the entries as READY.
-// A failed phase 2 withdraws this call's PENDING entries.
+// A failed phase 2 withdraws this call's PENDING entries. A single store is a batch of one
+// (store_plans); hidden_state_store_batch.cpp adds what several items share.
 
 #include <algorithm>
+#include <array>
 #include <string>
 
 #include "hidden_state_store_impl.hpp"
+#include "launch_groups.hpp"
 #include "hss/detail/checked.hpp"
 #include "hss/error.hpp"
 #include "nvtx.hpp"
@@ -52,35 +55,105 @@ StoreResult HiddenStateStore::Impl::store_chunks(std::span<const Chunk> chunks,
 StoreResult HiddenStateStore::Impl::store_validated(std::span<const Chunk> chunks,
                                                     const TensorView& hidden,
                                                     const StoreOptions& opt) {
-  const Slot slot{opt.kind, opt.layer_idx};
-  if (!config_.slot_allowed(slot.kind, slot.layer_idx)) {
-    std::lock_guard lock(mutex_);
-    check_open_locked();
-    counters_.stores.fetch_add(1, std::memory_order_relaxed);
-    return {};
-  }
-  const ElemType storage = storage_for(hidden);
+  // A batch of one: the batch's phases without what only several items need (the key cache,
+  // the arena, the map reserve for the whole batch).
+  detail::RecordLookups lookups(chunks.size());
   StorePlan plan;
   plan.chunks = chunks;
-  plan.esize = static_cast<int64_t>(kernels::elem_bytes(storage));
-  reserve_and_apply(hidden, opt, storage, plan);
-  counters_.stores.fetch_add(1, std::memory_order_relaxed);
-  if (plan.writes.empty()) return {0, plan.cached};
+  plan.hidden = &hidden;
+  plan.options = &opt;
+  plan.lookups = &lookups;
+  store_plans(std::span<StorePlan>(&plan, 1), chunks.size());
+  return {static_cast<int64_t>(plan.writes.size()), plan.cached};
+}
+
+void HiddenStateStore::Impl::store_plans(std::span<StorePlan> plans, size_t new_keys) {
+  // 1. One lock for every reservation. Each plan plans and applies in order (its own eviction
+  //    guard), sharing the chunk lookups of its list with the plans before it.
+  // Finished device restores let go of their pins and landed copies of dropped entries give
+  // their granules back before this call decides what to evict; so do ended leases.
+  reclaim_device_resources();
+  expire_leases();
+  PlanContext context;
+  const bool several = plans.size() > 1;
+  if (several) context.prepared.reserve(new_keys);
+  {
+    HSS_RANGE("store/alloc");
+    std::lock_guard lock(mutex_);
+    check_open_locked();
+    if (several) {
+      // At most one new key per chunk of each distinct list: sized once, no item rehashes.
+      index_.reserve_keys(new_keys);
+      context.keys_reserved = true;
+    }
+    size_t i = 0;
+    try {
+      for (; i < plans.size(); ++i) {
+        StorePlan& plan = plans[i];
+        const StoreOptions& opt = *plan.options;
+        plan.allowed = config_.slot_allowed(opt.kind, opt.layer_idx);
+        if (!plan.allowed) continue;  // counted as a store that wrote nothing, as LMCache does
+        const ElemType storage = storage_for(*plan.hidden);
+        plan.esize = static_cast<int64_t>(kernels::elem_bytes(storage));
+        context.lookups = plan.lookups;
+        context.slot_hint = plan.slot_hint;
+        reserve_and_apply_locked(*plan.hidden, opt, storage, plan, context);
+      }
+    } catch (...) {
+      // Out of memory planning plan i (nothing of it applied): the plans before it withdraw
+      // their pending entries, so none stays unpublished. Their evictions and touches stand.
+      for (size_t j = 0; j < i; ++j) withdraw_locked(plans[j]);
+      throw;
+    }
+  }
+  counters_.stores.fetch_add(plans.size(), std::memory_order_relaxed);
+
+  // 2. Copies outside the lock. A failure withdraws every plan's reservations: the call is all
+  //    or nothing (copies already enqueued land in granules freed once their fence lands).
   try {
-    copy_rows(plan, hidden, opt);
+    copy_plans(plans);
   } catch (...) {
-    withdraw(plan);
+    std::lock_guard lock(mutex_);
+    for (StorePlan& plan : plans) {
+      // Groups enqueued before the failure may still be writing these granules: the entries
+      // carry their fence, so withdrawing defers the granules' return until it landed.
+      if (plan.fence) {
+        for (const Write& w : plan.writes) {
+          w.entry->fence = plan.fence;
+          w.entry->deferred = &deferred_;
+        }
+      }
+      withdraw_locked(plan);
+    }
     throw;
   }
-  publish(plan);
+
+  // 3. One lock to publish.
+  {
+    std::lock_guard lock(mutex_);
+    for (StorePlan& plan : plans) publish_locked(plan);
+  }
   // Write-behind: the remote tier borrows each written entry (its fence included) and never
   // makes this call wait for the network.
-  for (const Write& w : plan.writes) remote_.write_behind(plan.chunks[w.chunk].key, w.entry, pool_);
-  const auto written = static_cast<int64_t>(plan.writes.size());
-  counters_.chunks_written.fetch_add(plan.writes.size(), std::memory_order_relaxed);
-  counters_.kind_chunks_written[static_cast<size_t>(slot.kind)].fetch_add(
-      plan.writes.size(), std::memory_order_relaxed);
-  return {written, plan.cached};
+  if (remote_.enabled()) {
+    for (const StorePlan& plan : plans) {
+      for (const Write& w : plan.writes)
+        remote_.write_behind(plan.chunks[w.chunk].key, w.entry, pool_);
+    }
+  }
+  // Counters added once per counter.
+  std::array<uint64_t, kNumActivationKinds> kind_written{};
+  uint64_t written = 0;
+  for (const StorePlan& plan : plans) {
+    kind_written[static_cast<size_t>(plan.options->kind)] += plan.writes.size();
+    written += plan.writes.size();
+  }
+  for (size_t k = 0; k < kNumActivationKinds; ++k) {
+    if (kind_written[k] != 0) {
+      counters_.kind_chunks_written[k].fetch_add(kind_written[k], std::memory_order_relaxed);
+    }
+  }
+  if (written != 0) counters_.chunks_written.fetch_add(written, std::memory_order_relaxed);
 }
 
 ElemType HiddenStateStore::Impl::storage_for(const TensorView& hidden) const {
@@ -90,19 +163,18 @@ ElemType HiddenStateStore::Impl::storage_for(const TensorView& hidden) const {
              : ElemType::kFloat32;
 }
 
-void HiddenStateStore::Impl::reserve_and_apply(const TensorView& hidden, const StoreOptions& opt,
-                                               ElemType storage, StorePlan& plan) {
-  HSS_RANGE("store/alloc");
-  // Finished device restores let go of their pins and landed copies of dropped entries give
-  // their granules back before this call decides what to evict.
-  reclaim_device_resources();
-  expire_leases();  // granules of ended leases are free for this store
-  detail::RecordLookups lookups(plan.chunks.size());
-  PlanContext context;
-  context.lookups = &lookups;
-  std::lock_guard lock(mutex_);
-  check_open_locked();
-  reserve_and_apply_locked(hidden, opt, storage, plan, context);
+bool HiddenStateStore::Impl::grant_blocks(detail::Entry& entry, uint64_t guard) noexcept {
+  const size_t need = entry.blocks.capacity();
+  entry.blocks.resize(need);  // within capacity: no allocation
+  bool ok = need <= pool_.num_blocks() && pool_.allocate(entry.blocks);
+  while (!ok && need <= pool_.num_blocks() && evict_for_space(guard)) {
+    ok = pool_.allocate(entry.blocks);
+  }
+  if (!ok) {
+    entry.blocks.clear();
+    counters_.allocation_failures.fetch_add(1, std::memory_order_relaxed);
+  }
+  return ok;
 }
 
 void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
@@ -154,25 +226,12 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
     if (next_write < writes.size() && writes[next_write].chunk == i) {
       Write& w = writes[next_write++];
       if (w.replaces != nullptr) index_.erase_slot(chunk.key, w.replaces);
-      const size_t need = w.entry->blocks.capacity();
-      w.entry->blocks.resize(need);  // within capacity: no allocation
-      bool ok = need <= pool_.num_blocks() && pool_.allocate(w.entry->blocks);
-      while (!ok && need <= pool_.num_blocks() && evict_for_space(guard)) {
-        ok = pool_.allocate(w.entry->blocks);
-      }
-      if (!ok) {
-        w.entry->blocks.clear();
-        counters_.allocation_failures.fetch_add(1, std::memory_order_relaxed);
-        break;  // stop at this chunk: the cached range stays contiguous
-      }
+      if (!grant_blocks(*w.entry, guard)) break;  // stop here: the cached range stays contiguous
       // Evictions above never take this call's keys (guarded), but any erase (a replaced last
       // slot included) makes the lookups look again.
       detail::KeyRecord* found = lookups.find(index_, i, chunk.key);
-      detail::KeyRecord& record = found ? *found : index_.insert(chunk.key, prepared);
+      detail::KeyRecord& record = index_.add_pending(chunk.key, w.entry, prepared, guard, found);
       if (!found) lookups.remember(index_, i, record);
-      record.guard = guard;
-      index_.touch(record);
-      record.slots.push_back(w.entry);  // capacity reserved above
       w.record = &record;
       ++granted;
       ++plan.cached;
@@ -203,19 +262,34 @@ bool HiddenStateStore::Impl::evict_for_space(uint64_t guard) noexcept {
   return true;
 }
 
-void HiddenStateStore::Impl::copy_rows(StorePlan& plan, const TensorView& hidden,
-                                       const StoreOptions& opt) {
-  const kernels::SourceView source = plan_segments(plan, hidden, opt);
-  if (hidden.device == Device::kCuda && config_.hidden_state_store_impl == StoreImpl::kMapped) {
-    // One launch writes the rows, cast or not, straight into the device-mapped pool.
-    const detail::StoreJob job{source, plan.segments};
-    plan.fence = device_path_->store_batch(std::span(&job, 1), hidden.device_index, opt.stream);
-  } else if (hidden.device == Device::kCuda) {
-    plan.fence = device_path_->store(source, hidden.device_index, plan.segments, opt.stream);
-  } else {
-    HSS_RANGE("store/gather_cast");
-    merge_host_runs(plan.segments, source.cols);
-    detail::host_store(source, plan.segments, host_copy_context());
+void HiddenStateStore::Impl::copy_plans(std::span<StorePlan> plans) {
+  // Host plans copy now; device plans are grouped per (device, stream), one launch per group.
+  detail::LaunchGroups<detail::StoreJob> groups;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    StorePlan& plan = plans[i];
+    if (plan.writes.empty()) continue;
+    const TensorView& hidden = *plan.hidden;
+    const kernels::SourceView source = plan_segments(plan, hidden, *plan.options);
+    if (hidden.device == Device::kCuda) {
+      groups.add(hidden.device_index, plan.options->stream, {source, plan.segments}, i);
+    } else {
+      HSS_RANGE("store/gather_cast");
+      merge_host_runs(plan.segments, source.cols);
+      detail::host_store(source, plan.segments, host_copy_context());
+    }
+  }
+  for (auto& group : groups) {
+    detail::FenceRef fence;
+    if (group.jobs.size() == 1 && config_.hidden_state_store_impl != StoreImpl::kMapped) {
+      // One device store: the gather into staging on the caller's stream, the copy to the pool
+      // on a copy stream (hidden_state_store_impl).
+      const detail::StoreJob& job = group.jobs.front();
+      fence = device_path_->store(job.src, group.device_index, job.segments, group.stream);
+    } else {
+      // Several (or mapped): one launch writes every job's rows into the device-mapped pool.
+      fence = device_path_->store_batch(group.jobs, group.device_index, group.stream);
+    }
+    for (const size_t i : group.items) plans[i].fence = fence;
   }
 }
 
@@ -271,33 +345,19 @@ kernels::SourceView HiddenStateStore::Impl::plan_segments(StorePlan& plan, const
   return {hidden.data, detail::to_elem_type(hidden.dtype), hidden.cols, hidden.stride()};
 }
 
-void HiddenStateStore::Impl::publish(StorePlan& plan) noexcept {
-  std::lock_guard lock(mutex_);
-  publish_locked(plan);
-}
-
 void HiddenStateStore::Impl::publish_locked(StorePlan& plan) noexcept {
   for (Write& w : plan.writes) {
     w.entry->fence = plan.fence;
     if (plan.fence) w.entry->deferred = &deferred_;
     // An entry dropped meanwhile (drop_key, close, a coupled eviction) stays detached. Without
     // any erase since phase 1 the record found there is still the key's.
-    detail::KeyRecord* record =
-        plan.epoch == index_.erasures() ? w.record : index_.find(plan.chunks[w.chunk].key);
-    if (record == nullptr) continue;
-    if (const EntryRef* held = record->find(w.entry->slot); held && *held == w.entry) {
-      index_.account_publish(*record, *w.entry);
-    }
+    (void)index_.publish(plan.chunks[w.chunk].key, *w.entry,
+                         plan.epoch == index_.erasures() ? w.record : nullptr);
   }
 }
 
-void HiddenStateStore::Impl::withdraw(StorePlan& plan) noexcept {
-  std::lock_guard lock(mutex_);
-  withdraw_locked(plan);
-}
-
 void HiddenStateStore::Impl::withdraw_locked(StorePlan& plan) noexcept {
-  for (const Write& w : plan.writes) index_.erase_slot(plan.chunks[w.chunk].key, w.entry.get());
+  for (const Write& w : plan.writes) index_.withdraw(plan.chunks[w.chunk].key, *w.entry);
 }
 
 template StoreResult HiddenStateStore::Impl::store_tokens(std::span<const int32_t>,

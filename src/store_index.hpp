@@ -5,6 +5,10 @@
 // Exception safety: every mutating method here is noexcept once its inputs exist. Allocation (map
 // nodes, LRU nodes, slot vectors) happens in prepare_insert(), which changes nothing visible, so a
 // store can reserve everything first and then apply its plan without a throw in the middle.
+//
+// Every change of an entry's state (EntryState, below) is one StoreIndex method: add_pending,
+// publish, withdraw, erase, erase_slot, clear. The store, the remote tier's read-through and the
+// pool-transfer import all go through them.
 
 #include <algorithm>
 #include <array>
@@ -24,6 +28,34 @@
 #include "hss/cache_key.hpp"
 
 namespace hss::detail {
+
+/// The state of one entry, one (key, kind, layer) slot. Guarded by the index mutex; changed only
+/// by the StoreIndex methods named on the arrows.
+///
+///              add_pending                  publish
+///   (made) -------------------> PENDING -------------------> READY
+///                                  |                            |
+///                                  | withdraw                   | erase / erase_slot / clear
+///                                  | (copy failed, import       | (pool pressure, KV gone, drop_key,
+///                                  |  rejected or abandoned,    |  another shape, failed device
+///                                  |  erase of its key)         |  copy seen by a walk, close)
+///                                  v                            v
+///                               DETACHED <----------------------+
+///                                  |
+///                                  | the last reference drops (pins: retrieves, device restores,
+///                                  v  leases, the write-behind queue) and its fence has settled
+///                          granules back to the pool (~Entry, or DeferredRelease)
+///
+///   PENDING   in its key's record but invisible to walks and never an eviction victim: its bytes
+///             are being written (a host store's copy, an import's transfer, a fetched remote
+///             value). Not counted in the index totals.
+///   READY     visible to walks and counted. A device store publishes as soon as its copies are
+///             enqueued, so a READY entry may carry a fence that has not settled
+///             (copy_in_flight()): it is then busy (no eviction); a host reader waits for the
+///             fence, a device reader orders itself after it on the device, coverage() counts it;
+///             a fence that failed makes the next walk erase the key (never served).
+///   DETACHED  out of the index, for good: nothing makes it PENDING or READY again.
+enum class EntryState : uint8_t { kPending, kReady, kDetached };
 
 /// One (key, kind, layer) of activations: rows x cols of `storage` over pool granules. Shared
 /// ownership is the pin: the index holds one reference, each retrieve copying it holds another,
@@ -60,7 +92,10 @@ struct Entry {
   const Slot slot;
   std::shared_ptr<CopyFence> fence;     ///< set by device-path stores
   DeferredRelease* deferred = nullptr;  ///< where blocks wait for an in-flight copy (device path)
-  bool ready = false;                   ///< published to retrieve (guarded by the index mutex)
+  EntryState state = EntryState::kPending;  ///< guarded by the index mutex (StoreIndex only)
+
+  /// Published to walks (READY). Read under the index mutex.
+  [[nodiscard]] bool ready() const { return state == EntryState::kReady; }
 
   /// The payload's xxHash3 and keyed MAC, computed once, when the entry is first exported (a
   /// READY entry's bytes never change; pool_transfer.hpp).
@@ -95,7 +130,7 @@ struct KeyRecord {
   /// True when no slot may be evicted now (a copy into it is pending or in flight).
   [[nodiscard]] bool busy() const {
     for (const EntryRef& entry : slots) {
-      if (!entry->ready || entry->copy_in_flight()) return true;
+      if (!entry->ready() || entry->copy_in_flight()) return true;
     }
     return false;
   }
@@ -154,13 +189,50 @@ class StoreIndex {
   /// itself is invisible).
   void reserve_keys(size_t extra) { map_.reserve(map_.size() + extra); }
 
-  /// The record of `key`, moved in from `prepared` at the MRU end when absent. Requires
-  /// prepare_insert(prepared, key) and reserve_keys() for it; then it does not throw.
-  KeyRecord& find_or_insert(const CacheEngineKey& key, Prepared& prepared) noexcept {
-    if (KeyRecord* record = find(key)) return *record;
-    return insert(key, prepared);
+  /// (made) -> PENDING: `entry` (granules granted, state kPending) joins `key`'s record, which
+  /// is `record` when the caller has it (found since the last erasure) or else found or moved in
+  /// from `prepared` at the MRU end; the record is touched and guarded by `guard`. Requires room
+  /// in the record's slot vector, or prepare_insert(prepared, key) and reserve_keys() for a new
+  /// key; then it does not throw. Returns the record.
+  KeyRecord& add_pending(const CacheEngineKey& key, EntryRef entry, Prepared& prepared,
+                         uint64_t guard, KeyRecord* record = nullptr) noexcept {
+    if (record == nullptr) record = find(key);
+    if (record == nullptr) record = &insert(key, prepared);
+    record->guard = guard;
+    touch(*record);
+    entry->state = EntryState::kPending;
+    record->slots.push_back(std::move(entry));  // capacity reserved by the caller
+    return *record;
   }
-  /// find_or_insert for a key the caller just found absent (saves the lookup).
+
+  /// PENDING -> READY, when `entry` is still `key`'s entry for its slot (an erase meanwhile left
+  /// it DETACHED: then nothing happens and false is returned). `hint`: the key's record as the
+  /// caller found it, valid when no key was erased since (erasures()); nullptr to look it up.
+  bool publish(const CacheEngineKey& key, Entry& entry, KeyRecord* hint = nullptr) noexcept {
+    if (entry.state != EntryState::kPending) return false;
+    KeyRecord* record = hint != nullptr ? hint : find(key);
+    if (record == nullptr) return false;
+    const EntryRef* held = record->find(entry.slot);
+    if (held == nullptr || held->get() != &entry) return false;
+    entry.state = EntryState::kReady;
+    if (record->ready_slots++ == 0) ++ready_keys_;
+    ++ready_entries_;
+    bytes_held_ += entry.payload_bytes();
+    blocks_held_ += entry.blocks.size();
+    auto& kind = per_kind_[static_cast<size_t>(entry.slot.kind)];
+    ++kind.entries;
+    kind.bytes += entry.payload_bytes();
+    return true;
+  }
+
+  /// PENDING -> DETACHED: a store whose copy failed, an import rejected or abandoned. Nothing
+  /// happens when the entry is no longer the key's (already DETACHED).
+  void withdraw(const CacheEngineKey& key, const Entry& entry) noexcept { erase_slot(key, &entry); }
+
+  void touch(KeyRecord& record) noexcept { lru_.splice(lru_.end(), lru_, record.lru); }
+
+  /// The record of `key`, moved in from `prepared` at the MRU end (the caller found it absent),
+  /// with no slot yet: add_pending fills it (tests build records with it directly).
   KeyRecord& insert(const CacheEngineKey& key, Prepared& prepared) noexcept {
     auto node = prepared.nodes_.extract(key);
     auto lru_node = prepared.lru_.begin();
@@ -172,8 +244,6 @@ class StoreIndex {
     it->second.lru = lru_node;
     return it->second;
   }
-
-  void touch(KeyRecord& record) noexcept { lru_.splice(lru_.end(), lru_, record.lru); }
 
   /// Counts the keys removed so far (erase, erase_slot of a last slot, clear). A KeyRecord
   /// pointer found while erasures() had a value stays valid as long as it keeps that value (map
@@ -188,8 +258,8 @@ class StoreIndex {
     if (it == map_.end()) return 0;
     size_t ready = 0;
     for (const EntryRef& entry : it->second.slots) {
-      ready += entry->ready ? 1 : 0;
-      account_remove(it->second, *entry);
+      ready += entry->ready() ? 1 : 0;
+      detach(it->second, *entry);
     }
     lru_.erase(it->second.lru);
     map_.erase(it);
@@ -197,14 +267,15 @@ class StoreIndex {
     return ready;
   }
 
-  /// Removes one slot's entry (a replacement, a failed copy); drops the key when it was the last.
+  /// Removes one slot's entry (READY or PENDING -> DETACHED: a replacement, a withdrawal); drops
+  /// the key when it was the last.
   void erase_slot(const CacheEngineKey& key, const Entry* entry) noexcept {
     auto it = map_.find(key);
     if (it == map_.end()) return;
     auto& slots = it->second.slots;
     for (auto s = slots.begin(); s != slots.end(); ++s) {
       if (s->get() == entry) {
-        account_remove(it->second, **s);
+        detach(it->second, **s);
         slots.erase(s);
         break;
       }
@@ -229,18 +300,11 @@ class StoreIndex {
     return nullptr;
   }
 
-  void account_publish(KeyRecord& record, Entry& entry) noexcept {
-    entry.ready = true;
-    if (record.ready_slots++ == 0) ++ready_keys_;
-    ++ready_entries_;
-    bytes_held_ += entry.payload_bytes();
-    blocks_held_ += entry.blocks.size();
-    auto& kind = per_kind_[static_cast<size_t>(entry.slot.kind)];
-    ++kind.entries;
-    kind.bytes += entry.payload_bytes();
-  }
-
+  /// Every entry -> DETACHED (close()).
   void clear() noexcept {
+    for (auto& [key, record] : map_) {
+      for (const EntryRef& entry : record.slots) entry->state = EntryState::kDetached;
+    }
     map_.clear();
     lru_.clear();
     ++erasures_;
@@ -269,8 +333,12 @@ class StoreIndex {
   }
 
  private:
-  void account_remove(KeyRecord& record, const Entry& entry) noexcept {
-    if (!entry.ready) return;
+  /// READY or PENDING -> DETACHED; a READY entry leaves the totals. The caller removes it from
+  /// the record.
+  void detach(KeyRecord& record, Entry& entry) noexcept {
+    const bool was_ready = entry.ready();
+    entry.state = EntryState::kDetached;
+    if (!was_ready) return;
     if (--record.ready_slots == 0) --ready_keys_;
     --ready_entries_;
     bytes_held_ -= entry.payload_bytes();

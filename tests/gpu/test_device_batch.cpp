@@ -143,6 +143,69 @@ TEST_P(DeviceBatch, OneLaunchPerStreamAndBitIdenticalToHostSingleCalls) {
   }
 }
 
+// A single call is a batch of one: a batch whose (device, stream) group holds one item launches
+// exactly as the single call does (the single store's staging path under
+// hidden_state_store_impl: staging, restore() under hidden_state_restore_impl), with the same
+// results, counters and bytes.
+TEST(DeviceBatch, ABatchOfOneIsTheSingleCall) {
+  HSS_REQUIRE_DEVICE();
+  Config c;
+  c.chunk_size = kChunk;
+  c.enable_hidden_state_cache = true;
+  c.max_hidden_state_cpu_size = 0.0625;
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore single(c, db), batch(c, db);
+  StreamHolder stream;
+  const int64_t rows = 3 * kChunk, cols = 96;
+  const auto tokens = test::tokens_of(rows, 71);
+  const auto host = test::random_rows(DType::kBFloat16, rows, cols, 72, 0, 0);
+  DeviceBytes dev(host.size());
+  test::upload(dev, host.data(), host.size());
+  StoreOptions so;
+  so.stream = stream.stream;
+  const TensorView view{dev.ptr, DType::kBFloat16, rows, cols, 0, Device::kCuda, 0};
+
+  const StoreResult one = single.store_hidden_states(tokens, view, so);
+  const StoreItem item{tokens, view, so};
+  const std::vector<StoreResult> many = batch.store_batch(std::span<const StoreItem>(&item, 1));
+  ASSERT_EQ(many.size(), 1u);
+  EXPECT_EQ(many[0], one);
+  EXPECT_EQ(one.written, 3);
+  const HiddenStateStats s1 = single.stats(), s2 = batch.stats();
+  EXPECT_EQ(s2.device_launches, s1.device_launches);  // the staging gather and its copies
+  EXPECT_GT(s1.device_launches, 1u);
+  EXPECT_EQ(s2.stores, s1.stores);
+  EXPECT_EQ(s2.chunks_written, s1.chunks_written);
+
+  DeviceBytes out1(static_cast<size_t>(rows * cols) * 4), out2(out1.bytes);
+  test::fill(out1.ptr, 0x55, out1.bytes);
+  test::fill(out2.ptr, 0x55, out2.bytes);
+  RetrieveOptions ro;
+  ro.stream = stream.stream;
+  const MutableTensorView v1{out1.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0};
+  const MutableTensorView v2{out2.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0};
+  const uint64_t before1 = single.stats().device_launches;
+  const uint64_t before2 = batch.stats().device_launches;
+  EXPECT_EQ(single.retrieve_hidden_states_into(tokens, v1, ro), rows);
+  const RetrieveItem read{tokens, v2, ro};
+  const std::vector<int64_t> got = batch.retrieve_batch_into(std::span<const RetrieveItem>(&read, 1));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], rows);
+  EXPECT_EQ(batch.stats().device_launches - before2, single.stats().device_launches - before1);
+  EXPECT_EQ(batch.stats().hit_tokens, single.stats().hit_tokens);
+  CUDA_OK(cudaStreamSynchronize(stream.stream));
+  std::vector<unsigned char> b1(out1.bytes), b2(out2.bytes);
+  CUDA_OK(cudaMemcpy(b1.data(), out1.ptr, b1.size(), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(b2.data(), out2.ptr, b2.size(), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(b1, b2);
+  // bfloat16 widened exactly: the first element is the stored one shifted into a float32.
+  uint16_t first16 = 0;
+  std::memcpy(&first16, host.data(), 2);
+  uint32_t first32 = 0;
+  std::memcpy(&first32, b1.data(), 4);
+  EXPECT_EQ(first32, uint32_t{first16} << 16);
+}
+
 // A GPU loads an element only from an address aligned to its size; a misaligned one is a sticky
 // cudaErrorMisalignedAddress that loses the context. Device views are therefore checked: a view
 // whose data is not element-aligned is InvalidArgument, before anything changes. (Row strides

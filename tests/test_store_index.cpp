@@ -1,0 +1,142 @@
+// The entry state machine of src/store_index.hpp (EntryState): every transition is a StoreIndex
+// method, PENDING entries are invisible and never eviction victims, only PENDING publishes, and
+// DETACHED is final. The store paths (write, batch, remote read-through, pool-transfer import)
+// all reach the index through these methods; tests/test_store_semantics.cpp and the differential
+// suites check them end to end.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "block_pool.hpp"
+#include "hss/hss.hpp"
+#include "store_index.hpp"
+#include "test_util.hpp"
+
+namespace hss {
+namespace {
+
+using detail::EntryState;
+
+constexpr int64_t kChunk = 16;
+constexpr int64_t kCols = 8;
+
+class EntryStates : public ::testing::Test {
+ protected:
+  EntryStates()
+      : pool_(uint64_t{1} << 20, 4096, /*try_pinned=*/false, /*prefault=*/false),
+        chunks_(ChunkedTokenDatabase(kChunk, false).process_tokens(test::make_tokens(3 * kChunk, 5))) {}
+
+  /// A fresh entry of (chunk rows x kCols) float32 with its one granule granted.
+  detail::EntryRef make(int64_t layer) {
+    auto e = std::make_shared<detail::Entry>(pool_, kChunk, kCols, kernels::ElemType::kFloat32,
+                                             Slot{ActivationKind::kHidden, layer});
+    e->blocks.resize(pool_.blocks_for(e->payload_bytes()));
+    EXPECT_TRUE(pool_.allocate(e->blocks));
+    return e;
+  }
+  /// add_pending for a key that may be new.
+  detail::KeyRecord& add(size_t chunk, const detail::EntryRef& e, uint64_t guard) {
+    detail::StoreIndex::Prepared prepared;
+    const CacheEngineKey& key = chunks_[chunk].key;
+    detail::KeyRecord* record = index_.find(key);
+    if (record == nullptr) {
+      index_.prepare_insert(prepared, key, 2);
+      index_.reserve_keys(1);
+    } else {
+      record->slots.reserve(record->slots.size() + 1);
+    }
+    return index_.add_pending(key, e, prepared, guard, record);
+  }
+  const CacheEngineKey& key(size_t chunk) const { return chunks_[chunk].key; }
+
+  detail::BlockPool pool_;
+  detail::StoreIndex index_;
+  std::vector<Chunk> chunks_;
+};
+
+TEST_F(EntryStates, PendingIsInvisibleUncountedAndNeverEvicted) {
+  const auto a = make(0);
+  detail::KeyRecord& record = add(0, a, 7);
+  EXPECT_EQ(a->state, EntryState::kPending);
+  EXPECT_FALSE(a->ready());
+  EXPECT_EQ(record.guard, 7u);
+  EXPECT_EQ(index_.keys(), 1u);
+  EXPECT_EQ(index_.ready_keys(), 0u);
+  EXPECT_EQ(index_.ready_entries(), 0u);
+  EXPECT_EQ(index_.bytes_held(), 0u);
+  EXPECT_TRUE(record.busy());
+  EXPECT_EQ(index_.eviction_candidate(0, false), nullptr);
+
+  EXPECT_TRUE(index_.publish(key(0), *a));
+  EXPECT_EQ(a->state, EntryState::kReady);
+  EXPECT_EQ(index_.ready_keys(), 1u);
+  EXPECT_EQ(index_.ready_entries(), 1u);
+  EXPECT_EQ(index_.bytes_held(), static_cast<uint64_t>(kChunk * kCols * 4));
+  EXPECT_EQ(index_.blocks_held(), 1u);
+  EXPECT_EQ(index_.kind_totals(ActivationKind::kHidden).entries, 1u);
+  // Only PENDING publishes: a second publish changes nothing.
+  EXPECT_FALSE(index_.publish(key(0), *a));
+  EXPECT_EQ(index_.ready_entries(), 1u);
+  ASSERT_NE(index_.eviction_candidate(0, false), nullptr);
+  EXPECT_EQ(*index_.eviction_candidate(0, false), key(0));
+  // A guarded key is skipped by its own call's evictions.
+  EXPECT_EQ(index_.eviction_candidate(7, false), nullptr);
+}
+
+TEST_F(EntryStates, AnEraseDetachesForGoodAndAPendingEntryThenNeverPublishes) {
+  const auto ready = make(0), pending = make(1);
+  add(0, ready, 1);
+  ASSERT_TRUE(index_.publish(key(0), *ready));
+  add(0, pending, 2);
+  EXPECT_EQ(index_.erase(key(0)), 1u);  // READY entries removed
+  EXPECT_EQ(ready->state, EntryState::kDetached);
+  EXPECT_EQ(pending->state, EntryState::kDetached);
+  EXPECT_FALSE(index_.publish(key(0), *pending));
+  EXPECT_EQ(pending->state, EntryState::kDetached);
+  EXPECT_EQ(index_.keys(), 0u);
+  EXPECT_EQ(index_.ready_entries(), 0u);
+  EXPECT_EQ(index_.bytes_held(), 0u);
+  EXPECT_EQ(index_.blocks_held(), 0u);
+}
+
+TEST_F(EntryStates, WithdrawAndEraseSlotDetachOneSlotAndDropTheLastKey) {
+  const auto a = make(0), b = make(1);
+  add(1, a, 1);
+  add(1, b, 1);
+  ASSERT_TRUE(index_.publish(key(1), *a));
+  index_.withdraw(key(1), *b);  // PENDING -> DETACHED (a failed copy, a rejected import)
+  EXPECT_EQ(b->state, EntryState::kDetached);
+  EXPECT_EQ(a->state, EntryState::kReady);
+  EXPECT_EQ(index_.keys(), 1u);
+  EXPECT_EQ(index_.ready_entries(), 1u);
+  // Withdrawing what is not the key's any more changes nothing.
+  index_.withdraw(key(1), *b);
+  EXPECT_EQ(index_.ready_entries(), 1u);
+  index_.erase_slot(key(1), a.get());  // READY -> DETACHED (a replacement)
+  EXPECT_EQ(a->state, EntryState::kDetached);
+  EXPECT_EQ(index_.keys(), 0u);
+  EXPECT_EQ(index_.ready_keys(), 0u);
+  EXPECT_EQ(index_.bytes_held(), 0u);
+}
+
+TEST_F(EntryStates, ClearDetachesEveryEntryAndGranulesReturnWithTheLastReference) {
+  const uint64_t free_before = pool_.free_blocks();
+  {
+    const auto a = make(0), b = make(0);
+    add(0, a, 1);
+    add(2, b, 1);
+    ASSERT_TRUE(index_.publish(key(2), *b));
+    EXPECT_EQ(pool_.free_blocks(), free_before - 2);
+    index_.clear();
+    EXPECT_EQ(a->state, EntryState::kDetached);
+    EXPECT_EQ(b->state, EntryState::kDetached);
+    EXPECT_EQ(index_.ready_entries(), 0u);
+    // Still pinned here (a reader's reference): the granules are held.
+    EXPECT_EQ(pool_.free_blocks(), free_before - 2);
+  }
+  EXPECT_EQ(pool_.free_blocks(), free_before);
+}
+
+}  // namespace
+}  // namespace hss
