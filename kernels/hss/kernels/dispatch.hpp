@@ -9,6 +9,7 @@
 
 #include "hss/error.hpp"
 #include "hss/kernels/convert.hpp"
+#include "hss/kernels/elem_visit.hpp"
 
 namespace hss::kernels {
 
@@ -24,23 +25,10 @@ inline bool grid_needed(int64_t num_tiles, const char* kernel) {
 }
 
 /// Calls fn.template operator()<S, D>() for a store kernel's supported (source S, storage D)
-/// pair: f32->f32, f16->f32, bf16->f32, f16->f16, bf16->bf16. hss::Error for any other.
+/// pair (store_pair_supported, elem_visit.hpp). hss::Error for any other.
 template <typename Fn>
 void dispatch_store_pair(ElemType src, ElemType dst, Fn&& fn) {
-  using enum ElemType;
-  if (dst == kFloat32) {
-    switch (src) {
-      case kFloat32:
-        return fn.template operator()<kFloat32, kFloat32>();
-      case kFloat16:
-        return fn.template operator()<kFloat16, kFloat32>();
-      case kBFloat16:
-        return fn.template operator()<kBFloat16, kFloat32>();
-    }
-  } else if (dst == src) {
-    if (src == kFloat16) return fn.template operator()<kFloat16, kFloat16>();
-    if (src == kBFloat16) return fn.template operator()<kBFloat16, kBFloat16>();
-  }
+  if (visit_store_pair(src, dst, fn)) return;
   throw Error("gather_cast: unsupported (source, storage) element types (" +
               std::to_string(static_cast<int>(src)) + ", " + std::to_string(static_cast<int>(dst)) +
               ")");
@@ -49,14 +37,7 @@ void dispatch_store_pair(ElemType src, ElemType dst, Fn&& fn) {
 /// Calls fn.template operator()<D>() for a restore output type D. hss::Error for an unknown one.
 template <typename Fn>
 void dispatch_output(ElemType out, Fn&& fn) {
-  switch (out) {
-    case ElemType::kFloat32:
-      return fn.template operator()<ElemType::kFloat32>();
-    case ElemType::kFloat16:
-      return fn.template operator()<ElemType::kFloat16>();
-    case ElemType::kBFloat16:
-      return fn.template operator()<ElemType::kBFloat16>();
-  }
+  if (visit_elem_type(out, fn)) return;
   throw Error("restore_gather: unknown output element type " +
               std::to_string(static_cast<int>(out)));
 }
@@ -64,20 +45,13 @@ void dispatch_output(ElemType out, Fn&& fn) {
 /// Calls fn.template operator()<S, D>() for every supported store pair (warm-up).
 template <typename Fn>
 void dispatch_each_store_pair(Fn&& fn) {
-  using enum ElemType;
-  fn.template operator()<kFloat32, kFloat32>();
-  fn.template operator()<kFloat16, kFloat32>();
-  fn.template operator()<kBFloat16, kFloat32>();
-  fn.template operator()<kFloat16, kFloat16>();
-  fn.template operator()<kBFloat16, kBFloat16>();
+  for_each_store_pair(fn);
 }
 
 /// Calls fn.template operator()<D>() for every restore output type (warm-up).
 template <typename Fn>
 void dispatch_each_output(Fn&& fn) {
-  fn.template operator()<ElemType::kFloat32>();
-  fn.template operator()<ElemType::kFloat16>();
-  fn.template operator()<ElemType::kBFloat16>();
+  for_each_elem_type(fn);
 }
 
 /// Short names of the element types, for kernel names ("gather_cast<bf16,f32>").

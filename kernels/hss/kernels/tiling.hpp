@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "hss/kernels/convert.hpp"
+#include "hss/kernels/elem_visit.hpp"
 #include "hss/kernels/host_device.hpp"
 #include "hss/kernels/layout.hpp"
 
@@ -232,29 +233,14 @@ HSS_HOST_DEVICE void store_tile(const SourceView& src, const WriteSegment& tile,
       [&](int64_t i) { store_element(src, tile.src_row0, tile.src_elem + i, tile.dst, i, D); });
 }
 
-/// Dispatches a store tile on its source and storage types (block-uniform): the supported pairs
-/// are f32->f32, f16->f32, bf16->f32, f16->f16 and bf16->bf16 (the store checks them before any
-/// tile exists); any other pair writes nothing. The batched store kernel and its host twin
-/// (src/batch_tiles.cpp) both run exactly this.
+/// Dispatches a store tile on its source and storage types (block-uniform; elem_visit.hpp): an
+/// unsupported pair writes nothing (the store checks the pair before any tile exists). The
+/// batched store kernel and its host twin (src/batch_tiles.cpp) both run exactly this.
 HSS_HOST_DEVICE void store_tile_any(const SourceView& src, const WriteSegment& tile, int lane,
                                     int lanes) {
-  using enum ElemType;
-  if (tile.dst_type == kFloat32) {
-    switch (src.type) {
-      case kFloat32:
-        store_tile<kFloat32, kFloat32>(src, tile, lane, lanes);
-        return;
-      case kFloat16:
-        store_tile<kFloat16, kFloat32>(src, tile, lane, lanes);
-        return;
-      case kBFloat16:
-        store_tile<kBFloat16, kFloat32>(src, tile, lane, lanes);
-        return;
-    }
-  } else if (tile.dst_type == src.type) {
-    if (src.type == kFloat16) store_tile<kFloat16, kFloat16>(src, tile, lane, lanes);
-    if (src.type == kBFloat16) store_tile<kBFloat16, kBFloat16>(src, tile, lane, lanes);
-  }
+  (void)visit_store_pair(src.type, tile.dst_type, [&]<ElemType S, ElemType D>() {
+    store_tile<S, D>(src, tile, lane, lanes);
+  });
 }
 
 /// One restore tile from storage type S into an output of type D, run by one lane.
@@ -269,34 +255,17 @@ HSS_HOST_DEVICE void restore_tile(const GatherSegment& tile, const OutputView& o
 template <ElemType D>
 HSS_HOST_DEVICE void restore_tile_to(const GatherSegment& tile, const OutputView& out, int lane,
                                      int lanes) {
-  switch (tile.src_type) {
-    case ElemType::kFloat32:
-      restore_tile<ElemType::kFloat32, D>(tile, out, lane, lanes);
-      break;
-    case ElemType::kFloat16:
-      restore_tile<ElemType::kFloat16, D>(tile, out, lane, lanes);
-      break;
-    default:
-      restore_tile<ElemType::kBFloat16, D>(tile, out, lane, lanes);
-      break;
-  }
+  (void)visit_elem_type(tile.src_type, [&]<ElemType S>() {
+    restore_tile<S, D>(tile, out, lane, lanes);
+  });
 }
 
-/// Dispatches a restore tile on its storage type and the output type (the CPU tests' entry; the
-/// kernel is instantiated per output type and calls restore_tile_to directly).
+/// Dispatches a restore tile on its storage type and the output type (the batched restore
+/// kernel and the CPU tests; the single restore kernel is instantiated per output type and calls
+/// restore_tile_to directly).
 HSS_HOST_DEVICE void restore_tile_any(const GatherSegment& tile, const OutputView& out, int lane,
                                       int lanes) {
-  switch (out.type) {
-    case ElemType::kFloat32:
-      restore_tile_to<ElemType::kFloat32>(tile, out, lane, lanes);
-      break;
-    case ElemType::kFloat16:
-      restore_tile_to<ElemType::kFloat16>(tile, out, lane, lanes);
-      break;
-    default:
-      restore_tile_to<ElemType::kBFloat16>(tile, out, lane, lanes);
-      break;
-  }
+  (void)visit_elem_type(out.type, [&]<ElemType D>() { restore_tile_to<D>(tile, out, lane, lanes); });
 }
 
 }  // namespace hss::kernels
