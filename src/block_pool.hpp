@@ -13,15 +13,76 @@
 //
 // Thread safety: all methods may be called concurrently; one short mutex guards the free stack.
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace hss::detail {
 
-using BlockList = std::vector<uint32_t>;
+/// The granule ids of one entry: up to kInline of them inline (an entry of a chunk or less under
+/// the default 64 KiB granule: most entries), more on the heap, so most entries cost no
+/// allocation for their ids. reserve() is the only call that may allocate (resize() beyond the
+/// capacity reserves first); clear() keeps the capacity. Move-only.
+class BlockList {
+ public:
+  static constexpr size_t kInline = 4;
+
+  BlockList() = default;
+  BlockList(BlockList&& other) noexcept { take(other); }
+  BlockList& operator=(BlockList&& other) noexcept {
+    if (this != &other) take(other);
+    return *this;
+  }
+  BlockList(const BlockList&) = delete;
+  BlockList& operator=(const BlockList&) = delete;
+  ~BlockList() = default;
+
+  void reserve(size_t n) {
+    if (n <= capacity_) return;
+    auto heap = std::make_unique_for_overwrite<uint32_t[]>(n);
+    std::copy_n(data(), size_, heap.get());
+    heap_ = std::move(heap);
+    capacity_ = n;
+  }
+  void resize(size_t n) {
+    reserve(n);
+    size_ = n;  // ids past the old size are unspecified until written (BlockPool::allocate)
+  }
+  void clear() noexcept { size_ = 0; }
+
+  [[nodiscard]] size_t size() const noexcept { return size_; }
+  [[nodiscard]] size_t capacity() const noexcept { return capacity_; }
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  [[nodiscard]] uint32_t* data() noexcept { return heap_ ? heap_.get() : inline_.data(); }
+  [[nodiscard]] const uint32_t* data() const noexcept {
+    return heap_ ? heap_.get() : inline_.data();
+  }
+  [[nodiscard]] uint32_t* begin() noexcept { return data(); }
+  [[nodiscard]] uint32_t* end() noexcept { return data() + size_; }
+  [[nodiscard]] const uint32_t* begin() const noexcept { return data(); }
+  [[nodiscard]] const uint32_t* end() const noexcept { return data() + size_; }
+  [[nodiscard]] uint32_t& operator[](size_t i) noexcept { return data()[i]; }
+  [[nodiscard]] uint32_t operator[](size_t i) const noexcept { return data()[i]; }
+
+ private:
+  void take(BlockList& other) noexcept {
+    heap_ = std::move(other.heap_);
+    if (!heap_) std::copy_n(other.inline_.data(), other.size_, inline_.data());
+    size_ = std::exchange(other.size_, 0);
+    capacity_ = std::exchange(other.capacity_, kInline);
+  }
+
+  std::array<uint32_t, kInline> inline_;
+  std::unique_ptr<uint32_t[]> heap_;
+  size_t size_ = 0;
+  size_t capacity_ = kInline;
+};
 
 class BlockPool {
  public:

@@ -214,7 +214,8 @@ class HiddenStateStore::Impl {
   /// (launch_groups.hpp): a group of one job is DevicePath::store (hidden_state_store_impl), a
   /// group of several one DevicePath::store_batch launch whose fence every plan of it carries.
   void copy_plans(std::span<StorePlan> plans);
-  /// Grants `entry` its granules (as many as blocks' capacity), evicting LRU keys not guarded
+  /// Grants `entry` its granules (blocks_for(payload_bytes()); the caller reserved them in
+  /// `blocks`, so nothing allocates), evicting LRU keys not guarded
   /// by `guard` while the pool is short. False, nothing taken and counted as an allocation
   /// failure, when the pool cannot make room. Caller holds mutex_.
   bool grant_blocks(detail::Entry& entry, uint64_t guard) noexcept;

@@ -164,8 +164,8 @@ ElemType HiddenStateStore::Impl::storage_for(const TensorView& hidden) const {
 }
 
 bool HiddenStateStore::Impl::grant_blocks(detail::Entry& entry, uint64_t guard) noexcept {
-  const size_t need = entry.blocks.capacity();
-  entry.blocks.resize(need);  // within capacity: no allocation
+  const size_t need = pool_.blocks_for(entry.payload_bytes());
+  entry.blocks.resize(need);  // within the capacity the caller reserved: no allocation
   bool ok = need <= pool_.num_blocks() && pool_.allocate(entry.blocks);
   while (!ok && need <= pool_.num_blocks() && evict_for_space(guard)) {
     ok = pool_.allocate(entry.blocks);
