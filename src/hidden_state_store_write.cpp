@@ -206,7 +206,7 @@ bool HiddenStateStore::Impl::evict_for_space(uint64_t guard) noexcept {
 void HiddenStateStore::Impl::copy_rows(StorePlan& plan, const TensorView& hidden,
                                        const StoreOptions& opt) {
   const kernels::SourceView source = plan_segments(plan, hidden, opt);
-  if (hidden.device == Device::kCuda && config_.hidden_state_store_impl == StoreImpl::kMapped) {
+  if (hidden.device == Device::kCuda && config_.tuning.store_impl == StoreImpl::kMapped) {
     // One launch writes the rows, cast or not, straight into the device-mapped pool.
     const detail::StoreJob job{source, plan.segments};
     plan.fence = device_path_->store_batch(std::span(&job, 1), hidden.device_index, opt.stream);
