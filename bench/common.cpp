@@ -83,8 +83,8 @@ Config store_config(int64_t chunk_size, uint64_t pool_bytes, StorageDType storag
   const uint64_t mib = (pool_bytes + (uint64_t{1} << 20) - 1) >> 20;
   c.max_hidden_state_cpu_size = static_cast<double>(mib) / 1024.0;
   c.hidden_state_storage_dtype = storage;
-  c.hidden_state_store_impl = store_impl;
-  c.hidden_state_copy_threads = copy_threads;
+  c.tuning.store_impl = store_impl;
+  c.tuning.copy_threads = copy_threads;
   return c;
 }
 }  // namespace

@@ -14,7 +14,8 @@ std::unique_ptr<Engine> Engine::create(const Config& config, const Metadata& met
 }
 
 Engine::Engine(ConstructionKey, const Config& config, const Metadata& metadata)
-    : config_(config),
+    // As its store does: the HSS_* debugging variables applied, so config() is what runs.
+    : config_(config.with_env_overrides()),
       token_database_(config.chunk_size, config.save_unfull_chunk, metadata),
       kv_backend_(config.kv_pool_bytes()) {
   if (config.enable_hidden_state_cache) {

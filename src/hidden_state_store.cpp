@@ -8,6 +8,7 @@
 #include "hidden_state_store_impl.hpp"
 #include "hss/detail/host_buffer.hpp"
 #include "hss/error.hpp"
+#include "log.hpp"
 #include "store_validation.hpp"
 
 namespace hss {
@@ -40,23 +41,26 @@ uint64_t checked_pool_bytes(const Config& config) {
 }  // namespace
 
 HiddenStateStore::Impl::Impl(const Config& config, const TokenDatabase& token_database)
-    : config_(config),
+    // The HSS_* debugging variables win over every source (config_env.hpp): config_ is what
+    // this store runs with, so config_.to_yaml() shows what is in effect.
+    : config_(config.with_env_overrides()),
       token_database_(token_database),
-      pool_(checked_pool_bytes(config), static_cast<uint64_t>(config.hidden_state_block_bytes),
-            /*try_pinned=*/true, /*prefault=*/true, detail::store_device(config)),
+      pool_(checked_pool_bytes(config_), static_cast<uint64_t>(config_.hidden_state_block_bytes),
+            /*try_pinned=*/true, /*prefault=*/true, detail::store_device(config_)),
       // The pool is empty: the calibration may overwrite it.
       host_copy_(detail::choose_host_copy(
-          config, std::span<std::byte>(pool_.block_address(0), pool_.capacity_bytes()))),
-      copy_workers_(config.hidden_state_copy_threads > 1
+          config_, std::span<std::byte>(pool_.block_address(0), pool_.capacity_bytes()))),
+      copy_workers_(config_.tuning.copy_threads > 1
                         ? std::make_unique<detail::CopyWorkers>(
-                              static_cast<int>(config.hidden_state_copy_threads))
+                              static_cast<int>(config_.tuning.copy_threads))
                         : nullptr),
-      device_path_(detail::DevicePath::create(config)),
-      mac_(detail::ValueMac::from_config(config)),
+      device_path_(detail::DevicePath::create(config_)),
+      mac_(detail::ValueMac::from_config(config_)),
       // Queued writes may keep half the pool from eviction; beyond that they copy.
-      remote_(config, pool_.capacity_bytes() / 2) {
-  // Process-wide: the recycler of restore outputs (HSS_OUTPUT_CACHE_MB still overrides it).
-  detail::host_buffer_pool_set_limit(static_cast<size_t>(config.hidden_state_output_cache_bytes));
+      remote_(config_, pool_.capacity_bytes() / 2) {
+  // Process-wide: the recycler of restore outputs, and the log threshold when the config sets one.
+  detail::host_buffer_pool_set_limit(static_cast<size_t>(config_.tuning.output_cache_bytes));
+  if (config_.hidden_state_log_level) detail::set_log_level(*config_.hidden_state_log_level);
 }
 
 HiddenStateStore::Impl::~Impl() {

@@ -280,7 +280,7 @@ void HiddenStateStore::Impl::copy_plans(std::span<StorePlan> plans) {
   }
   for (auto& group : groups) {
     detail::FenceRef fence;
-    if (group.jobs.size() == 1 && config_.hidden_state_store_impl != StoreImpl::kMapped) {
+    if (group.jobs.size() == 1 && config_.tuning.store_impl != StoreImpl::kMapped) {
       // One device store: the gather into staging on the caller's stream, the copy to the pool
       // on a copy stream (hidden_state_store_impl).
       const detail::StoreJob& job = group.jobs.front();

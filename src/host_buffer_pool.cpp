@@ -3,8 +3,10 @@
 // Why: an engine asks for a fresh restored tensor per request. Fresh anonymous memory pays a page
 // fault per 4 KiB page on first touch, which by itself caps a restore at a few percent of memcpy
 // speed for large prefixes. Large buffers are therefore mmapped with MADV_HUGEPAGE (one fault per
-// 2 MiB) and, when released, kept for reuse up to a byte limit (HSS_OUTPUT_CACHE_MB, default
-// 2048), so the steady state touches no new pages at all. Small buffers use malloc.
+// 2 MiB) and, when released, kept for reuse up to a byte limit (hidden_state_output_cache_bytes,
+// default 2048 MiB; each store sets it from its config, HSS_OUTPUT_CACHE_MB overriding it through
+// Config::with_env_overrides), so the steady state touches no new pages at all. Small buffers use
+// malloc.
 
 #include <sys/mman.h>
 
@@ -17,6 +19,7 @@
 #include <optional>
 #include <string>
 
+#include "hss/config.hpp"
 #include "hss/detail/host_buffer.hpp"
 #include "hss/error.hpp"
 
@@ -26,12 +29,9 @@ namespace {
 constexpr size_t kLargeThreshold = size_t{1} << 20;
 constexpr size_t kHugePage = size_t{2} << 20;
 
-/// HSS_OUTPUT_CACHE_MB: a debugging override of Config::hidden_state_output_cache_bytes.
-std::optional<size_t> limit_from_env() {
-  if (const char* value = std::getenv("HSS_OUTPUT_CACHE_MB")) {
-    return static_cast<size_t>(std::strtoull(value, nullptr, 10)) << 20;
-  }
-  return std::nullopt;
+/// Before any store sets it: the default config's limit, as the environment overrides it.
+size_t initial_limit() {
+  return static_cast<size_t>(Config().with_env_overrides().tuning.output_cache_bytes);
 }
 
 class Recycler {
@@ -86,7 +86,6 @@ class Recycler {
   }
 
   void set_limit(size_t bytes) {
-    if (env_limit_) return;
     std::lock_guard lock(mutex_);
     limit_ = bytes;
   }
@@ -105,8 +104,7 @@ class Recycler {
   std::mutex mutex_;
   std::multimap<size_t, void*> free_;
   size_t cached_bytes_ = 0;
-  const std::optional<size_t> env_limit_ = limit_from_env();
-  size_t limit_ = env_limit_.value_or(size_t{2048} << 20);
+  size_t limit_ = initial_limit();
   size_t reuses_ = 0;
   size_t fresh_ = 0;
 };

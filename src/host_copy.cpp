@@ -127,15 +127,16 @@ HostCopy fixed(uint64_t threshold, HostCopySource source, const char* why) {
   return h;
 }
 
-/// HSS_STREAM_THRESHOLD_KB, read once (a debugging aid: CI forces 0 to test the streaming loops).
-std::optional<uint64_t> env_threshold() {
-  static const std::optional<uint64_t> value = []() -> std::optional<uint64_t> {
-    if (const char* v = std::getenv("HSS_STREAM_THRESHOLD_KB")) {
-      return static_cast<uint64_t>(std::strtoull(v, nullptr, 10)) << 10;
-    }
-    return std::nullopt;
-  }();
-  return value;
+/// The threshold the config fixes, if any: HSS_STREAM_THRESHOLD_KB when it set the value
+/// (Config::with_env_overrides), else hidden_state_stream_threshold_bytes.
+std::optional<HostCopy> configured(const Config& config) {
+  if (!config.tuning.stream_threshold_bytes) return std::nullopt;
+  const auto threshold = static_cast<uint64_t>(*config.tuning.stream_threshold_bytes);
+  if (std::ranges::find(config.env_overrides, "HSS_STREAM_THRESHOLD_KB") !=
+      config.env_overrides.end()) {
+    return fixed(threshold, HostCopySource::kEnvironment, "HSS_STREAM_THRESHOLD_KB");
+  }
+  return fixed(threshold, HostCopySource::kConfig, "hidden_state_stream_threshold_bytes");
 }
 
 // ---- The loops.
@@ -383,13 +384,7 @@ HostCopy decide(const CalibrationTimes& t, const HostCopy& rule) {
 }
 
 HostCopy choose_host_copy(const Config& config, std::span<std::byte> free_arena) {
-  if (const auto env = env_threshold()) {
-    return fixed(*env, HostCopySource::kEnvironment, "HSS_STREAM_THRESHOLD_KB");
-  }
-  if (config.hidden_state_stream_threshold_bytes) {
-    return fixed(static_cast<uint64_t>(*config.hidden_state_stream_threshold_bytes),
-                 HostCopySource::kConfig, "hidden_state_stream_threshold_bytes");
-  }
+  if (auto fixed_by_config = configured(config)) return *std::move(fixed_by_config);
   // One calibration per process: the machine does not change, and a store constructed later
   // should not pay for it again. The first pool large enough runs it while it is empty.
   static std::mutex mutex;
@@ -403,11 +398,9 @@ HostCopy choose_host_copy(const Config& config, std::span<std::byte> free_arena)
 }
 
 const HostCopy& default_host_copy() {
+  // Without a store: the default config as the environment overrides it (as a store would).
   static const HostCopy value = [] {
-    if (const auto env = env_threshold()) {
-      return fixed(*env, HostCopySource::kEnvironment, "HSS_STREAM_THRESHOLD_KB");
-    }
-    return rule_for(this_cpu());
+    return configured(Config().with_env_overrides()).value_or(rule_for(this_cpu()));
   }();
   return value;
 }

@@ -9,7 +9,8 @@
 //     1.3-1.6x for calls of 8 MiB and more.
 //   * Intel Sapphire Rapids (issue 22): glibc memcpy (rep movsb) usually beat the streaming copy.
 // So each store takes its strategy, in this order of precedence:
-//   1. HSS_STREAM_THRESHOLD_KB (debugging), then hidden_state_stream_threshold_bytes: calls
+//   1. hidden_state_stream_threshold_bytes (HSS_STREAM_THRESHOLD_KB, a debugging aid, overrides
+//      it through Config::with_env_overrides; stats say "environment" then): calls
 //      writing at least that many bytes stream, copies and widening casts alike;
 //   2. else a calibration, once per process, on the first pool of at least
 //      kCalibrationArenaBytes, while that pool is still empty: regular and streaming candidates of

@@ -1,31 +1,28 @@
 #include "log.hpp"
 
+#include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
+
+#include "config_env.hpp"
 
 namespace hss::detail {
 namespace {
 
-LogLevel level_from_env() {
-  const char* value = std::getenv("HSS_LOG_LEVEL");
-  if (value == nullptr) return LogLevel::kInfo;
-  if (std::strcmp(value, "debug") == 0) return LogLevel::kDebug;
-  if (std::strcmp(value, "warn") == 0) return LogLevel::kWarn;
-  if (std::strcmp(value, "error") == 0) return LogLevel::kError;
-  if (std::strcmp(value, "off") == 0) return LogLevel::kOff;
-  return LogLevel::kInfo;
-}
-
 constexpr const char* kNames[] = {"debug", "info", "warning", "error", "off"};
+
+std::atomic<LogLevel>& threshold() {
+  static std::atomic<LogLevel> value{log_level_from_env().value_or(LogLevel::kInfo)};
+  return value;
+}
 
 }  // namespace
 
 bool log_enabled(LogLevel level) {
-  static const LogLevel threshold = level_from_env();
-  return level >= threshold && level != LogLevel::kOff;
+  return level >= threshold().load(std::memory_order_relaxed) && level != LogLevel::kOff;
 }
+
+void set_log_level(LogLevel level) { threshold().store(level, std::memory_order_relaxed); }
 
 void log(LogLevel level, std::string_view message) {
   if (!log_enabled(level)) return;

@@ -32,12 +32,12 @@ void expect_mentions(const std::string& message, const std::vector<std::string>&
 
 TEST(ConfigDevice, Defaults) {
   const Config c;
-  EXPECT_EQ(c.hidden_state_restore_impl, RestoreImpl::kKernel);
-  EXPECT_EQ(c.hidden_state_store_impl, StoreImpl::kStaging);
-  EXPECT_EQ(c.hidden_state_staging_bytes, int64_t{1} << 30);
-  EXPECT_EQ(c.hidden_state_output_cache_bytes, int64_t{2048} << 20);
-  EXPECT_EQ(c.hidden_state_stream_threshold_bytes, std::nullopt);  // chosen for the machine
-  EXPECT_EQ(c.hidden_state_copy_threads, 1);
+  EXPECT_EQ(c.tuning.restore_impl, RestoreImpl::kKernel);
+  EXPECT_EQ(c.tuning.store_impl, StoreImpl::kStaging);
+  EXPECT_EQ(c.tuning.staging_bytes, int64_t{1} << 30);
+  EXPECT_EQ(c.tuning.output_cache_bytes, int64_t{2048} << 20);
+  EXPECT_EQ(c.tuning.stream_threshold_bytes, std::nullopt);  // chosen for the machine
+  EXPECT_EQ(c.tuning.copy_threads, 1);
   EXPECT_NO_THROW(c.validate());
 }
 
@@ -48,15 +48,15 @@ TEST(ConfigDevice, KeysParse) {
       "hidden_state_output_cache_bytes: 0\n"
       "hidden_state_stream_threshold_bytes: 65536\n"
       "hidden_state_copy_threads: 3\n");
-  EXPECT_EQ(c.hidden_state_restore_impl, RestoreImpl::kCopyEngine);
-  EXPECT_EQ(c.hidden_state_staging_bytes, 4096);
-  EXPECT_EQ(c.hidden_state_output_cache_bytes, 0);
-  EXPECT_EQ(c.hidden_state_stream_threshold_bytes, 65536);
-  EXPECT_EQ(c.hidden_state_copy_threads, 3);
+  EXPECT_EQ(c.tuning.restore_impl, RestoreImpl::kCopyEngine);
+  EXPECT_EQ(c.tuning.staging_bytes, 4096);
+  EXPECT_EQ(c.tuning.output_cache_bytes, 0);
+  EXPECT_EQ(c.tuning.stream_threshold_bytes, 65536);
+  EXPECT_EQ(c.tuning.copy_threads, 3);
   EXPECT_TRUE(c.unknown_keys.empty());
-  EXPECT_EQ(Config::from_yaml("hidden_state_restore_impl: cub").hidden_state_restore_impl,
+  EXPECT_EQ(Config::from_yaml("hidden_state_restore_impl: cub").tuning.restore_impl,
             RestoreImpl::kCub);
-  EXPECT_EQ(Config::from_yaml("hidden_state_restore_impl: kernel").hidden_state_restore_impl,
+  EXPECT_EQ(Config::from_yaml("hidden_state_restore_impl: kernel").tuning.restore_impl,
             RestoreImpl::kKernel);
 }
 
@@ -70,8 +70,8 @@ TEST(ConfigDevice, RestoreImplNames) {
 
 TEST(ConfigDevice, StoreImplParsesRoundTripsAndRejectsOtherNames) {
   const Config c = Config::from_yaml("hidden_state_store_impl: mapped\n");
-  EXPECT_EQ(c.hidden_state_store_impl, StoreImpl::kMapped);
-  EXPECT_EQ(Config::from_yaml(c.to_yaml()).hidden_state_store_impl, StoreImpl::kMapped);
+  EXPECT_EQ(c.tuning.store_impl, StoreImpl::kMapped);
+  EXPECT_EQ(Config::from_yaml(c.to_yaml()).tuning.store_impl, StoreImpl::kMapped);
   for (StoreImpl impl : {StoreImpl::kStaging, StoreImpl::kMapped}) {
     EXPECT_EQ(store_impl_from_string(to_string(impl)), impl);
   }
@@ -79,15 +79,15 @@ TEST(ConfigDevice, StoreImplParsesRoundTripsAndRejectsOtherNames) {
   expect_mentions(error_of("chunk_size: 16\nhidden_state_store_impl: zero_copy\n"),
                   {"hidden_state_store_impl", "zero_copy", "line 2", "staging", "mapped"});
   Config bad;
-  bad.hidden_state_store_impl = static_cast<StoreImpl>(7);
+  bad.tuning.store_impl = static_cast<StoreImpl>(7);
   EXPECT_THROW(bad.validate(), ConfigError);
 }
 
 TEST(ConfigDevice, LaunchSlotsParseAndAreBounded) {
-  EXPECT_EQ(Config().hidden_state_launch_slots, 64);
+  EXPECT_EQ(Config().tuning.launch_slots, 64);
   const Config c = Config::from_yaml("hidden_state_launch_slots: 8\n");
-  EXPECT_EQ(c.hidden_state_launch_slots, 8);
-  EXPECT_EQ(Config::from_yaml(c.to_yaml()).hidden_state_launch_slots, 8);
+  EXPECT_EQ(c.tuning.launch_slots, 8);
+  EXPECT_EQ(Config::from_yaml(c.to_yaml()).tuning.launch_slots, 8);
   expect_mentions(error_of("hidden_state_launch_slots: 0\n"),
                   {"hidden_state_launch_slots", "0", "line 1", "1..4096"});
   expect_mentions(error_of("chunk_size: 16\nhidden_state_launch_slots: 5000\n"),
@@ -98,18 +98,18 @@ TEST(ConfigDevice, StreamThresholdAutoIsUnset) {
   for (const char* text : {"auto", "AUTO", "null", "~"}) {
     const Config c =
         Config::from_yaml(std::string("hidden_state_stream_threshold_bytes: ") + text + "\n");
-    EXPECT_EQ(c.hidden_state_stream_threshold_bytes, std::nullopt) << text;
+    EXPECT_EQ(c.tuning.stream_threshold_bytes, std::nullopt) << text;
   }
   const Config c;
   EXPECT_NE(c.to_yaml().find("hidden_state_stream_threshold_bytes: auto\n"), std::string::npos);
-  EXPECT_EQ(Config::from_yaml(c.to_yaml()).hidden_state_stream_threshold_bytes, std::nullopt);
+  EXPECT_EQ(Config::from_yaml(c.to_yaml()).tuning.stream_threshold_bytes, std::nullopt);
   EXPECT_EQ(Config::from_yaml("hidden_state_stream_threshold_bytes: 0\n")
-                .hidden_state_stream_threshold_bytes,
+                .tuning.stream_threshold_bytes,
             0);
 }
 
 TEST(ConfigDevice, CopyThreadsAreBounded) {
-  EXPECT_EQ(Config::from_yaml("hidden_state_copy_threads: 64\n").hidden_state_copy_threads, 64);
+  EXPECT_EQ(Config::from_yaml("hidden_state_copy_threads: 64\n").tuning.copy_threads, 64);
   expect_mentions(error_of("hidden_state_copy_threads: 0\n"),
                   {"hidden_state_copy_threads", "0", "line 1", "1..64"});
   expect_mentions(error_of("chunk_size: 16\nhidden_state_copy_threads: 65\n"),
@@ -117,7 +117,7 @@ TEST(ConfigDevice, CopyThreadsAreBounded) {
   expect_mentions(error_of("hidden_state_copy_threads: two\n"),
                   {"hidden_state_copy_threads", "two", "line 1"});
   Config c;
-  c.hidden_state_copy_threads = -1;
+  c.tuning.copy_threads = -1;
   EXPECT_THROW(c.validate(), ConfigError);
 }
 
@@ -148,7 +148,7 @@ TEST(ConfigDeviceErrors, BadValuesNameKeyValueAndLine) {
 
 TEST(ConfigDeviceErrors, ValidateInCode) {
   Config c;
-  c.hidden_state_staging_bytes = -5;
+  c.tuning.staging_bytes = -5;
   try {
     c.validate();
     FAIL() << "no error";
@@ -156,25 +156,25 @@ TEST(ConfigDeviceErrors, ValidateInCode) {
     expect_mentions(e.what(), {"hidden_state_staging_bytes", "-5"});
   }
   c = Config{};
-  c.hidden_state_restore_impl = static_cast<RestoreImpl>(9);
+  c.tuning.restore_impl = static_cast<RestoreImpl>(9);
   EXPECT_THROW(c.validate(), ConfigError);
 }
 
 TEST(ConfigDevice, ToYamlRoundTrips) {
   Config c;
-  c.hidden_state_restore_impl = RestoreImpl::kCub;
-  c.hidden_state_staging_bytes = 123456;
-  c.hidden_state_output_cache_bytes = 7;
-  c.hidden_state_stream_threshold_bytes = 0;
-  c.hidden_state_copy_threads = 2;
+  c.tuning.restore_impl = RestoreImpl::kCub;
+  c.tuning.staging_bytes = 123456;
+  c.tuning.output_cache_bytes = 7;
+  c.tuning.stream_threshold_bytes = 0;
+  c.tuning.copy_threads = 2;
   const std::string text = c.to_yaml();
   EXPECT_NE(text.find("hidden_state_restore_impl: cub\n"), std::string::npos) << text;
   const Config back = Config::from_yaml(text);
-  EXPECT_EQ(back.hidden_state_restore_impl, RestoreImpl::kCub);
-  EXPECT_EQ(back.hidden_state_staging_bytes, 123456);
-  EXPECT_EQ(back.hidden_state_output_cache_bytes, 7);
-  EXPECT_EQ(back.hidden_state_stream_threshold_bytes, 0);
-  EXPECT_EQ(back.hidden_state_copy_threads, 2);
+  EXPECT_EQ(back.tuning.restore_impl, RestoreImpl::kCub);
+  EXPECT_EQ(back.tuning.staging_bytes, 123456);
+  EXPECT_EQ(back.tuning.output_cache_bytes, 7);
+  EXPECT_EQ(back.tuning.stream_threshold_bytes, 0);
+  EXPECT_EQ(back.tuning.copy_threads, 2);
 }
 
 }  // namespace

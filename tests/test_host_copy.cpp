@@ -372,7 +372,7 @@ bool env_override_set() { return std::getenv("HSS_STREAM_THRESHOLD_KB") != nullp
 TEST(HostCopyRule, ConfiguredThresholdOverridesCalibrationAndRule) {
   if (env_override_set()) GTEST_SKIP() << "HSS_STREAM_THRESHOLD_KB takes precedence here";
   Config config;
-  config.hidden_state_stream_threshold_bytes = 12345;
+  config.tuning.stream_threshold_bytes = 12345;
   std::vector<std::byte> arena(kCalibrationArenaBytes);
   const HostCopy h = choose_host_copy(config, arena);
   EXPECT_EQ(h.info.chosen_by, HostCopySource::kConfig);
@@ -394,7 +394,7 @@ TEST(HostCopyRule, ConfiguredThresholdOverridesCalibrationAndRule) {
 
 TEST(HostCopyStore, StatsReportTheStrategyAndTheCopyThreads) {
   Config config = test::store_config(256, 2048, 12);
-  config.hidden_state_copy_threads = 3;
+  config.tuning.copy_threads = 3;
   ChunkedTokenDatabase db(256, false);
   HiddenStateStore store(config, db);
   HiddenStateStats s = store.stats();
@@ -427,7 +427,7 @@ TEST(HostCopyStore, StatsReportTheStrategyAndTheCopyThreads) {
 TEST(HostCopyStore, ConfiguredThresholdIsWhatStatsReport) {
   if (env_override_set()) GTEST_SKIP() << "HSS_STREAM_THRESHOLD_KB takes precedence here";
   Config config = test::store_config(16, 32, 4);
-  config.hidden_state_stream_threshold_bytes = int64_t{1} << 20;
+  config.tuning.stream_threshold_bytes = int64_t{1} << 20;
   ChunkedTokenDatabase db(16, false);
   HiddenStateStore store(config, db);
   const HostCopyStats s = store.stats().host_copy;
@@ -447,8 +447,8 @@ void expect_round_trip(StoreDtypes d, int threads, std::optional<int64_t> thresh
   constexpr int64_t kChunk = 256, kCols = 2051, kRows = 5 * kChunk;
   Config config = test::store_config(kChunk, kCols, 6);
   config.hidden_state_storage_dtype = d.storage;
-  config.hidden_state_copy_threads = threads;
-  config.hidden_state_stream_threshold_bytes = threshold;
+  config.tuning.copy_threads = threads;
+  config.tuning.stream_threshold_bytes = threshold;
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore store(config, db);
   const auto tokens = test::make_tokens(kRows, 91);

@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "hss/activation.hpp"
@@ -38,6 +39,13 @@ enum class StoreImpl { kStaging, kMapped };
 /// disaggregation): `none`, or `nixl` (hsstore.nixl: one-sided READs from the producer's pinned
 /// pool through NVIDIA NIXL; needs the Python package nixl, checked when a Python config is made).
 enum class TransferKind { kNone, kNixl };
+
+/// Threshold of hsstore's stderr log (see Config::hidden_state_log_level).
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3, kOff = 4 };
+
+/// One key's value as plain data (Config::value).
+using ConfigValue = std::variant<std::monostate, bool, int64_t, double, std::string,
+                                 std::vector<int64_t>, std::vector<std::string>>;
 
 struct Config {
   // Special members out of line: GCC 12 at -O3 reports false "may be used uninitialized" errors in
@@ -73,36 +81,41 @@ struct Config {
   int64_t hidden_state_remote_ttl_s = 0;          ///< expiry of remote values; 0 = none
   int64_t hidden_state_remote_timeout_ms = 1000;  ///< connect and per-socket-operation timeout
   int64_t hidden_state_remote_queue_bytes = 256LL << 20;  ///< write-behind budget; 0 = no writes
-  // Device data path and host copies (hsstore extensions; LMCache has no such keys).
-  /// Restore implementation for device outputs. HSS_RESTORE_IMPL overrides it (debugging aid).
-  RestoreImpl hidden_state_restore_impl = RestoreImpl::kKernel;
-  /// Store implementation for device inputs of single calls (see StoreImpl).
-  StoreImpl hidden_state_store_impl = StoreImpl::kStaging;
-  /// Bytes of device staging in flight per device before a store waits on the host (only casts
-  /// stage; counted in stats().staging_waits). > 0.
-  int64_t hidden_state_staging_bytes = int64_t{1} << 30;
-  /// Device launches (restores, batch launches) in flight per device before the next waits on
-  /// the host (counted in stats().launch_waits). Each slot, created on first use, holds a pinned
-  /// tile table of ~0.6 MiB and cub scratch. 1..4096.
-  int64_t hidden_state_launch_slots = 64;
   /// The store's CUDA device: its page-locked pool and its device state (staging, launch slots,
   /// loaded kernels) are created on it at construction, from a helper thread, so that no other
   /// device gets a context and the caller's current device is left as it was. -1 (default): the
   /// constructing thread's current device. Set it where a thread may not have selected its
   /// device yet (CUDA then reports device 0). >= -1; must name a device the process sees.
   int64_t hidden_state_device = -1;
-  /// Bytes of released restore outputs the process keeps for reuse (HostTensor recycler). >= 0.
-  /// HSS_OUTPUT_CACHE_MB overrides it (debugging aid).
-  int64_t hidden_state_output_cache_bytes = int64_t{2048} << 20;
-  /// Override of the host copy strategy: host calls writing at least this many bytes use
-  /// non-temporal stores, smaller ones regular stores. >= 0. Unset (default; `auto` or null in
-  /// YAML): chosen for the machine by a calibration or the CPU family's rule (stats().host_copy,
-  /// docs/perf.md). HSS_STREAM_THRESHOLD_KB overrides both (debugging aid).
-  std::optional<int64_t> hidden_state_stream_threshold_bytes;
-  /// Threads one large host store or restore may be split over (the caller's and
-  /// hidden_state_copy_threads - 1 workers the store starts). 1..64; default 1: an engine's cores
-  /// are its own.
-  int64_t hidden_state_copy_threads = 1;
+
+  /// How the store moves bytes (hsstore extensions; LMCache has no such keys). The YAML keys and
+  /// the Python attributes keep the flat LMCache-style names (`hidden_state_<member>`).
+  struct Tuning {
+    /// Restore implementation for device outputs. HSS_RESTORE_IMPL overrides it (debugging aid).
+    RestoreImpl restore_impl = RestoreImpl::kKernel;
+    /// Store implementation for device inputs of single calls (see StoreImpl).
+    StoreImpl store_impl = StoreImpl::kStaging;
+    /// Bytes of device staging in flight per device before a store waits on the host (only
+    /// casts stage; counted in stats().staging_waits). > 0.
+    int64_t staging_bytes = int64_t{1} << 30;
+    /// Device launches (restores, batch launches) in flight per device before the next waits on
+    /// the host (counted in stats().launch_waits). Each slot, created on first use, holds a
+    /// pinned tile table of ~0.6 MiB and cub scratch. 1..4096.
+    int64_t launch_slots = 64;
+    /// Bytes of released restore outputs the process keeps for reuse (HostTensor recycler).
+    /// >= 0. HSS_OUTPUT_CACHE_MB overrides it (debugging aid).
+    int64_t output_cache_bytes = int64_t{2048} << 20;
+    /// Override of the host copy strategy: host calls writing at least this many bytes use
+    /// non-temporal stores, smaller ones regular stores. >= 0. Unset (default; `auto` or null in
+    /// YAML): chosen for the machine by a calibration or the CPU family's rule
+    /// (stats().host_copy, docs/perf.md). HSS_STREAM_THRESHOLD_KB overrides both (debugging aid).
+    std::optional<int64_t> stream_threshold_bytes;
+    /// Threads one large host store or restore may be split over (the caller's and
+    /// copy_threads - 1 workers the store starts). 1..64; default 1: an engine's cores are its
+    /// own.
+    int64_t copy_threads = 1;
+  };
+  Tuning tuning;
 
   // Remote-value MAC and point-to-point transfer (hsstore extensions).
   /// Keyed MAC (HMAC-SHA256) of remote values, for both remote paths: the secret itself (at
@@ -123,16 +136,32 @@ struct Config {
   /// host:port of a producer's control socket (port 0: any free port).
   std::string hidden_state_transfer_listen = "127.0.0.1:0";
 
+  /// The process-wide log threshold (stderr). Unset (default; `auto` or null in YAML): left as
+  /// it is (HSS_LOG_LEVEL, else info). Set: a store constructed with this config applies it to
+  /// the whole process (logging is process-wide; the last store constructed with a level set
+  /// wins). HSS_LOG_LEVEL overrides it.
+  std::optional<LogLevel> hidden_state_log_level;
+
   /// Keys present in the input that hsstore does not use (a warning was logged for each).
   std::vector<std::string> unknown_keys;
+  /// The HSS_* debugging variables whose values were applied (with_env_overrides), by name:
+  /// to_yaml marks the keys they set, stats().host_copy says "environment".
+  std::vector<std::string> env_overrides;
 
   /// Parses YAML text; throws ConfigError naming key, value and line. Validates.
   [[nodiscard]] static Config from_yaml(std::string_view yaml_text);
   /// Reads and parses a YAML file; a missing or unreadable file is a ConfigError. Validates.
   [[nodiscard]] static Config from_file(const std::filesystem::path& path);
   /// Reads the file named by LMCACHE_CONFIG_FILE (if set), then applies LMCACHE_<UPPER_KEY>
-  /// environment overrides for single keys, as LMCache does. Validates.
+  /// environment overrides for single keys, as LMCache does, then the HSS_* debugging variables
+  /// (with_env_overrides). Validates.
   [[nodiscard]] static Config from_env();
+  /// This config with the HSS_* debugging variables applied, which win over every other source
+  /// (README, "Environment"): HSS_RESTORE_IMPL, HSS_OUTPUT_CACHE_MB, HSS_STREAM_THRESHOLD_KB,
+  /// HSS_LOG_LEVEL. The one place hsstore reads them: a store runs with
+  /// config.with_env_overrides() (so its config's to_yaml shows what is in effect, whatever the
+  /// config's source), and from_env applies them too. Does not validate; reads getenv.
+  [[nodiscard]] Config with_env_overrides() const;
 
   /// Throws ConfigError on values that cannot be used together or alone.
   void validate() const;
@@ -150,9 +179,17 @@ struct Config {
   /// The effective values as YAML (round-trips through from_yaml).
   [[nodiscard]] std::string to_yaml() const;
 
-  /// Every key hsstore reads: the one table of config keys (from_yaml, to_yaml, the Python
-  /// bindings and the docs are checked against it).
+  /// Every key hsstore reads, in the order of the one table of config keys (src/config_keys.cpp)
+  /// that drives from_yaml, from_env, validate, to_yaml and the Python attributes; README's key
+  /// table is checked against it.
   [[nodiscard]] static std::span<const std::string_view> keys();
+  /// A key's one-line description (README's "meaning" column, the Python attribute's doc).
+  /// Throws InvalidArgument for a key keys() does not list.
+  [[nodiscard]] static std::string_view doc(std::string_view key);
+  /// A key's value as plain data: null, a bool, an integer, a number, a string (enums by
+  /// name), or a list of integers or strings (the Python attributes). Throws InvalidArgument
+  /// for a key keys() does not list.
+  [[nodiscard]] ConfigValue value(std::string_view key) const;
 };
 
 [[nodiscard]] std::string_view to_string(StorageDType dtype);
@@ -162,6 +199,9 @@ struct Config {
 [[nodiscard]] std::string_view to_string(StoreImpl impl);
 /// "staging" or "mapped"; nullopt for anything else.
 [[nodiscard]] std::optional<StoreImpl> store_impl_from_string(std::string_view name);
+[[nodiscard]] std::string_view to_string(LogLevel level);
+/// "debug", "info", "warn", "error" or "off"; nullopt for anything else.
+[[nodiscard]] std::optional<LogLevel> log_level_from_string(std::string_view name);
 [[nodiscard]] std::string_view to_string(TransferKind kind);
 /// "none" or "nixl"; nullopt for anything else.
 [[nodiscard]] std::optional<TransferKind> transfer_kind_from_string(std::string_view name);

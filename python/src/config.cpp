@@ -4,6 +4,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
+#include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
 #include <string>
@@ -84,91 +85,70 @@ hss::Config config_from_source(nb::handle source) {
 }  // namespace
 
 void bind_config(nb::module_& m) {
-  nb::class_<hss::Config>(m, "Config",
-                          "LMCache's configuration keys that hsstore understands, validated.")
-      .def(
-          "__init__",
-          [](hss::Config* self, nb::handle source) { new (self) hss::Config(config_from(source)); },
-          nb::arg("source") = nb::none(),
-          "source: None (environment: LMCACHE_CONFIG_FILE, LMCACHE_<KEY>), a dict, YAML text, a "
-          "YAML file path, an hsstore.Config, or an object with LMCache config attributes.")
-      .def_static("from_yaml", &hss::Config::from_yaml, nb::arg("text"))
-      .def_static(
-          "from_file",
-          [](nb::handle path) {
-            nb::object os = nb::module_::import_("os");
-            return hss::Config::from_file(nb::cast<std::string>(os.attr("fspath")(path)));
-          },
-          nb::arg("path"))
-      .def_static("from_env", &hss::Config::from_env)
-      .def_static(
-          "from_dict", [](nb::dict d) { return hss::Config::from_yaml(to_yaml_text(d)); },
-          nb::arg("values"))
-      .def_ro("chunk_size", &hss::Config::chunk_size)
-      .def_ro("save_unfull_chunk", &hss::Config::save_unfull_chunk)
-      .def_ro("max_local_cpu_size", &hss::Config::max_local_cpu_size)
-      .def_ro("enable_hidden_state_cache", &hss::Config::enable_hidden_state_cache)
-      .def_ro("max_hidden_state_cpu_size", &hss::Config::max_hidden_state_cpu_size)
-      .def_ro("hidden_state_layers", &hss::Config::hidden_state_layers)
-      .def_prop_ro("hidden_state_storage_dtype",
-                   [](const hss::Config& c) {
-                     return std::string(hss::to_string(c.hidden_state_storage_dtype));
-                   })
-      .def_ro("hidden_state_block_bytes", &hss::Config::hidden_state_block_bytes)
-      .def_prop_ro("hidden_state_kinds",
-                   [](const hss::Config& c) -> std::optional<std::vector<std::string>> {
-                     if (!c.hidden_state_kinds) return std::nullopt;
-                     std::vector<std::string> names;
-                     for (hss::ActivationKind k : *c.hidden_state_kinds) {
-                       names.emplace_back(hss::to_string(k));
-                     }
-                     return names;
-                   })
-      .def_ro("hidden_state_remote_url", &hss::Config::hidden_state_remote_url)
-      .def_ro("hidden_state_remote_ttl_s", &hss::Config::hidden_state_remote_ttl_s)
-      .def_ro("hidden_state_remote_timeout_ms", &hss::Config::hidden_state_remote_timeout_ms)
-      .def_ro("hidden_state_remote_queue_bytes", &hss::Config::hidden_state_remote_queue_bytes)
-      .def_prop_ro("hidden_state_restore_impl",
-                   [](const hss::Config& c) {
-                     return std::string(hss::to_string(c.hidden_state_restore_impl));
-                   })
-      .def_prop_ro("hidden_state_store_impl",
-                   [](const hss::Config& c) {
-                     return std::string(hss::to_string(c.hidden_state_store_impl));
-                   })
-      .def_ro("hidden_state_staging_bytes", &hss::Config::hidden_state_staging_bytes)
-      .def_ro("hidden_state_launch_slots", &hss::Config::hidden_state_launch_slots)
-      .def_ro("hidden_state_device", &hss::Config::hidden_state_device)
-      .def_ro("hidden_state_output_cache_bytes", &hss::Config::hidden_state_output_cache_bytes)
-      .def_ro("hidden_state_stream_threshold_bytes",
-              &hss::Config::hidden_state_stream_threshold_bytes)
-      .def_ro("hidden_state_copy_threads", &hss::Config::hidden_state_copy_threads)
-      .def_ro("unknown_keys", &hss::Config::unknown_keys)
-      .def_static(
-          "keys",
-          [] {
-            std::vector<std::string> names;
-            for (const std::string_view key : hss::Config::keys()) names.emplace_back(key);
-            return names;
-          },
-          "Every key hsstore reads (each is a read-only attribute of a Config).")
-      .def(
-          "to_dict",
-          [](const hss::Config& c) {
-            nb::dict d;
-            nb::object self = nb::cast(c);
-            for (const std::string_view key : hss::Config::keys()) {
-              const std::string name(key);
-              d[name.c_str()] = self.attr(name.c_str());
-            }
-            return d;
-          },
-          "The effective value of every key, as a dict (Config(config.to_dict()) equals it).")
-      .def("to_yaml", &hss::Config::to_yaml)
-      .def("layer_allowed", &hss::Config::layer_allowed, nb::arg("layer_idx"))
-      .def("__repr__", [](const hss::Config& c) {
-        return "hsstore.Config(\"\"\"\n" + c.to_yaml() + "\"\"\")";
-      });
+  auto config_class =
+      nb::class_<hss::Config>(m, "Config",
+                              "LMCache's configuration keys that hsstore understands, validated.")
+          .def(
+              "__init__",
+              [](hss::Config* self, nb::handle source) {
+                new (self) hss::Config(config_from(source));
+              },
+              nb::arg("source") = nb::none(),
+              "source: None (environment: LMCACHE_CONFIG_FILE, LMCACHE_<KEY>), a dict, YAML text, "
+              "a "
+              "YAML file path, an hsstore.Config, or an object with LMCache config attributes.")
+          .def_static("from_yaml", &hss::Config::from_yaml, nb::arg("text"))
+          .def_static(
+              "from_file",
+              [](nb::handle path) {
+                nb::object os = nb::module_::import_("os");
+                return hss::Config::from_file(nb::cast<std::string>(os.attr("fspath")(path)));
+              },
+              nb::arg("path"))
+          .def_static("from_env", &hss::Config::from_env)
+          .def_static(
+              "from_dict", [](nb::dict d) { return hss::Config::from_yaml(to_yaml_text(d)); },
+              nb::arg("values"))
+          .def_ro("unknown_keys", &hss::Config::unknown_keys)
+          .def_ro("env_overrides", &hss::Config::env_overrides,
+                  "The HSS_* debugging variables whose values this config holds.")
+          .def_static(
+              "keys",
+              [] {
+                std::vector<std::string> names;
+                for (const std::string_view key : hss::Config::keys()) names.emplace_back(key);
+                return names;
+              },
+              "Every key hsstore reads (each is a read-only attribute of a Config).")
+          .def_static(
+              "doc", [](std::string_view key) { return std::string(hss::Config::doc(key)); },
+              nb::arg("key"), "A key's one-line description (README's key table).")
+          .def(
+              "to_dict",
+              [](const hss::Config& c) {
+                nb::dict d;
+                nb::object self = nb::cast(c);
+                for (const std::string_view key : hss::Config::keys()) {
+                  const std::string name(key);
+                  d[name.c_str()] = self.attr(name.c_str());
+                }
+                return d;
+              },
+              "The effective value of every key, as a dict (Config(config.to_dict()) equals it).")
+          .def("to_yaml", &hss::Config::to_yaml)
+          .def("layer_allowed", &hss::Config::layer_allowed, nb::arg("layer_idx"))
+          .def("__repr__", [](const hss::Config& c) {
+            return "hsstore.Config(\"\"\"\n" + c.to_yaml() + "\"\"\")";
+          });
+  // One read-only attribute per row of the key table (src/config_keys.cpp), named as the key,
+  // with its doc line: a key added there is an attribute here (python/hsstore/_hsstore.pyi lists
+  // them; test_stubs checks that it does). The names are string literals of the table, so they
+  // outlive the module.
+  for (const std::string_view key : hss::Config::keys()) {
+    config_class.def_prop_ro(
+        key.data(), [key](const hss::Config& c) { return c.value(key); },
+        hss::Config::doc(key).data());
+  }
 }
 
 }  // namespace hss::python

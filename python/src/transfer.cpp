@@ -245,27 +245,6 @@ void bind_transfer(nb::module_& m) {
           "(start, end, key) chunks keyed by the caller, e.g. LMCache's), or None when there is "
           "nothing to pull.");
 
-  // The transfer and MAC keys as read-only attributes of hsstore.Config, like its other keys
-  // (added here, beside the code that reads them, rather than in config.cpp).
-  nb::handle config_type = nb::type<hss::Config>();
-  nb::object property = nb::module_::import_("builtins").attr("property");
-  const auto add = [&](const char* name, auto getter) {
-    nb::setattr(config_type, name, property(nb::cpp_function(getter, nb::is_method())));
-  };
-  add("hidden_state_mac_key", [](const hss::Config& c) { return c.hidden_state_mac_key; });
-  add("hidden_state_mac_key_file",
-      [](const hss::Config& c) { return c.hidden_state_mac_key_file; });
-  add("hidden_state_transfer",
-      [](const hss::Config& c) { return std::string(hss::to_string(c.hidden_state_transfer)); });
-  add("hidden_state_transfer_backend",
-      [](const hss::Config& c) { return c.hidden_state_transfer_backend; });
-  add("hidden_state_transfer_lease_ms",
-      [](const hss::Config& c) { return c.hidden_state_transfer_lease_ms; });
-  add("hidden_state_transfer_timeout_ms",
-      [](const hss::Config& c) { return c.hidden_state_transfer_timeout_ms; });
-  add("hidden_state_transfer_listen",
-      [](const hss::Config& c) { return c.hidden_state_transfer_listen; });
-
   m.def(
       "transfer_settings",
       [](const hss::Config& c) {

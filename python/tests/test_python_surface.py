@@ -169,3 +169,21 @@ def test_readme_config_table_lists_every_key():
     table = readme.read_text().split("\n## Configuration keys\n", 1)[1].split("\n\n", 1)[0]
     listed = re.findall(r"^\| `([a-z_]+)` \|", table, re.M)
     assert sorted(listed) == sorted(hsstore.Config.keys())
+
+
+def test_config_attributes_are_the_key_table_with_its_doc_lines():
+    """Every attribute comes from the C++ key table: README's meaning column, Config.doc and the
+    attribute's docstring are one text, in the table's order."""
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+    table = readme.read_text().split("\n## Configuration keys\n", 1)[1].split("\n\n", 1)[0]
+    rows = re.findall(r"^\| `([a-z_]+)` \| (.*?) \| (.*) \|$", table, re.M)
+    assert [name for name, _, _ in rows] == hsstore.Config.keys()
+    for name, _, meaning in rows:
+        assert hsstore.Config.doc(name) == meaning, name
+        assert getattr(hsstore.Config, name).__doc__ == meaning, name
+    with pytest.raises(ValueError, match="chunk_sizes"):
+        hsstore.Config.doc("chunk_sizes")
+    config = hsstore.Config({"hidden_state_log_level": "error"})
+    assert config.hidden_state_log_level == "error"
+    assert hsstore.Config.from_yaml("").hidden_state_log_level is None
+    assert config.env_overrides == []

@@ -54,22 +54,10 @@ size_t launch_table_bytes() {
 /// The device's staging: the budget, at least what one element of one round needs.
 size_t staging_bytes_for(const Config& config) {
   constexpr auto kLeast = static_cast<int64_t>(2 * StagingArena::kAlign);
-  return static_cast<size_t>(std::max(config.hidden_state_staging_bytes, kLeast));
+  return static_cast<size_t>(std::max(config.tuning.staging_bytes, kLeast));
 }
 
 }  // namespace
-
-RestoreImpl restore_impl_for(const Config& config) {
-  const char* value = std::getenv("HSS_RESTORE_IMPL");
-  if (value == nullptr || *value == '\0') return config.hidden_state_restore_impl;
-  const std::string_view v(value);
-  if (v == "memcpy") return RestoreImpl::kCopyEngine;
-  if (const auto impl = restore_impl_from_string(v)) return *impl;
-  log(LogLevel::kWarn, "HSS_RESTORE_IMPL=" + std::string(v) +
-                           " is not one of kernel, copy_engine, cub; using the config's " +
-                           std::string(to_string(config.hidden_state_restore_impl)));
-  return config.hidden_state_restore_impl;
-}
 
 DeviceState::DeviceState(int index_, size_t staging_bytes, size_t launch_slots)
     : index(index_),
@@ -158,9 +146,9 @@ std::string EventFence::error() const {
 // ---------------------------------------------------------------------------------------------
 
 CudaDevicePath::CudaDevicePath(const Config& config)
-    : restore_impl_(restore_impl_for(config)),
+    : restore_impl_(config.tuning.restore_impl),
       staging_bytes_(staging_bytes_for(config)),
-      launch_slots_(static_cast<size_t>(std::max<int64_t>(config.hidden_state_launch_slots, 1))) {
+      launch_slots_(static_cast<size_t>(std::max<int64_t>(config.tuning.launch_slots, 1))) {
   int count = 0;
   HSS_CUDA_CHECK(cudaGetDeviceCount(&count));
   devices_.resize(static_cast<size_t>(count));

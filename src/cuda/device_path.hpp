@@ -23,7 +23,8 @@
 // Restore (device output): the caller's stream first waits (cudaStreamWaitEvent) for the fences
 // of the entries read, then one launch reads the pool through its device mapping
 // (cudaHostAllocMapped + UVA: a pool address is a device address) and writes out.type. Three
-// implementations (Config::hidden_state_restore_impl, HSS_RESTORE_IMPL overrides):
+// implementations (Config::tuning.restore_impl; HSS_RESTORE_IMPL overrides it
+// through Config::with_env_overrides, config_env.hpp):
 // kernel, copy_engine (cudaMemcpy*Async: leaves the SMs free; needs matching types), cub.
 //
 // Allocation: staging slots, restore slots, their pinned descriptor tables and the copy stream of
@@ -69,10 +70,6 @@ inline constexpr size_t kRestoreTilesPerSlot = 16384;
 /// True when the device can read and write `p` at the same address: page-locked memory mapped
 /// into the device's address space (cudaHostAllocMapped + UVA), or device memory.
 [[nodiscard]] bool device_mapped(const void* p);
-
-/// Config's implementation unless HSS_RESTORE_IMPL names another (kernel, copy_engine, cub;
-/// "memcpy" is accepted for copy_engine). An unknown value logs a warning and is ignored.
-[[nodiscard]] RestoreImpl restore_impl_for(const Config& config);
 
 /// A launch slot: restores and batched stores (kBatchTilesPerTable batch tiles) fill its table.
 struct RestoreSlot {

@@ -86,7 +86,7 @@ TEST_F(CudaPath, ABatchLeasesOnlyTheLaunchSlotsItFills) {
   // One launch slot, manual scheduling: a batch's one launch takes the slot, and a second lease
   // for no work would wait on the host for that very launch.
   Config c = small_config();
-  c.hidden_state_launch_slots = 1;
+  c.tuning.launch_slots = 1;
   ChunkedTokenDatabase db(kChunk, false);
   const auto t = tokens64(2 * kChunk, 1);
   const auto host_rows = rows_of(t);
@@ -144,7 +144,7 @@ TEST_F(CudaPath, TheStagingBudgetCountsBytesNotRounds) {
   }
   // A budget of 40 KiB holds ten of them; the eleventh waits (once) for the oldest.
   Config c = small_config();
-  c.hidden_state_staging_bytes = 40 << 10;
+  c.tuning.staging_bytes = 40 << 10;
   HiddenStateStore store(c, db);
   ManualScheduling manual;
   for (size_t i = 0; i < 10; ++i) (void)store.store_hidden_states(tokens[i], rows[i], so);
@@ -232,7 +232,7 @@ TEST_F(CudaPath, WhatIsFixedIsAllocatedAndWarmedUpAtConstructionNotOnTheFirstCal
   HiddenStateStore store(c, db);
   // The device's staging is taken now, before an engine sizes its KV cache from what is free.
   EXPECT_GE(cuda_model::device_bytes(0) - device_bytes_before,
-            static_cast<size_t>(c.hidden_state_staging_bytes));
+            static_cast<size_t>(c.tuning.staging_bytes));
   const cuda_model::Counters before = cuda_model::counters();
   // Every kind of call: stores with and without a cast, a batch store, restores and a batch.
   (void)store.store_hidden_states(t, f32, so);
@@ -396,7 +396,7 @@ TEST_F(CudaPath, AFailedLaunchInABatchWithdrawsItWithoutFreeingGranulesStillBein
 TEST_F(CudaPath, AFailedLaunchInALaterRoundWithdrawsTheStoreAndTheNextOneWorks) {
   ResetDeviceAfter reset;
   Config c = small_config(256);
-  c.hidden_state_staging_bytes = 8 << 10;  // two chunks per round: a four-chunk store is 2 rounds
+  c.tuning.staging_bytes = 8 << 10;  // two chunks per round: a four-chunk store is 2 rounds
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore store(c, db);
   const auto t = tokens64(4 * kChunk, 16);
@@ -474,14 +474,14 @@ TEST_F(CudaPath, ADeviceWhoseStateCannotBeMadeIsAnErrorAndTheNextCallTriesAgain)
 
 TEST_F(CudaPath, HssRestoreImplNamesTheRestoreImplementation) {
   Config c = small_config();
-  c.hidden_state_restore_impl = RestoreImpl::kCub;
+  c.tuning.restore_impl = RestoreImpl::kCub;
   const auto impl_for = [&](const char* value) {
     if (value == nullptr) {
       EXPECT_EQ(unsetenv("HSS_RESTORE_IMPL"), 0);
     } else {
       EXPECT_EQ(setenv("HSS_RESTORE_IMPL", value, 1), 0);
     }
-    const RestoreImpl impl = detail::cuda::restore_impl_for(c);
+    const RestoreImpl impl = c.with_env_overrides().tuning.restore_impl;
     EXPECT_EQ(unsetenv("HSS_RESTORE_IMPL"), 0);
     return impl;
   };
@@ -498,7 +498,7 @@ TEST_F(CudaPath, LongRunsOfTinyTilesSpanSeveralRoundsAndLaunches) {
   constexpr int64_t kRows = 20000;
   Config c = test::store_config(kChunk, 1, kRows / kChunk + 1);
   for (const RestoreImpl impl : {RestoreImpl::kKernel, RestoreImpl::kCopyEngine}) {
-    c.hidden_state_restore_impl = impl;
+    c.tuning.restore_impl = impl;
     ChunkedTokenDatabase db(kChunk, false);
     HiddenStateStore store(c, db);
     const auto t = tokens64(kRows, 19);

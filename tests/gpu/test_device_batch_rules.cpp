@@ -317,8 +317,8 @@ TEST(DeviceMappedStore, ASingleCastingStoreIsOneLaunchWithoutStaging) {
   HSS_REQUIRE_DEVICE();
   // hidden_state_store_impl: mapped: the batch kernel with one job, writing the pool directly.
   Config config = test::store_config(kChunk, kCols, 64);
-  config.hidden_state_store_impl = StoreImpl::kMapped;
-  config.hidden_state_staging_bytes = 64;  // a staged cast of these rows would have to wait
+  config.tuning.store_impl = StoreImpl::kMapped;
+  config.tuning.staging_bytes = 64;  // a staged cast of these rows would have to wait
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore store(config, db);
   StreamHolder s;
@@ -355,7 +355,7 @@ TEST(DeviceMappedStore, ASingleCastingStoreIsOneLaunchWithoutStaging) {
 TEST(DeviceLaunchSlots, ARestoreWaitsOnTheHostOnlyWhenEveryLaunchSlotIsInFlight) {
   HSS_REQUIRE_DEVICE();
   Config config = test::store_config(kChunk, kCols, 64);
-  config.hidden_state_launch_slots = 2;
+  config.tuning.launch_slots = 2;
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore store(config, db);
   const auto t = tokens64(kChunk, 13);

@@ -126,8 +126,8 @@ void run_case(const Case& c, uint32_t seed) {
   std::mt19937 rng(seed);
   Config config = test::store_config(c.chunk, c.cols, 64);
   config.hidden_state_storage_dtype = c.storage;
-  config.hidden_state_store_impl = c.store_impl;
-  config.hidden_state_restore_impl = c.restore_impl;
+  config.tuning.store_impl = c.store_impl;
+  config.tuning.restore_impl = c.restore_impl;
   ChunkedTokenDatabase db(c.chunk, false);
   HiddenStateStore device(config, db), host(config, db);
   const int64_t n_tokens = c.chunks * c.chunk + c.partial;

@@ -185,7 +185,7 @@ TEST_F(DeviceOrdering, WithOneStreamHeldAnotherStoresAndRetrievesWithoutWaitingF
 
 TEST_F(DeviceOrdering, CastStagingBeyondTheBudgetIsACountedHostWait) {
   Config c;
-  c.hidden_state_staging_bytes = kChunk * kCols * 4 * 2;  // one two-chunk cast store fits, not two
+  c.tuning.staging_bytes = kChunk * kCols * 4 * 2;  // one two-chunk cast store fits, not two
   make_store(64, c);
   StreamHolder s;
   const auto t1 = tokens64(2 * kChunk, 4), t2 = tokens64(2 * kChunk, 5);

@@ -64,7 +64,7 @@ class DevicePathContract : public ::testing::Test {
 
   void make_path(int64_t staging_bytes = int64_t{1} << 30) {
     Config c;
-    c.hidden_state_staging_bytes = staging_bytes;
+    c.tuning.staging_bytes = staging_bytes;
     path_ = DevicePath::create(c);
     ASSERT_NE(path_, nullptr);
   }

@@ -49,9 +49,9 @@ struct HostBufferPoolStats {
   size_t fresh_allocations = 0;
 };
 [[nodiscard]] HostBufferPoolStats host_buffer_pool_stats();
-/// Sets the most bytes kept (Config::hidden_state_output_cache_bytes; each store constructed sets
-/// it, process-wide). Ignored when HSS_OUTPUT_CACHE_MB is set (debugging override). Buffers
-/// already cached stay until reused or trimmed.
+/// Sets the most bytes kept (Config::tuning.output_cache_bytes; each store constructed sets it,
+/// process-wide, from its config with HSS_OUTPUT_CACHE_MB applied). Buffers already cached stay
+/// until reused or trimmed.
 void host_buffer_pool_set_limit(size_t bytes);
 /// Frees every cached buffer (tests; memory pressure).
 void host_buffer_pool_trim();
