@@ -74,6 +74,7 @@
 #include "hss/storage_manager.hpp"
 #include "hss/tensor.hpp"
 #include "hss/token_database.hpp"
+#include "hss/token_ids.hpp"
 #include "hss/transfer_stats.hpp"
 
 namespace hss {
@@ -181,11 +182,7 @@ class HiddenStateStore {
   /// that does not fit (the cached range stays a contiguous run). A slot outside the allowlists
   /// stores nothing ({0, 0}). Bad arguments: InvalidArgument, nothing written.
   /// Device input: asynchronous on options.stream; CUDA failures throw hss::Error.
-  StoreResult store_hidden_states(std::span<const int32_t> token_ids,
-                                  const TensorView& hidden_states,
-                                  const StoreOptions& options = {});
-  StoreResult store_hidden_states(std::span<const int64_t> token_ids,
-                                  const TensorView& hidden_states,
+  StoreResult store_hidden_states(TokenIds token_ids, const TensorView& hidden_states,
                                   const StoreOptions& options = {});
   /// The same with caller-computed chunks (LMCache's own token database, an engine's block
   /// hashes): chunks[0].start == 0, chunks[i].start == chunks[i-1].end, every chunk non-empty;
@@ -196,9 +193,7 @@ class HiddenStateStore {
   /// The longest contiguous prefix whose every chunk has KV and the slot, as float32 rows
   /// [row_begin, prefix end). nullopt on a full miss or row_begin at/past the prefix end.
   [[nodiscard]] std::optional<HostTensor> retrieve_hidden_states(
-      std::span<const int32_t> token_ids, const RetrieveOptions& options = {});
-  [[nodiscard]] std::optional<HostTensor> retrieve_hidden_states(
-      std::span<const int64_t> token_ids, const RetrieveOptions& options = {});
+      TokenIds token_ids, const RetrieveOptions& options = {});
   [[nodiscard]] std::optional<HostTensor> retrieve_chunks(std::span<const Chunk> chunks,
                                                           const RetrieveOptions& options = {});
 
@@ -209,11 +204,7 @@ class HiddenStateStore {
   /// pinned until it has read them. Returns the rows written (0 on a miss). `out` is checked
   /// against the prefix before anything changes: a too-small view is InvalidArgument with nothing
   /// dropped or counted. Device output: enqueued on options.stream.
-  int64_t retrieve_hidden_states_into(std::span<const int32_t> token_ids,
-                                      const MutableTensorView& out,
-                                      const RetrieveOptions& options = {});
-  int64_t retrieve_hidden_states_into(std::span<const int64_t> token_ids,
-                                      const MutableTensorView& out,
+  int64_t retrieve_hidden_states_into(TokenIds token_ids, const MutableTensorView& out,
                                       const RetrieveOptions& options = {});
   int64_t retrieve_chunks_into(std::span<const Chunk> chunks, const MutableTensorView& out,
                                const RetrieveOptions& options = {});
@@ -221,26 +212,17 @@ class HiddenStateStore {
   /// All-or-nothing multi-slot restore: one tensor per slot, all with the same rows (the longest
   /// prefix where every listed slot is present); empty vector when there is none. The layer-index
   /// forms mean kind kHidden. An empty list is InvalidArgument.
-  [[nodiscard]] std::vector<HostTensor> retrieve_layers(std::span<const int32_t> token_ids,
+  [[nodiscard]] std::vector<HostTensor> retrieve_layers(TokenIds token_ids,
                                                         std::span<const int64_t> layer_idxs,
                                                         int64_t row_begin = 0);
-  [[nodiscard]] std::vector<HostTensor> retrieve_layers(std::span<const int64_t> token_ids,
-                                                        std::span<const int64_t> layer_idxs,
-                                                        int64_t row_begin = 0);
-  [[nodiscard]] std::vector<HostTensor> retrieve_layers(std::span<const int32_t> token_ids,
-                                                        std::span<const Slot> slots,
-                                                        int64_t row_begin = 0);
-  [[nodiscard]] std::vector<HostTensor> retrieve_layers(std::span<const int64_t> token_ids,
+  [[nodiscard]] std::vector<HostTensor> retrieve_layers(TokenIds token_ids,
                                                         std::span<const Slot> slots,
                                                         int64_t row_begin = 0);
 
   /// retrieve_layers into caller buffers, host or device, any output dtype: outs[i] receives
   /// slots[i]. Returns the rows written to each (0 on a miss: nothing written). Device outputs are
   /// enqueued on options.stream with no host wait (as retrieve_hidden_states_into).
-  int64_t retrieve_layers_into(std::span<const int32_t> token_ids, std::span<const Slot> slots,
-                               std::span<const MutableTensorView> outs,
-                               const RetrieveLayersOptions& options = {});
-  int64_t retrieve_layers_into(std::span<const int64_t> token_ids, std::span<const Slot> slots,
+  int64_t retrieve_layers_into(TokenIds token_ids, std::span<const Slot> slots,
                                std::span<const MutableTensorView> outs,
                                const RetrieveLayersOptions& options = {});
   /// The same with caller-computed chunks (contiguous from 0, as store_chunks): an engine's own
@@ -303,10 +285,11 @@ class HiddenStateStore {
   void close();
   [[nodiscard]] HiddenStateStats stats() const;
 
-  class Impl;
-
  private:
-  friend class PoolTransfer;  // hss/pool_transfer.hpp: export, lease and import primitives
+  class Impl;  // src/hidden_state_store_impl.hpp
+  // hss/pool_transfer.hpp: the export, lease and import primitives work on the pool directly.
+  friend class PoolTransfer;
+  friend class Reservation;
   std::unique_ptr<Impl> impl_;
 };
 
