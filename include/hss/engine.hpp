@@ -3,7 +3,8 @@
 // (LocalCpuBackend, the StorageManager) and, when enable_hidden_state_cache is true, the
 // hidden-state store bound to that KV backend.
 //
-// Thread safety: every method may be called from many threads at once.
+// Thread safety and blocking: docs/design.md, "What may run concurrently and what may block the
+// host".
 
 #include <cstdint>
 #include <memory>

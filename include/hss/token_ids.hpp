@@ -12,7 +12,8 @@
 // Which values are valid is the token database's rule (ChunkedTokenDatabase: [0, 2^32), else
 // InvalidArgument naming token_ids[i]).
 //
-// Thread safety: a plain value; any number of threads may read one.
+// Thread safety: a plain value (docs/design.md, "What may run concurrently and what may block the
+// host").
 
 #include <concepts>
 #include <cstddef>
