@@ -9,9 +9,9 @@
 //   and before its later work reads anything the call wrote (the restore output) or overwrites
 //   anything the call reads (the store source). Work for stream B never waits for stream A's
 //   queued work.
-// * store() and restore() return once enqueued. The host waits only in CopyFence::wait(), in
-//   flush(), in store() when the staging a cast needs would exceed the staging budget (counted in
-//   staging_waits()), and when every launch slot of the device is in flight (launch_waits()).
+// * store() and restore() return once enqueued. When a call waits on the host instead (staging
+//   budget, launch slots, a pool that is not page-locked, the error path) is one table:
+//   docs/design.md, "What may run concurrently and what may block the host".
 // * A restore's keep_alive (the pinned pool entries it reads) is held until the restore has read
 //   the pool; release_finished() drops the finished ones without waiting.
 
@@ -106,13 +106,13 @@ class DevicePath {
 
   /// Reads every segment's rows from the device tensor `src` (ordered on `stream`) into the pool
   /// blocks the segments name. Returns once enqueued, with the fence the entries carry; the caller
-  /// may reuse `src` in its later work on `stream`. Waits on the host only when the staging of a
-  /// cast would exceed the staging budget. Throws hss::Error when enqueueing fails.
+  /// may reuse `src` in its later work on `stream`. Host waits: the table named at the top of
+  /// this file. Throws hss::Error when enqueueing fails.
   [[nodiscard]] virtual FenceRef store(const kernels::SourceView& src, int device_index,
                                        std::span<const kernels::WriteSegment> segments,
                                        Stream stream) = 0;
 
-  /// Makes `stream` wait (on the device, never the host) for every fence in `after`, then gathers
+  /// Makes `stream` wait (on the device) for every fence in `after`, then gathers
   /// the segments from the pool into `out` (device memory of `device_index`, out.type). Returns
   /// once enqueued; `keep_alive` is held until the restore has read the pool.
   virtual void restore(std::span<const kernels::GatherSegment> segments,
@@ -122,8 +122,8 @@ class DevicePath {
   /// A batch of stores from device tensors of `device_index`, ordered on `stream`: one launch
   /// (per table of kernels' tiles; one for an engine step) writes every job's rows, cast where
   /// needed, straight into the device-mapped pool: no staging, no copy stream, no staging budget.
-  /// One fence for the batch. Returns once enqueued. Waits on the host only when every launch
-  /// slot is still in flight. A pool that is not device-mapped takes store() per job instead.
+  /// One fence for the batch. Returns once enqueued. A pool that is not device-mapped takes
+  /// store() per job instead. Host waits: the table named at the top of this file.
   [[nodiscard]] virtual FenceRef store_batch(std::span<const StoreJob> jobs, int device_index,
                                              Stream stream) = 0;
 

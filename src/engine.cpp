@@ -48,11 +48,14 @@ void check_host_view(const TensorView& view, const char* name) {
   (void)detail::view_span_bytes(view.dtype, view.rows, view.cols, view.row_stride, name);
 }
 
+/// The chunks of `tokens`, hashed at their own width.
+std::vector<Chunk> chunks_of(const ChunkedTokenDatabase& db, TokenIds tokens) {
+  return tokens.visit([&](auto ids) { return db.process_tokens(ids); });
+}
+
 }  // namespace
 
-template <typename Token>
-int64_t Engine::store_impl(std::span<const Token> tokens, const TensorView& kv,
-                           int64_t token_offset) {
+int64_t Engine::store(TokenIds tokens, const TensorView& kv, int64_t token_offset) {
   const auto n = static_cast<int64_t>(tokens.size());
   if (token_offset < 0 || token_offset > n) {
     throw InvalidArgument("token_offset = " + std::to_string(token_offset) + " is outside [0, " +
@@ -64,7 +67,7 @@ int64_t Engine::store_impl(std::span<const Token> tokens, const TensorView& kv,
         "kv.rows = " + std::to_string(kv.rows) +
         " must equal len(tokens) - token_offset = " + std::to_string(n - token_offset));
   }
-  const std::vector<Chunk> chunks = token_database_.process_tokens(tokens);
+  const std::vector<Chunk> chunks = chunks_of(token_database_, tokens);
   const size_t rb = row_bytes(kv.cols, kv.dtype);
   const size_t stride_bytes = static_cast<size_t>(kv.stride()) * element_size(kv.dtype);
   std::vector<std::byte> staging;
@@ -96,10 +99,9 @@ int64_t Engine::store_impl(std::span<const Token> tokens, const TensorView& kv,
   return held;
 }
 
-template <typename Token>
-int64_t Engine::retrieve_impl(std::span<const Token> tokens, const MutableTensorView& kv_out) {
+int64_t Engine::retrieve(TokenIds tokens, const MutableTensorView& kv_out) {
   check_host_view(kv_out.as_const(), "kv_out");
-  const std::vector<Chunk> chunks = token_database_.process_tokens(tokens);
+  const std::vector<Chunk> chunks = chunks_of(token_database_, tokens);
   const size_t rb = row_bytes(kv_out.cols, kv_out.dtype);
   const size_t stride_bytes = static_cast<size_t>(kv_out.stride()) * element_size(kv_out.dtype);
   // First the cached prefix and its checks, so a bad kv_out is rejected before anything is written
@@ -141,29 +143,13 @@ int64_t Engine::retrieve_impl(std::span<const Token> tokens, const MutableTensor
   return done;
 }
 
-template <typename Token>
-int64_t Engine::lookup_impl(std::span<const Token> tokens) const {
+int64_t Engine::lookup(TokenIds tokens) const {
   int64_t hit = 0;
-  for (const Chunk& chunk : token_database_.process_tokens(tokens)) {
+  for (const Chunk& chunk : chunks_of(token_database_, tokens)) {
     if (!kv_backend_.contains(chunk.key)) break;
     hit = chunk.end;
   }
   return hit;
 }
-
-int64_t Engine::store(std::span<const int32_t> t, const TensorView& kv, int64_t offset) {
-  return store_impl(t, kv, offset);
-}
-int64_t Engine::store(std::span<const int64_t> t, const TensorView& kv, int64_t offset) {
-  return store_impl(t, kv, offset);
-}
-int64_t Engine::retrieve(std::span<const int32_t> t, const MutableTensorView& out) {
-  return retrieve_impl(t, out);
-}
-int64_t Engine::retrieve(std::span<const int64_t> t, const MutableTensorView& out) {
-  return retrieve_impl(t, out);
-}
-int64_t Engine::lookup(std::span<const int32_t> t) const { return lookup_impl(t); }
-int64_t Engine::lookup(std::span<const int64_t> t) const { return lookup_impl(t); }
 
 }  // namespace hss

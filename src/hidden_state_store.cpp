@@ -320,30 +320,23 @@ HiddenStateStore::~HiddenStateStore() = default;
 
 void HiddenStateStore::bind_storage_manager(const StorageManager* m) { impl_->bind(m); }
 
-StoreResult HiddenStateStore::store_hidden_states(std::span<const int32_t> t, const TensorView& h,
+// The token forms take either width: each visits the ids at their own width (nothing widened).
+StoreResult HiddenStateStore::store_hidden_states(TokenIds t, const TensorView& h,
                                                   const StoreOptions& o) {
-  return impl_->store_tokens(t, h, o);
-}
-StoreResult HiddenStateStore::store_hidden_states(std::span<const int64_t> t, const TensorView& h,
-                                                  const StoreOptions& o) {
-  return impl_->store_tokens(t, h, o);
+  return t.visit([&](auto ids) { return impl_->store_tokens(ids, h, o); });
 }
 StoreResult HiddenStateStore::store_chunks(std::span<const Chunk> c, const TensorView& h,
                                            const StoreOptions& o) {
   return impl_->store_chunks(c, h, o);
 }
 
-std::optional<HostTensor> HiddenStateStore::retrieve_hidden_states(std::span<const int32_t> t,
+std::optional<HostTensor> HiddenStateStore::retrieve_hidden_states(TokenIds t,
                                                                    const RetrieveOptions& o) {
   detail::check_retrieve_options(o);
   const Slot slot{o.kind, o.layer_idx};
-  return first_or_none(impl_->retrieve_tokens(t, std::span<const Slot>(&slot, 1), o.row_begin));
-}
-std::optional<HostTensor> HiddenStateStore::retrieve_hidden_states(std::span<const int64_t> t,
-                                                                   const RetrieveOptions& o) {
-  detail::check_retrieve_options(o);
-  const Slot slot{o.kind, o.layer_idx};
-  return first_or_none(impl_->retrieve_tokens(t, std::span<const Slot>(&slot, 1), o.row_begin));
+  return first_or_none(t.visit([&](auto ids) {
+    return impl_->retrieve_tokens(ids, std::span<const Slot>(&slot, 1), o.row_begin);
+  }));
 }
 std::optional<HostTensor> HiddenStateStore::retrieve_chunks(std::span<const Chunk> c,
                                                             const RetrieveOptions& o) {
@@ -354,15 +347,9 @@ std::optional<HostTensor> HiddenStateStore::retrieve_chunks(std::span<const Chun
                                                   std::span<const Slot>(&slot, 1), o.row_begin));
 }
 
-int64_t HiddenStateStore::retrieve_hidden_states_into(std::span<const int32_t> t,
-                                                      const MutableTensorView& out,
+int64_t HiddenStateStore::retrieve_hidden_states_into(TokenIds t, const MutableTensorView& out,
                                                       const RetrieveOptions& o) {
-  return impl_->retrieve_tokens_into(t, out, o);
-}
-int64_t HiddenStateStore::retrieve_hidden_states_into(std::span<const int64_t> t,
-                                                      const MutableTensorView& out,
-                                                      const RetrieveOptions& o) {
-  return impl_->retrieve_tokens_into(t, out, o);
+  return t.visit([&](auto ids) { return impl_->retrieve_tokens_into(ids, out, o); });
 }
 int64_t HiddenStateStore::retrieve_chunks_into(std::span<const Chunk> c,
                                                const MutableTensorView& out,
@@ -372,25 +359,14 @@ int64_t HiddenStateStore::retrieve_chunks_into(std::span<const Chunk> c,
   return impl_->retrieve_chunk_list_into(c, c.empty() ? 0 : c.back().end, out, o);
 }
 
-std::vector<HostTensor> HiddenStateStore::retrieve_layers(std::span<const int32_t> t,
+std::vector<HostTensor> HiddenStateStore::retrieve_layers(TokenIds t,
                                                           std::span<const int64_t> layers,
                                                           int64_t row_begin) {
-  return impl_->retrieve_tokens(t, std::span<const Slot>(hidden_slots(layers)), row_begin);
+  return retrieve_layers(t, std::span<const Slot>(hidden_slots(layers)), row_begin);
 }
-std::vector<HostTensor> HiddenStateStore::retrieve_layers(std::span<const int64_t> t,
-                                                          std::span<const int64_t> layers,
+std::vector<HostTensor> HiddenStateStore::retrieve_layers(TokenIds t, std::span<const Slot> slots,
                                                           int64_t row_begin) {
-  return impl_->retrieve_tokens(t, std::span<const Slot>(hidden_slots(layers)), row_begin);
-}
-std::vector<HostTensor> HiddenStateStore::retrieve_layers(std::span<const int32_t> t,
-                                                          std::span<const Slot> slots,
-                                                          int64_t row_begin) {
-  return impl_->retrieve_tokens(t, slots, row_begin);
-}
-std::vector<HostTensor> HiddenStateStore::retrieve_layers(std::span<const int64_t> t,
-                                                          std::span<const Slot> slots,
-                                                          int64_t row_begin) {
-  return impl_->retrieve_tokens(t, slots, row_begin);
+  return t.visit([&](auto ids) { return impl_->retrieve_tokens(ids, slots, row_begin); });
 }
 
 int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks,
@@ -411,17 +387,10 @@ int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks, std::span<cons
                                         : impl_->coverage_with_remote(chunks, slots);
 }
 
-int64_t HiddenStateStore::retrieve_layers_into(std::span<const int32_t> t,
-                                               std::span<const Slot> slots,
+int64_t HiddenStateStore::retrieve_layers_into(TokenIds t, std::span<const Slot> slots,
                                                std::span<const MutableTensorView> outs,
                                                const RetrieveLayersOptions& o) {
-  return impl_->retrieve_layers_into(t, slots, outs, o);
-}
-int64_t HiddenStateStore::retrieve_layers_into(std::span<const int64_t> t,
-                                               std::span<const Slot> slots,
-                                               std::span<const MutableTensorView> outs,
-                                               const RetrieveLayersOptions& o) {
-  return impl_->retrieve_layers_into(t, slots, outs, o);
+  return t.visit([&](auto ids) { return impl_->retrieve_layers_into(ids, slots, outs, o); });
 }
 int64_t HiddenStateStore::retrieve_layers_into(std::span<const Chunk> c,
                                                std::span<const Slot> slots,

@@ -34,9 +34,15 @@ size_t initial_limit() {
   return static_cast<size_t>(Config().with_env_overrides().tuning.output_cache_bytes);
 }
 
+/// What the recycler hands out: the memory and its capacity (at least the bytes asked for).
+struct Allocation {
+  void* data;
+  size_t capacity;
+};
+
 class Recycler {
  public:
-  HostBuffer::Parts acquire(size_t bytes) {
+  Allocation acquire(size_t bytes) {
     if (bytes < kLargeThreshold) {
       void* ptr = std::aligned_alloc(64, (std::max<size_t>(bytes, 64) + 63) / 64 * 64);
       if (ptr == nullptr) throw std::bad_alloc();
@@ -50,11 +56,11 @@ class Recycler {
       std::lock_guard lock(mutex_);
       auto it = free_.find(rounded);
       if (it != free_.end()) {
-        HostBuffer::Parts parts{it->second, it->first};
+        const Allocation allocation{it->second, it->first};
         cached_bytes_ -= it->first;
         free_.erase(it);
         ++reuses_;
-        return parts;
+        return allocation;
       }
       ++fresh_;
     }
@@ -118,8 +124,8 @@ Recycler& recycler() {
 }  // namespace
 
 HostBuffer HostBuffer::acquire(size_t bytes) {
-  const Parts parts = recycler().acquire(bytes);
-  return HostBuffer(parts.data, parts.capacity);
+  const Allocation allocation = recycler().acquire(bytes);
+  return HostBuffer(allocation.data, allocation.capacity);
 }
 
 void HostBuffer::reset() noexcept {

@@ -31,7 +31,7 @@ std::pair<size_t, size_t> PoolTransfer::missing_range(std::span<const Chunk> chu
 Reservation PoolTransfer::reserve(std::span<const Chunk> chunks, const ChunkExport& source) {
   Reservation reservation;
   reservation.state_ = std::make_unique<Reservation::State>();
-  reservation.state_->impl = store_->impl_.get();
+  reservation.state_->store = store_;
   store_->impl_->reserve_import(chunks, source, *reservation.state_);
   return reservation;
 }
@@ -69,16 +69,16 @@ size_t Reservation::check(size_t first, size_t count) {
                           ", count = " + std::to_string(count) + ") is past the " +
                           std::to_string(size) + " reserved entries");
   }
-  return count == 0 ? 0 : state_->impl->check_import(*state_, first, count);
+  return count == 0 ? 0 : state_->store->impl_->check_import(*state_, first, count);
 }
 
 ImportResult Reservation::publish() {
   if (!state_ || state_->items.empty()) return {};
-  return state_->impl->publish_import(*state_);
+  return state_->store->impl_->publish_import(*state_);
 }
 
 void Reservation::abandon() noexcept {
-  if (state_) state_->impl->abandon_import(*state_);
+  if (state_) state_->store->impl_->abandon_import(*state_);
 }
 
 std::vector<TransferPiece> transfer_pieces(const ChunkExport& source,

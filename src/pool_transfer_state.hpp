@@ -24,9 +24,9 @@ struct Reservation::State {
     Check check = Check::kUnchecked;
   };
 
-  HiddenStateStore::Impl* impl = nullptr;
-  std::vector<Chunk> chunks;  ///< the consumer's chunk list (keys of the entries)
-  std::vector<Item> items;    ///< PENDING entries, parallel to `reserved`
+  HiddenStateStore* store = nullptr;  ///< the consumer store (Reservation reaches its Impl)
+  std::vector<Chunk> chunks;          ///< the consumer's chunk list (keys of the entries)
+  std::vector<Item> items;            ///< PENDING entries, parallel to `reserved`
   std::vector<Reservation::Reserved> reserved;
   size_t chunks_covered = 0;
 };

@@ -3,7 +3,8 @@
 // (LocalCpuBackend, the StorageManager) and, when enable_hidden_state_cache is true, the
 // hidden-state store bound to that KV backend.
 //
-// Thread safety: every method may be called from many threads at once.
+// Thread safety and blocking: docs/design.md, "What may run concurrently and what may block the
+// host".
 
 #include <cstdint>
 #include <memory>
@@ -14,6 +15,7 @@
 #include "hss/local_cpu_backend.hpp"
 #include "hss/tensor.hpp"
 #include "hss/token_database.hpp"
+#include "hss/token_ids.hpp"
 
 namespace hss {
 
@@ -43,26 +45,16 @@ class Engine {
   /// Stores KV rows for the chunks of `tokens` starting at or after token_offset; `kv` is a host
   /// tensor [len(tokens) - token_offset, kv_width] of any dtype (opaque bytes per token). Chunks
   /// already held are skipped. Returns the chunks of that range held after the call.
-  int64_t store(std::span<const int32_t> tokens, const TensorView& kv, int64_t token_offset = 0);
-  int64_t store(std::span<const int64_t> tokens, const TensorView& kv, int64_t token_offset = 0);
+  int64_t store(TokenIds tokens, const TensorView& kv, int64_t token_offset = 0);
 
   /// Copies the longest cached KV prefix into kv_out (host, rows >= prefix, same dtype/width as
   /// stored). Returns the tokens retrieved.
-  int64_t retrieve(std::span<const int32_t> tokens, const MutableTensorView& kv_out);
-  int64_t retrieve(std::span<const int64_t> tokens, const MutableTensorView& kv_out);
+  int64_t retrieve(TokenIds tokens, const MutableTensorView& kv_out);
 
   /// Tokens of the longest prefix whose every chunk has KV. Changes nothing.
-  [[nodiscard]] int64_t lookup(std::span<const int32_t> tokens) const;
-  [[nodiscard]] int64_t lookup(std::span<const int64_t> tokens) const;
+  [[nodiscard]] int64_t lookup(TokenIds tokens) const;
 
  private:
-  template <typename Token>
-  int64_t store_impl(std::span<const Token> tokens, const TensorView& kv, int64_t token_offset);
-  template <typename Token>
-  int64_t retrieve_impl(std::span<const Token> tokens, const MutableTensorView& kv_out);
-  template <typename Token>
-  int64_t lookup_impl(std::span<const Token> tokens) const;
-
   Config config_;
   ChunkedTokenDatabase token_database_;
   LocalCpuBackend kv_backend_;

@@ -1,62 +1,27 @@
 #pragma once
 // hss::HiddenStateStore: per-token activations (hidden states, and optionally other kinds) cached
-// per (chunk key, kind, layer) on a pinned host pool of their own, restored as one contiguous
-// prefix. The semantics are LMCache's HiddenStateStore (0.5.6) wherever LMCache defines them.
+// beside the KV cache under the same chunk keys, per (chunk key, kind, layer) slot, on a pinned
+// host pool of its own (max_hidden_state_cpu_size GiB), and restored as one contiguous prefix.
+// The semantics are LMCache's HiddenStateStore (0.5.6) wherever LMCache defines them: token_ids is
+// always the full prefix and token_offset marks the rows already cached; a retrieve stops at the
+// first chunk missing KV or the slot; evicted KV drops the key's activations (lazily, through
+// StorageManager::contains()); pool pressure evicts the least recently used key's activations
+// only, never KV.
 //
-// Entry state machine (one entry = one (key, kind, layer) "slot"):
+// How it works (pool, pins, eviction, device fences, the remote tier): docs/design.md. The entry
+// state machine is drawn once, in src/store_index.hpp above `Entry`.
 //
-//   free blocks --alloc--> PENDING --copy landed--> READY --evict/drop--> DETACHED --> free blocks
-//                  (index, not yet visible)    (visible to retrieve)  (out of the index; its
-//                                                                       blocks wait for pins)
+// Failure (exactly what holds, per call and cause: docs/design.md, "Failure model"): bad
+// arguments throw InvalidArgument naming the argument and its value, with nothing changed, stats
+// included. A single call that throws anything else before it copies (std::bad_alloc; hss::Error
+// for a closed store) has changed nothing either; a store whose copy fails (a CUDA error)
+// withdraws its own rows but keeps the evictions it made, and a batch keeps the evictions of the
+// items it planned before failing. A remote tier's read-through and write-behind weaken this by
+// what design.md lists.
 //
-// * An entry holds its pool blocks through a reference count. The index holds one reference;
-//   every retrieve that returns the entry holds another for the duration of its copy ("pinned").
-//   Blocks go back to the pool only when the last reference drops, so a retrieve never reads
-//   blocks that a concurrent eviction is reusing.
-// * The pool is cut into fixed granules (64 KiB by default, smaller for small pools); an entry
-//   takes ceil(bytes / granule) granules that need not be adjacent, so the pool never fragments
-//   and, once empty, takes floor(pool / chunk_bytes) chunks of any shape whose bytes are a
-//   multiple of the granule (docs/design.md, "Pool").
-// * A host-path store copies into PENDING blocks outside the index lock and publishes them as
-//   READY afterwards. A device-path store publishes once its copies are enqueued, with a CUDA
-//   event (the fence); a host-output retrieve that returns the entry waits for that event (and
-//   only that one), a device-output retrieve makes its stream wait for it on the device.
-// * An export's lease (hss/pool_transfer.hpp) pins the exported entries like a retrieve: pool
-//   pressure skips their keys and their granules are not reused until the lease is released or
-//   expires. An import reserves PENDING entries that a transport fills before they are checked
-//   and published.
-// * Dropping or evicting an entry whose copy is still in flight never waits: its blocks return
-//   to the pool once the copy has landed. Entries read by an unfinished device restore stay
-//   pinned (never eviction victims) until it has finished.
-// * LRU is per key (every slot of a key together), as in LMCache. Pool pressure evicts the least
-//   recently used key's activations only; KV is never touched (HS evicted =/> KV evicted). A
-//   store never evicts keys of its own token list (the prefix it is extending).
-// * A retrieve asks the KV side first, per chunk, as LMCache does: a chunk whose KV is gone has
-//   every slot of its key dropped (KV evicted => HS evicted), lazily, with
-//   StorageManager::contains(), and the prefix ends there.
-//
-// Failure: bad arguments throw InvalidArgument naming the argument and its value, with nothing
-// changed (stats included). Any exception (std::bad_alloc, a CUDA error) leaves the index and the
-// pool exactly as before the call: the strong guarantee.
-//
-// * Remote tier (hidden_state_remote_url, see docs/design.md): every chunk written to the pool is
-//   also queued for a Redis/Valkey server (write-behind, after its device copy landed; a store
-//   never waits for the network). A retrieve whose walk stops at a chunk with KV present but
-//   hidden states not local fetches that chunk and the rest of the prefix (while KV is present)
-//   in one pipelined round trip per server, inserts them into the pool (its LRU applies) and
-//   walks on; such a retrieve blocks on the network, each socket operation at most
-//   hidden_state_remote_timeout_ms.
-//
-// Thread safety: every public method may be called from many threads at once. The index lock is
-// held for index updates only, never across a copy, a kernel launch or a KV contains() call.
-// What may block the host (docs/design.md, "What may block the host, and when"): host-memory
-// calls copy on the calling thread (and the store's copy workers, hidden_state_copy_threads, while
-// it waits); a host-output retrieve of an entry whose device-to-host copy
-// is in flight waits for that copy; a casting device store waits when the device's staging
-// budget (hidden_state_staging_bytes) is in flight; a device launch (restore, batch) waits when
-// every launch slot of its device (hidden_state_launch_slots) is in flight; flush() and close()
-// wait. Nothing else: device-output retrieves, device stores below the budget, drop_key and
-// evictions never wait.
+// Thread safety and blocking: every method may be called from many threads at once (close()
+// included; only destruction must not race another call). What may wait on the host, and for
+// what, is one table: docs/design.md, "What may run concurrently and what may block the host".
 
 #include <array>
 #include <cstdint>
@@ -74,6 +39,7 @@
 #include "hss/storage_manager.hpp"
 #include "hss/tensor.hpp"
 #include "hss/token_database.hpp"
+#include "hss/token_ids.hpp"
 #include "hss/transfer_stats.hpp"
 
 namespace hss {
@@ -180,12 +146,9 @@ class HiddenStateStore {
   /// Under pool pressure evicts LRU keys other than those of token_ids; stops at the first chunk
   /// that does not fit (the cached range stays a contiguous run). A slot outside the allowlists
   /// stores nothing ({0, 0}). Bad arguments: InvalidArgument, nothing written.
-  /// Device input: asynchronous on options.stream; CUDA failures throw hss::Error.
-  StoreResult store_hidden_states(std::span<const int32_t> token_ids,
-                                  const TensorView& hidden_states,
-                                  const StoreOptions& options = {});
-  StoreResult store_hidden_states(std::span<const int64_t> token_ids,
-                                  const TensorView& hidden_states,
+  /// Device input: enqueued on options.stream (it reads the input there); CUDA failures throw
+  /// hss::Error.
+  StoreResult store_hidden_states(TokenIds token_ids, const TensorView& hidden_states,
                                   const StoreOptions& options = {});
   /// The same with caller-computed chunks (LMCache's own token database, an engine's block
   /// hashes): chunks[0].start == 0, chunks[i].start == chunks[i-1].end, every chunk non-empty;
@@ -196,24 +159,17 @@ class HiddenStateStore {
   /// The longest contiguous prefix whose every chunk has KV and the slot, as float32 rows
   /// [row_begin, prefix end). nullopt on a full miss or row_begin at/past the prefix end.
   [[nodiscard]] std::optional<HostTensor> retrieve_hidden_states(
-      std::span<const int32_t> token_ids, const RetrieveOptions& options = {});
-  [[nodiscard]] std::optional<HostTensor> retrieve_hidden_states(
-      std::span<const int64_t> token_ids, const RetrieveOptions& options = {});
+      TokenIds token_ids, const RetrieveOptions& options = {});
   [[nodiscard]] std::optional<HostTensor> retrieve_chunks(std::span<const Chunk> chunks,
                                                           const RetrieveOptions& options = {});
 
   /// Same walk, written into `out` (host or device, at least the rows needed, cols = the cached
   /// hidden dim, dtype float32, bfloat16 or float16 whatever the storage: same-type rows are bit
-  /// copies, narrowing rounds to nearest-even). Device output never waits on the host: the
-  /// restore is ordered after the entries' pending copies on options.stream, and the entries stay
-  /// pinned until it has read them. Returns the rows written (0 on a miss). `out` is checked
-  /// against the prefix before anything changes: a too-small view is InvalidArgument with nothing
-  /// dropped or counted. Device output: enqueued on options.stream.
-  int64_t retrieve_hidden_states_into(std::span<const int32_t> token_ids,
-                                      const MutableTensorView& out,
-                                      const RetrieveOptions& options = {});
-  int64_t retrieve_hidden_states_into(std::span<const int64_t> token_ids,
-                                      const MutableTensorView& out,
+  /// copies, narrowing rounds to nearest-even). Device output is enqueued on options.stream,
+  /// ordered there after the entries' pending copies; the entries stay pinned until it has read
+  /// them. Returns the rows written (0 on a miss). `out` is checked against the prefix before
+  /// anything changes: a too-small view is InvalidArgument with nothing dropped or counted.
+  int64_t retrieve_hidden_states_into(TokenIds token_ids, const MutableTensorView& out,
                                       const RetrieveOptions& options = {});
   int64_t retrieve_chunks_into(std::span<const Chunk> chunks, const MutableTensorView& out,
                                const RetrieveOptions& options = {});
@@ -221,26 +177,17 @@ class HiddenStateStore {
   /// All-or-nothing multi-slot restore: one tensor per slot, all with the same rows (the longest
   /// prefix where every listed slot is present); empty vector when there is none. The layer-index
   /// forms mean kind kHidden. An empty list is InvalidArgument.
-  [[nodiscard]] std::vector<HostTensor> retrieve_layers(std::span<const int32_t> token_ids,
+  [[nodiscard]] std::vector<HostTensor> retrieve_layers(TokenIds token_ids,
                                                         std::span<const int64_t> layer_idxs,
                                                         int64_t row_begin = 0);
-  [[nodiscard]] std::vector<HostTensor> retrieve_layers(std::span<const int64_t> token_ids,
-                                                        std::span<const int64_t> layer_idxs,
-                                                        int64_t row_begin = 0);
-  [[nodiscard]] std::vector<HostTensor> retrieve_layers(std::span<const int32_t> token_ids,
-                                                        std::span<const Slot> slots,
-                                                        int64_t row_begin = 0);
-  [[nodiscard]] std::vector<HostTensor> retrieve_layers(std::span<const int64_t> token_ids,
+  [[nodiscard]] std::vector<HostTensor> retrieve_layers(TokenIds token_ids,
                                                         std::span<const Slot> slots,
                                                         int64_t row_begin = 0);
 
   /// retrieve_layers into caller buffers, host or device, any output dtype: outs[i] receives
   /// slots[i]. Returns the rows written to each (0 on a miss: nothing written). Device outputs are
-  /// enqueued on options.stream with no host wait (as retrieve_hidden_states_into).
-  int64_t retrieve_layers_into(std::span<const int32_t> token_ids, std::span<const Slot> slots,
-                               std::span<const MutableTensorView> outs,
-                               const RetrieveLayersOptions& options = {});
-  int64_t retrieve_layers_into(std::span<const int64_t> token_ids, std::span<const Slot> slots,
+  /// enqueued on options.stream (as retrieve_hidden_states_into).
+  int64_t retrieve_layers_into(TokenIds token_ids, std::span<const Slot> slots,
                                std::span<const MutableTensorView> outs,
                                const RetrieveLayersOptions& options = {});
   /// The same with caller-computed chunks (contiguous from 0, as store_chunks): an engine's own
@@ -254,25 +201,26 @@ class HiddenStateStore {
   /// the index lock is taken once for the whole batch's reservations and once to publish. Every
   /// item is checked first: a bad one is InvalidArgument naming its index ("items[3]: ..."), and
   /// nothing of the batch is done. Device items are one launch per (device, stream), writing the
-  /// device-mapped pool directly (no staging: no staging wait). Out of memory while planning an
-  /// item withdraws the earlier items' pending entries but keeps their evictions (single stores
-  /// keep the strong guarantee). Thread-safe like every method here.
+  /// device-mapped pool directly. Out of memory while planning an item withdraws the earlier
+  /// items' pending entries but keeps their evictions; a failed copy withdraws every item's rows.
   std::vector<StoreResult> store_batch(std::span<const StoreItem> items);
   /// Many retrieve_hidden_states_into calls in one: rows written per item, identical to the
   /// single calls in item order. Validation as store_batch. Device outputs are one launch per
-  /// (device, stream) after the items' fences, on the device: no host wait.
+  /// (device, stream), ordered on the device after the items' pending copies.
   std::vector<int64_t> retrieve_batch_into(std::span<const RetrieveItem> items);
 
   /// Tokens of the prefix retrieve_layers would return for these chunks and slots (the same walk,
-  /// the same checks): coverage == rows of retrieve_layers(..., row_begin = 0). Changes nothing.
-  /// Never waits on the host: a chunk whose device copy is in flight counts as covered (the
-  /// restore orders itself after it, or waits for it); one whose copy failed ends the prefix.
+  /// the same checks): coverage == rows of retrieve_layers(..., row_begin = 0). Changes nothing
+  /// and waits for no copy: a chunk whose device copy is in flight counts as covered (the restore
+  /// orders itself after it, or waits for it); one a non-blocking query sees failed ends the
+  /// prefix. With no store, drop or eviction in between, a copy that fails after that query is
+  /// the only way a retrieve then gets fewer rows (counted in stats().copy_failures).
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks,
                                  std::span<const int64_t> layer_idxs) const;
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks, std::span<const Slot> slots) const;
   /// The same, counting a (chunk, slot) held by the remote tier as present when `scope` says so
   /// (one pipelined EXISTS round trip per server for what is not local; values unchecked, so a
-  /// corrupt one still counts). Blocks on the network for kLocalAndRemote, at most the timeout.
+  /// corrupt one still counts). kLocalAndRemote waits on the network (docs/design.md's table).
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks, std::span<const int64_t> layer_idxs,
                                  CoverageScope scope) const;
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks, std::span<const Slot> slots,
@@ -303,10 +251,11 @@ class HiddenStateStore {
   void close();
   [[nodiscard]] HiddenStateStats stats() const;
 
-  class Impl;
-
  private:
-  friend class PoolTransfer;  // hss/pool_transfer.hpp: export, lease and import primitives
+  class Impl;  // src/hidden_state_store_impl.hpp
+  // hss/pool_transfer.hpp: the export, lease and import primitives work on the pool directly.
+  friend class PoolTransfer;
+  friend class Reservation;
   std::unique_ptr<Impl> impl_;
 };
 

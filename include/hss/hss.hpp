@@ -13,5 +13,6 @@
 #include "hss/storage_manager.hpp"
 #include "hss/tensor.hpp"
 #include "hss/token_database.hpp"
+#include "hss/token_ids.hpp"
 #include "hss/trace.hpp"
 #include "hss/transfer_wire.hpp"

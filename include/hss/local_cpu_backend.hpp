@@ -1,8 +1,9 @@
 #pragma once
 // hss::LocalCpuBackend: the KV chunk store, on a host pool of its own (max_local_cpu_size GiB).
 //
-// Thread safety: every method may be called from many threads at once. Copies happen outside the
-// index lock on entries pinned by reference count, so an eviction never reuses bytes in use.
+// Copies happen outside the index lock on entries pinned by reference count, so an eviction never
+// reuses bytes in use. Thread safety and blocking: docs/design.md, "What may run concurrently and
+// what may block the host".
 
 #include <cstddef>
 #include <cstdint>

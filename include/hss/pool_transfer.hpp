@@ -30,11 +30,9 @@
 //   destructor) drop every entry not yet published: nothing half-written is ever served.
 //
 // Failure: bad arguments (a malformed export included) are InvalidArgument naming the argument,
-// with nothing changed, stats included. Thread safety: every call may run concurrently with any
-// other call on the store; a Reservation is used by one thread at a time. Only publish() reads
-// pool bytes (hashing the reserved entries on the calling thread); nothing here waits for the
-// network or a device, except that export_chunks waits for device copies into the entries it
-// exports (as a host-output retrieve does).
+// with nothing changed, stats included. Thread safety (a Reservation is used by one thread at a
+// time) and what may block the host: docs/design.md, "What may run concurrently and what may
+// block the host".
 
 #include <array>
 #include <chrono>

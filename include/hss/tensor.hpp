@@ -1,8 +1,9 @@
 #pragma once
 // Tensor views and the owning float32 host tensor that retrieval returns.
 //
-// Thread safety: views are plain values. A HostTensor is an ordinary value type: distinct objects
-// may be used from distinct threads; one object is not synchronised.
+// Views are plain values; a HostTensor is an ordinary value type (one object is not
+// synchronised). Thread safety: docs/design.md, "What may run concurrently and what may block the
+// host".
 
 #include <cstddef>
 #include <cstdint>

@@ -1,8 +1,8 @@
 #pragma once
 // Chunk keys from token ids (or from an engine's own block hashes).
 //
-// Thread safety: a TokenDatabase is immutable after construction; every method may be called from
-// any number of threads at once.
+// A TokenDatabase is immutable after construction. Thread safety: docs/design.md, "What may run
+// concurrently and what may block the host".
 
 #include <cstdint>
 #include <span>

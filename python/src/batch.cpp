@@ -23,7 +23,7 @@ class TokenCache {
  public:
   std::span<const int64_t> span_of(PyObject* obj) {
     if (auto it = by_object_.find(obj); it != by_object_.end()) return it->second;
-    TokenIds& ids = ids_.emplace_back(token_ids_from(obj, "token_ids"));
+    BorrowedTokenIds& ids = ids_.emplace_back(token_ids_from(obj, "token_ids"));
     const std::span<const int64_t> span = ids.visit([&](auto s) -> std::span<const int64_t> {
       if constexpr (std::is_same_v<typename decltype(s)::element_type, const int64_t>) {
         return s;
@@ -36,7 +36,7 @@ class TokenCache {
   }
 
  private:
-  std::deque<TokenIds> ids_;
+  std::deque<BorrowedTokenIds> ids_;
   std::deque<std::vector<int64_t>> widened_;
   std::unordered_map<PyObject*, std::span<const int64_t>> by_object_;
 };

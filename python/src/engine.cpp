@@ -120,11 +120,10 @@ void bind_engine(nb::module_& m) {
       .def(
           "store",
           [](PyEngine& e, nb::handle tokens, nb::handle kv, int64_t token_offset) {
-            TokenIds ids = token_ids_from(tokens, "tokens");
+            BorrowedTokenIds ids = token_ids_from(tokens, "tokens");
             BorrowedTensor t = borrow_tensor(kv, "kv");
             nb::gil_scoped_release release;
-            return ids.visit(
-                [&](auto span) { return e.engine->store(span, t.view.as_const(), token_offset); });
+            return e.engine->store(ids.view(), t.view.as_const(), token_offset);
           },
           nb::arg("tokens").none(), nb::arg("kv").none(), nb::arg("token_offset") = 0,
           "Stores KV rows (host tensor [len(tokens) - token_offset, width]); returns the chunks "
@@ -132,18 +131,18 @@ void bind_engine(nb::module_& m) {
       .def(
           "retrieve",
           [](PyEngine& e, nb::handle tokens, nb::handle kv_out) {
-            TokenIds ids = token_ids_from(tokens, "tokens");
+            BorrowedTokenIds ids = token_ids_from(tokens, "tokens");
             BorrowedTensor t = borrow_tensor(kv_out, "kv_out", Access::kWrite);
             nb::gil_scoped_release release;
-            return ids.visit([&](auto span) { return e.engine->retrieve(span, t.view); });
+            return e.engine->retrieve(ids.view(), t.view);
           },
           nb::arg("tokens").none(), nb::arg("kv_out").none())
       .def(
           "lookup",
           [](PyEngine& e, nb::handle tokens) {
-            TokenIds ids = token_ids_from(tokens, "tokens");
+            BorrowedTokenIds ids = token_ids_from(tokens, "tokens");
             nb::gil_scoped_release release;
-            return ids.visit([&](auto span) { return e.engine->lookup(span); });
+            return e.engine->lookup(ids.view());
           },
           nb::arg("tokens").none(), "Tokens of the longest prefix whose every chunk has KV.");
 }

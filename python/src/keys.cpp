@@ -240,7 +240,7 @@ void bind_keys(nb::module_& m) {
              nb::handle offsets, bool make_key) {
             std::vector<hss::Chunk> chunks;
             if (!tokens.is_none()) {
-              TokenIds ids = token_ids_from(tokens, "tokens");
+              BorrowedTokenIds ids = token_ids_from(tokens, "tokens");
               nb::gil_scoped_release release;
               chunks = ids.visit([&](auto span) { return db.process_tokens(span); });
             } else if (!hashes.is_none()) {

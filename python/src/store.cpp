@@ -239,7 +239,7 @@ std::vector<hss::Chunk> chunks_for(PyHiddenStateStore& s, nb::handle tokens_or_c
       nb::len(tokens_or_chunks) > 0 && PyTuple_Check(tokens_or_chunks[0].ptr())) {
     return chunks_from(tokens_or_chunks, name);
   }
-  TokenIds ids = token_ids_from(tokens_or_chunks, name);
+  BorrowedTokenIds ids = token_ids_from(tokens_or_chunks, name);
   nb::gil_scoped_release release;
   return ids.visit([&](auto span) { return s.token_database->process_tokens(span); });
 }
@@ -301,14 +301,12 @@ void bind_store(nb::module_& m) {
           "store_hidden_states",
           [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle hidden_states,
              int64_t layer_idx, int64_t token_offset, nb::handle kind) {
-            TokenIds ids = token_ids_from(token_ids, "token_ids");
+            BorrowedTokenIds ids = token_ids_from(token_ids, "token_ids");
             BorrowedTensor hs = borrow_tensor(hidden_states, "hidden_states");
             const hss::StoreOptions options{layer_idx, token_offset, kind_from(kind),
                                             as_stream(hs.stream)};
             nb::gil_scoped_release release;
-            return ids.visit([&](auto span) {
-              return live(s).store_hidden_states(span, hs.view.as_const(), options).written;
-            });
+            return live(s).store_hidden_states(ids.view(), hs.view.as_const(), options).written;
           },
           nb::arg("token_ids").none(), nb::arg("hidden_states").none(), nb::kw_only(),
           nb::arg("layer_idx") = 0, nb::arg("token_offset") = 0, nb::arg("kind") = "hidden",
@@ -334,14 +332,13 @@ void bind_store(nb::module_& m) {
           "retrieve_hidden_states",
           [](PyHiddenStateStore& s, nb::handle token_ids, int64_t layer_idx, int64_t row_begin,
              nb::handle kind, nb::handle like) -> nb::object {
-            TokenIds ids = token_ids_from(token_ids, "token_ids");
+            BorrowedTokenIds ids = token_ids_from(token_ids, "token_ids");
             const ArrayKind array_kind = array_kind_from(like);
             const hss::RetrieveOptions options{layer_idx, row_begin, kind_from(kind), nullptr};
             std::optional<hss::HostTensor> out;
             {
               nb::gil_scoped_release release;
-              out = ids.visit(
-                  [&](auto span) { return live(s).retrieve_hidden_states(span, options); });
+              out = live(s).retrieve_hidden_states(ids.view(), options);
             }
             if (!out) return nb::none();
             return export_tensor(std::move(*out), array_kind);
@@ -372,14 +369,12 @@ void bind_store(nb::module_& m) {
           "retrieve_hidden_states_into",
           [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle out, int64_t layer_idx,
              int64_t row_begin, nb::handle kind) {
-            TokenIds ids = token_ids_from(token_ids, "token_ids");
+            BorrowedTokenIds ids = token_ids_from(token_ids, "token_ids");
             BorrowedTensor dst = borrow_tensor(out, "out", Access::kWrite);
             const hss::RetrieveOptions options{layer_idx, row_begin, kind_from(kind),
                                                as_stream(dst.stream)};
             nb::gil_scoped_release release;
-            return ids.visit([&](auto span) {
-              return live(s).retrieve_hidden_states_into(span, dst.view, options);
-            });
+            return live(s).retrieve_hidden_states_into(ids.view(), dst.view, options);
           },
           nb::arg("token_ids").none(), nb::arg("out").none(), nb::kw_only(),
           nb::arg("layer_idx") = 0, nb::arg("row_begin") = 0, nb::arg("kind") = "hidden",
@@ -400,15 +395,14 @@ void bind_store(nb::module_& m) {
           "retrieve_layers",
           [](PyHiddenStateStore& s, nb::handle token_ids, nb::handle layer_idxs, int64_t row_begin,
              nb::handle like) {
-            TokenIds ids = token_ids_from(token_ids, "token_ids");
+            BorrowedTokenIds ids = token_ids_from(token_ids, "token_ids");
             std::vector<hss::Slot> slots = slots_from(layer_idxs, "layer_idxs");
             const ArrayKind array_kind = array_kind_from(like);
             std::vector<hss::HostTensor> tensors;
             {
               nb::gil_scoped_release release;
-              tensors = ids.visit([&](auto span) {
-                return live(s).retrieve_layers(span, std::span<const hss::Slot>(slots), row_begin);
-              });
+              tensors =
+                  live(s).retrieve_layers(ids.view(), std::span<const hss::Slot>(slots), row_begin);
             }
             nb::list result;
             for (hss::HostTensor& t : tensors) {

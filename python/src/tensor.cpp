@@ -332,12 +332,12 @@ BorrowedTensor borrow_tensor(nb::handle obj_in, const char* name, Access access)
   return out;
 }
 
-std::vector<int64_t> TokenIds::to_vector() const {
+std::vector<int64_t> BorrowedTokenIds::to_vector() const {
   return visit([](auto span) { return std::vector<int64_t>(span.begin(), span.end()); });
 }
 
-TokenIds token_ids_from(nb::handle obj, const char* name) {
-  TokenIds ids;
+BorrowedTokenIds token_ids_from(nb::handle obj, const char* name) {
+  BorrowedTokenIds ids;
   const std::string n(name);
   if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr()) || PyRange_Check(obj.ptr())) {
     ids.owned_ = int_list_from(obj, name);

@@ -4,7 +4,8 @@
 // arrays whose memory is the HostTensor itself.
 //
 // Everything here needs the GIL, except reading the spans and views of an imported object, which
-// stay valid (the producer's buffer is kept alive) until the ImportedTensor/TokenIds is destroyed.
+// stay valid (the producer's buffer is kept alive) until the ImportedTensor or BorrowedTokenIds
+// is destroyed.
 
 #include <nanobind/nanobind.h>
 
@@ -16,6 +17,7 @@
 
 #include "dlpack.hpp"
 #include "hss/tensor.hpp"
+#include "hss/token_ids.hpp"
 
 namespace hss::python {
 
@@ -71,17 +73,22 @@ enum class Access { kRead, kWrite };
 [[nodiscard]] BorrowedTensor borrow_tensor(nb::handle obj, const char* name,
                                            Access access = Access::kRead);
 
-/// Token ids: 32- or 64-bit integers, borrowed from a NumPy/torch CPU tensor when possible.
-class TokenIds {
+/// Token ids: 32- or 64-bit integers, borrowed from a NumPy/torch CPU tensor when possible, kept
+/// alive by this object; view() is what the C++ API takes.
+class BorrowedTokenIds {
  public:
   [[nodiscard]] size_t size() const { return is32_ ? i32_.size() : i64_.size(); }
+  /// The ids at their own width (valid while this object lives).
+  [[nodiscard]] hss::TokenIds view() const {
+    return is32_ ? hss::TokenIds(i32_) : hss::TokenIds(i64_);
+  }
   template <typename F>
   decltype(auto) visit(F&& f) const {
     return is32_ ? f(i32_) : f(i64_);
   }
   [[nodiscard]] std::vector<int64_t> to_vector() const;
 
-  friend TokenIds token_ids_from(nb::handle obj, const char* name);
+  friend BorrowedTokenIds token_ids_from(nb::handle obj, const char* name);
 
  private:
   ImportedTensor owner_;
@@ -94,7 +101,7 @@ class TokenIds {
 
 /// list/tuple/range of ints, 1-D integer NumPy array or 1-D integer CPU torch tensor (any object
 /// with __dlpack__). Non-integers, other shapes and devices: InvalidArgument naming `name`.
-[[nodiscard]] TokenIds token_ids_from(nb::handle obj, const char* name);
+[[nodiscard]] BorrowedTokenIds token_ids_from(nb::handle obj, const char* name);
 
 /// A list of Python ints (layer indices, hashes, counts). InvalidArgument naming `name`.
 [[nodiscard]] std::vector<int64_t> int_list_from(nb::handle obj, const char* name);

@@ -106,10 +106,10 @@ TEST(DeviceHazards, StoreOnAHeldStreamReturnsAtOnce) {
   CUDA_OK(cudaStreamSynchronize(stream.stream));
 }
 
-// coverage() never waits on the host (docs/design.md, "What may block the host"): a chunk whose
-// device copy is still in flight counts as covered, because a device restore orders itself after
-// that copy on the device and a host restore waits for it. On the held stream, a coverage() that
-// waited would not return until the gate opens.
+// coverage() never waits on the host (docs/design.md, "What may run concurrently and what may
+// block the host"): a chunk whose device copy is still in flight counts as covered, because a
+// device restore orders itself after that copy on the device and a host restore waits for it.
+// On the held stream, a coverage() that waited would not return until the gate opens.
 TEST(DeviceHazards, CoverageNeverWaitsForACopyInFlight) {
   HSS_REQUIRE_DEVICE();
   ChunkedTokenDatabase db(256, false);

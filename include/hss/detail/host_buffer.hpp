@@ -28,10 +28,6 @@ class HostBuffer {
   ~HostBuffer() { reset(); }
 
   [[nodiscard]] void* data() const { return data_; }
-  struct Parts {
-    void* data;
-    size_t capacity;
-  };
   [[nodiscard]] size_t capacity() const { return capacity_; }
   void reset() noexcept;
 
