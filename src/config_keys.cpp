@@ -390,7 +390,8 @@ constexpr std::array kKeys = {
         },
         "device-input store: `staging` (a gather into device staging on the caller's stream, the "
         "copy to the pool on a copy stream), `mapped` (one kernel writes the device-mapped pool "
-        "directly). Batches always use the mapped kernel"),
+        "directly). A batch's (device, stream) of several items is one mapped launch; one item "
+        "is a single store"),
     key<IntCodec>("hidden_state_staging_bytes", HSS_MEMBER(tuning.staging_bytes),
         [](const Config& c, const KeyCheck& k) {
           if (c.tuning.staging_bytes <= 0) k.fail("must be > 0 (bytes of staging per device)");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <new>
 #include <string>
 
 #include "dtype_codes.hpp"
@@ -57,32 +58,41 @@ struct EntryPin {
 }  // namespace
 
 void StoreRemote::write_behind(const CacheEngineKey& key, const EntryRef& entry,
-                               const BlockPool& pool) {
+                               const BlockPool& pool) noexcept {
   if (!tier_) return;
-  const RemoteWrite write{key,
-                          std::string(to_string(entry->slot.kind)),
-                          entry->slot.layer_idx,
-                          to_dtype(entry->storage),
-                          entry->rows,
-                          entry->cols};
   const uint64_t bytes = entry->payload_bytes();
-  uint64_t pinned = pinned_bytes_.load(std::memory_order_relaxed);
-  bool pin = false;
-  while (pinned + bytes <= pin_budget_) {
-    if (pinned_bytes_.compare_exchange_weak(pinned, pinned + bytes, std::memory_order_relaxed)) {
-      pin = true;
-      break;
+  bool pin = false, owned = false;
+  try {
+    const RemoteWrite write{key,
+                            std::string(to_string(entry->slot.kind)),
+                            entry->slot.layer_idx,
+                            to_dtype(entry->storage),
+                            entry->rows,
+                            entry->cols};
+    uint64_t pinned = pinned_bytes_.load(std::memory_order_relaxed);
+    while (pinned + bytes <= pin_budget_) {
+      if (pinned_bytes_.compare_exchange_weak(pinned, pinned + bytes,
+                                              std::memory_order_relaxed)) {
+        pin = true;
+        break;
+      }
     }
-  }
-  if (pin) {
-    auto owner = std::make_shared<EntryPin>(entry, pinned_bytes_, bytes);
-    std::function<bool()> ready;
-    if (entry->fence) ready = [fence = entry->fence] { return fence->wait(); };
-    (void)tier_->enqueue_write(write, entry_pieces(*entry, pool), std::move(owner),
-                               std::move(ready));
-  } else if (!entry->fence || (entry->fence->ready() && entry->fence->landed())) {
-    (void)tier_->enqueue_write(write, entry_pieces(*entry, pool));  // copied now
-  } else {
+    if (pin) {
+      auto owner = std::make_shared<EntryPin>(entry, pinned_bytes_, bytes);
+      owned = true;  // the pin's bytes go back with the owner, whatever happens below
+      std::function<bool()> ready;
+      if (entry->fence) ready = [fence = entry->fence] { return fence->wait(); };
+      (void)tier_->enqueue_write(write, entry_pieces(*entry, pool), std::move(owner),
+                                 std::move(ready));
+    } else if (!entry->fence || (entry->fence->ready() && entry->fence->landed())) {
+      (void)tier_->enqueue_write(write, entry_pieces(*entry, pool));  // copied now
+    } else {
+      tier_->count_dropped(1);
+    }
+  } catch (const std::bad_alloc&) {
+    // Best effort, as a full queue is: the entry is stored locally; the write is dropped and
+    // counted, never an exception out of a store that already published its rows.
+    if (pin && !owned) pinned_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
     tier_->count_dropped(1);
   }
 }

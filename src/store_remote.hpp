@@ -46,8 +46,9 @@ class StoreRemote {
   /// device copy (fence) before reading; a failed copy drops the write. Beyond the budget (the
   /// writer lags behind the stores) a host entry is copied into the queue now, so the pool stays
   /// evictable, and a device entry whose copy is still in flight is dropped (counted) rather than
-  /// waited for.
-  void write_behind(const CacheEngineKey& key, const EntryRef& entry, const BlockPool& pool);
+  /// waited for. Never throws: out of memory drops the write (counted), as a full queue does.
+  void write_behind(const CacheEngineKey& key, const EntryRef& entry,
+                    const BlockPool& pool) noexcept;
 
   [[nodiscard]] std::vector<std::optional<RemoteValue>> fetch(
       std::span<const RemoteRequest> requests) {

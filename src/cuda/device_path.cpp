@@ -294,6 +294,7 @@ FenceRef CudaDevicePath::fenced(cudaStream_t stream, Enqueue&& enqueue) {
   try {
     enqueue();
     HSS_CUDA_CHECK(cudaEventRecord(fence->event(), stream));
+    track(fence);  // may throw std::bad_alloc: the wait below then covers what was enqueued
   } catch (...) {
     // Work this call already enqueued may still write blocks the store is about to withdraw
     // and free: let it land first (error path only).
@@ -301,7 +302,6 @@ FenceRef CudaDevicePath::fenced(cudaStream_t stream, Enqueue&& enqueue) {
     (void)cudaGetLastError();
     throw;
   }
-  track(fence);
   return fence;
 }
 
@@ -456,12 +456,12 @@ FenceRef CudaDevicePath::store_batch_unmapped(std::span<const StoreJob> jobs, in
     }
     wait_on_device(stream, fences);
     HSS_CUDA_CHECK(cudaEventRecord(fence->event(), stream));
+    track(fence);  // may throw std::bad_alloc: the waits below then cover every job's copies
   } catch (...) {
     // The earlier jobs' copies write blocks the store is about to withdraw: let them land.
     for (const FenceRef& f : fences) (void)f->wait();
     throw;
   }
-  track(fence);
   return fence;
 }
 
