@@ -31,7 +31,8 @@ enum class RestoreImpl { kKernel, kCopyEngine, kCub };
 /// no cast straight into the pinned pool with the copy engines and casts the others into device
 /// staging before a device-to-host copy; `mapped` runs the store kernel that writes every row,
 /// cast or not, straight into the device-mapped pool (zero-copy writes, no staging, one launch).
-/// Batches always take the mapped kernel (one launch per stream). The default is `staging` until
+/// A batch's (device, stream) of several items takes the mapped kernel (one launch); one item is
+/// a single store (src/launch_groups.hpp). The default is `staging` until
 /// a GPU measurement picks one (docs/perf.md).
 enum class StoreImpl { kStaging, kMapped };
 
