@@ -30,8 +30,10 @@ concept TokenId = std::same_as<T, int32_t> || std::same_as<T, int64_t>;
 
 class TokenIds {
  public:
-  /// No ids.
-  constexpr TokenIds() noexcept = default;
+  /// No ids. User-provided, so that `const TokenIds none;` compiles with every compiler (clang 14
+  /// does not treat the anonymous union's initializer as making the class const-default-
+  /// constructible).
+  constexpr TokenIds() noexcept {}  // NOLINT(modernize-use-equals-default)
   constexpr TokenIds(std::span<const int32_t> ids) noexcept  // NOLINT(google-explicit-constructor)
       : i32_(ids.data()), size_(ids.size()), is_int32_(true) {}
   constexpr TokenIds(std::span<const int64_t> ids) noexcept  // NOLINT(google-explicit-constructor)
