@@ -3,12 +3,19 @@
 //
 //   hss-store-loop store|retrieve|fresh|stream|memcpy [ITERATIONS] [--tokens N] [--hidden N]
 //                  [--copy-threads N] [--alternate]
+//   hss-store-loop batch-store|single-store|batch-retrieve|single-retrieve [ITERATIONS]
 //
 // store: store_hidden_states of N x hidden float32 rows (chunk 256) into an empty pool (its keys
 // dropped, untimed, before every iteration); retrieve: retrieve_hidden_states_into a caller's
 // buffer; fresh: retrieve_hidden_states into a fresh HostTensor (the output recycler's buffer,
-// released before the next iteration); stream / memcpy: the bench's references over the same bytes. Prints the median time,
-// its p10..p90, the rate, the minor page faults per iteration and the store's host copy strategy. profiling/perf_host_store.sh drives it.
+// // released before the next iteration); stream / memcpy: the bench's references over the same
+// bytes. Prints the median time, its p10..p90, the rate, the minor page faults per iteration and
+// the store's host copy strategy. profiling/perf_host_store.sh drives it.
+// batch-* / single-*: `hss-bench batch`'s engine step (batch_step.hpp) as one batch call or as
+// 768 single calls (stores into a pool whose keys were dropped, untimed, before every iteration;
+// retrieves of the stored step): what a profiler sees of one item, e.g.
+//   valgrind --tool=callgrind --toggle-collect='hss::HiddenStateStore::store_*'
+//       build/bench/hss-store-loop batch-store 30   (one command line)
 
 #include <sys/resource.h>
 
@@ -20,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "batch_step.hpp"
 #include "common.hpp"
 
 namespace hss::bench {
@@ -34,13 +42,57 @@ long minor_faults() {
 int usage() {
   std::fprintf(stderr,
                "usage: hss-store-loop store|retrieve|fresh|stream|memcpy [ITERATIONS] [--tokens N] "
-               "[--hidden N] [--copy-threads N] [--alternate]\n");
+               "[--hidden N] [--copy-threads N] [--alternate]\n"
+               "       hss-store-loop batch-store|single-store|batch-retrieve|single-retrieve "
+               "[ITERATIONS]\n");
   return 2;
+}
+
+/// The batch step, one batch call or its single calls per iteration; prints the median per item.
+int run_step(const std::string& mode, int iterations) {
+  const bool store = mode.ends_with("-store");
+  const bool batch = mode.starts_with("batch-");
+  const std::vector<float> rows(static_cast<size_t>(kStepTokens * kStepHidden), 0.5f);
+  std::vector<float> out_rows(static_cast<size_t>(kStepItems * kStepTokens * kStepHidden));
+  std::vector<void*> outs;
+  for (int i = 0; i < kStepItems; ++i)
+    outs.push_back(out_rows.data() + i * kStepTokens * kStepHidden);
+  StepStore s;
+  const auto step = make_step(rows.data(), Device::kHost, outs);
+  if (!store) (void)s.store.store_batch(step->stores);
+  std::vector<double> seconds;
+  for (int i = 0; i < iterations; ++i) {
+    if (store) s.drop_all(*step);
+    const auto start = std::chrono::steady_clock::now();
+    if (store && batch) {
+      (void)s.store.store_batch(step->stores);
+    } else if (store) {
+      for (const StoreItem& item : step->stores) {
+        (void)s.store.store_hidden_states(item.token_ids, item.hidden_states, item.options);
+      }
+    } else if (batch) {
+      (void)s.store.retrieve_batch_into(step->retrieves);
+    } else {
+      for (const RetrieveItem& item : step->retrieves) {
+        (void)s.store.retrieve_hidden_states_into(item.token_ids, item.out, item.options);
+      }
+    }
+    seconds.push_back(seconds_since(start));
+  }
+  std::sort(seconds.begin(), seconds.end());
+  std::printf("%s: %d iterations of %d items, median %.3f us per item\n", mode.c_str(), iterations,
+              kStepItems, seconds[seconds.size() / 2] / kStepItems * 1e6);
+  return 0;
 }
 
 int run(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::string mode = argv[1];
+  if (mode == "batch-store" || mode == "single-store" || mode == "batch-retrieve" ||
+      mode == "single-retrieve") {
+    const int iterations = argc > 2 ? std::atoi(argv[2]) : 20;
+    return iterations > 0 ? run_step(mode, iterations) : usage();
+  }
   if (mode != "store" && mode != "retrieve" && mode != "fresh" && mode != "stream" &&
       mode != "memcpy") {
     return usage();

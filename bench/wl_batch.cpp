@@ -1,8 +1,6 @@
-// Workloads `batch` and `gpu_batch`: the per-item cost of an engine step issued as one batch call
-// (store_batch / retrieve_batch_into) against the same items issued as single calls, with a
-// hidden dim small enough that the copies are negligible: what is left is per-call overhead.
-// One step = 256 requests x 3 layers = 768 items, each request a 2-chunk prefix (32 tokens of
-// chunk size 16, hidden dim 16). gpu_batch does the same with device tensors (needs a device).
+// Workloads `batch` and `gpu_batch`: the per-item cost of an engine step (batch_step.hpp: 768
+// items) issued as one batch call (store_batch / retrieve_batch_into) against the same items
+// issued as single calls. gpu_batch does the same with device tensors (needs a device).
 
 #include <cstdio>
 #include <functional>
@@ -10,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "batch_step.hpp"
 #include "common.hpp"
 
 #if HSS_BENCH_WITH_CUDA
@@ -19,72 +18,18 @@
 namespace hss::bench {
 namespace {
 
-constexpr int64_t kChunk = 16;
-constexpr int64_t kHidden = 16;
-constexpr int64_t kTokens = 32;  // per request
-constexpr int kRequests = 256;
-constexpr int kLayers = 3;
-constexpr int kItems = kRequests * kLayers;
-
-struct Step {
-  std::vector<std::vector<int32_t>> prompts32;  // for BareStore::drop
-  std::vector<std::vector<int64_t>> prompts;
-  std::vector<StoreItem> stores;
-  std::vector<RetrieveItem> retrieves;
-};
-
-/// 768 items over `rows` (kTokens x kHidden float32, host or device) and `outs` (one per item).
-std::shared_ptr<Step> make_step(const void* rows, Device device, const std::vector<void*>& outs) {
-  auto step = std::make_shared<Step>();
-  for (int r = 0; r < kRequests; ++r) {
-    step->prompts32.push_back(make_tokens(kTokens, 1000 + static_cast<uint64_t>(r)));
-    step->prompts.emplace_back(step->prompts32.back().begin(), step->prompts32.back().end());
-  }
-  for (int layer = 0; layer < kLayers; ++layer) {
-    for (int r = 0; r < kRequests; ++r) {
-      StoreOptions so;
-      so.layer_idx = layer;
-      step->stores.push_back({step->prompts[static_cast<size_t>(r)],
-                              {rows, DType::kFloat32, kTokens, kHidden, 0, device, 0},
-                              so});
-      RetrieveOptions ro;
-      ro.layer_idx = layer;
-      step->retrieves.push_back(
-          {step->prompts[static_cast<size_t>(r)],
-           {outs[step->retrieves.size()], DType::kFloat32, kTokens, kHidden, 0, device, 0},
-           ro});
-    }
-  }
-  return step;
-}
-
-/// A store whose pool holds the whole step with room to spare and whose granule is one chunk
-/// (1 KiB), so no call evicts: the figures are per-call overhead alone.
-struct StepStore {
-  StepStore() : db(kChunk, false), store(config(), db) {}
-  static Config config() {
-    Config c;
-    c.chunk_size = kChunk;
-    c.enable_hidden_state_cache = true;
-    c.max_hidden_state_cpu_size = 8.0 / 1024;  // 8 MiB: 4x the step's 1536 chunks of 1 KiB
-    c.hidden_state_block_bytes = kChunk * kHidden * 4;
-    return c;
-  }
-  void drop(std::span<const int32_t> tokens) {
-    for (const Chunk& chunk : db.process_tokens(tokens)) (void)store.drop_key(chunk.key);
-  }
-  ChunkedTokenDatabase db;
-  HiddenStateStore store;
-};
+constexpr int64_t kChunk = kStepChunk;
+constexpr int64_t kHidden = kStepHidden;
+constexpr int64_t kTokens = kStepTokens;
+constexpr int kLayers = kStepLayers;
+constexpr int kItems = kStepItems;
 
 void batch_case(Context& ctx, const std::string& workload, Device device, const void* rows,
                 const std::vector<void*>& outs, const std::function<void()>& sync) {
   auto hss = std::make_shared<StepStore>();
   auto step = make_step(rows, device, outs);
   const double bytes = static_cast<double>(kItems * kTokens * kHidden * 4);
-  auto drop_all = [hss, step] {
-    for (const auto& p : step->prompts32) hss->drop(p);
-  };
+  auto drop_all = [hss, step] { hss->drop_all(*step); };
   auto store_batch = [hss, step, sync] {
     (void)hss->store.store_batch(step->stores);
     sync();

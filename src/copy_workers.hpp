@@ -1,5 +1,6 @@
 #pragma once
-// The threads that split one large host copy (Config::hidden_state_copy_threads).
+// The threads that split one large host copy (hidden_state_copy_threads,
+// Config::tuning.copy_threads).
 //
 // Why: one core drives a fraction of a server socket's memory bandwidth (a 256 MiB restore takes
 // ~25 ms on one thread of the CI VMs). A host store or restore of at least two

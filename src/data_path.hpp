@@ -137,7 +137,7 @@ class DevicePath {
   /// Kernel launches and copy calls enqueued so far, over every stream (what a batch saves).
   [[nodiscard]] virtual uint64_t launches() const = 0;
   /// Restores and batch launches that waited on the host because every launch slot of their
-  /// device (Config::hidden_state_launch_slots) was in flight.
+  /// device (hidden_state_launch_slots, Config::tuning.launch_slots) was in flight.
   [[nodiscard]] virtual uint64_t launch_waits() const = 0;
 
   /// Drops the keep-alives of the restores that have finished; never waits. Returns how many.

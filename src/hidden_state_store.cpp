@@ -50,10 +50,10 @@ HiddenStateStore::Impl::Impl(const Config& config, const TokenDatabase& token_da
       // The pool is empty: the calibration may overwrite it.
       host_copy_(detail::choose_host_copy(
           config_, std::span<std::byte>(pool_.block_address(0), pool_.capacity_bytes()))),
-      copy_workers_(config_.tuning.copy_threads > 1
-                        ? std::make_unique<detail::CopyWorkers>(
-                              static_cast<int>(config_.tuning.copy_threads))
-                        : nullptr),
+      copy_workers_(
+          config_.tuning.copy_threads > 1
+              ? std::make_unique<detail::CopyWorkers>(static_cast<int>(config_.tuning.copy_threads))
+              : nullptr),
       device_path_(detail::DevicePath::create(config_)),
       mac_(detail::ValueMac::from_config(config_)),
       // Queued writes may keep half the pool from eviction; beyond that they copy.
@@ -190,9 +190,15 @@ void HiddenStateStore::Impl::check_invariants() const {
   }
   uint64_t ready = 0, bytes = 0, blocks = 0, lru_count = 0, ready_keys = 0;
   std::array<detail::StoreIndex::KindTotals, kNumActivationKinds> kinds{};
+  uint64_t entries = 0;
   index_.for_each_lru([&](const CacheEngineKey& key, const detail::KeyRecord& record) {
     ++lru_count;
-    if (*record.lru != &key) fail("LRU node of key " + key.to_string() + " points elsewhere");
+    entries += record.slots.size();
+    if (record.key != &key) fail("LRU record of key " + key.to_string() + " points elsewhere");
+    if ((record.lru_next != nullptr && record.lru_next->lru_prev != &record) ||
+        (record.lru_prev != nullptr && record.lru_prev->lru_next != &record)) {
+      fail("LRU links of key " + key.to_string() + " disagree");
+    }
     if (record.slots.empty()) fail("key " + key.to_string() + " has no slots");
     const auto ready_slots = std::count_if(record.slots.begin(), record.slots.end(),
                                            [](const EntryRef& e) { return e->ready(); });
@@ -224,6 +230,12 @@ void HiddenStateStore::Impl::check_invariants() const {
     }
   });
   if (lru_count != index_.keys()) fail("LRU list and map disagree on the number of keys");
+  if (lru_count != index_.lru_size()) fail("LRU list and its length disagree");
+  // Every entry of the index lives in a node of the entry pool (entry_pool.hpp).
+  if (entries > entries_.nodes_in_use()) {
+    fail(std::to_string(entries) + " entries in the index but " +
+         std::to_string(entries_.nodes_in_use()) + " entry nodes in use");
+  }
   if (ready_keys != index_.ready_keys()) fail("count of cached keys disagrees with the index");
   if (ready != index_.ready_entries() || bytes != index_.bytes_held() ||
       blocks != index_.blocks_held()) {
@@ -419,5 +431,6 @@ void HiddenStateStore::check_invariants() const { impl_->check_invariants(); }
 void HiddenStateStore::flush() { impl_->flush(); }
 void HiddenStateStore::close() { impl_->close(); }
 HiddenStateStats HiddenStateStore::stats() const { return impl_->stats(); }
+const Config& HiddenStateStore::config() const { return impl_->config(); }
 
 }  // namespace hss

@@ -59,8 +59,9 @@ void check_item(size_t index, Fn&& check) {
 class ChunkCache {
  public:
   struct SpanKey {
-    const int64_t* data = nullptr;
+    const void* data = nullptr;
     size_t size = 0;
+    bool int32 = false;
     bool operator==(const SpanKey&) const = default;
   };
   struct List {
@@ -77,8 +78,9 @@ class ChunkCache {
     table_.assign(buckets, kEmpty);
   }
   /// The list of item `index`'s tokens: its position in lists().
-  size_t list_of(size_t index, std::span<const int64_t> tokens) {
-    const SpanKey key{tokens.data(), tokens.size()};
+  size_t list_of(size_t index, TokenIds tokens) {
+    const SpanKey key{tokens.visit([](auto ids) { return static_cast<const void*>(ids.data()); }),
+                      tokens.size(), tokens.is_int32()};
     if (last_ < lists_.size() && lists_[last_].span == key) return found(last_);
     const size_t mask = table_.size() - 1;
     size_t bucket = hash(key) & mask;
@@ -87,7 +89,9 @@ class ChunkCache {
     }
     List list;
     list.span = key;
-    check_item(index, [&] { list.chunks = db_.process_tokens(tokens); });
+    check_item(index, [&] {
+      list.chunks = tokens.visit([&](auto ids) { return db_.process_tokens(ids); });
+    });
     list.lookups = detail::RecordLookups(list.chunks.size());
     lists_.push_back(std::move(list));  // capacity reserved: no reallocation, spans stay valid
     table_[bucket] = lists_.size() - 1;
@@ -196,7 +200,22 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
                 &lists[list_of[i]].lookups,
                 list_of[i]};
   }
-  std::vector<Walk> walks(items.size());
+  // Host items' pins in one arena for the batch (a walk pins at most min(chunks, 4096) entries
+  // per slot: walk_index_locked's reserve); device items' pins go with their launch, so on the
+  // heap. Declared before the walks: it outlives their pins.
+  size_t pin_bytes = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].out.device != Device::kCuda) {
+      pin_bytes +=
+          std::min<size_t>(lists[list_of[i]].chunks.size(), 4096) * sizeof(detail::EntryRef);
+    }
+  }
+  std::pmr::monotonic_buffer_resource arena(pin_bytes + 64, std::pmr::new_delete_resource());
+  std::vector<Walk> walks;
+  walks.reserve(items.size());
+  for (const RetrieveItem& item : items) {
+    walks.emplace_back(item.out.device == Device::kCuda ? std::pmr::new_delete_resource() : &arena);
+  }
   std::vector<int64_t> rows(items.size());
   retrieve_reads(reads, walks, rows, /*name_items=*/true);
   return rows;

@@ -22,6 +22,7 @@
 #include "data_path.hpp"
 #include "deferred_release.hpp"
 #include "dtype_codes.hpp"
+#include "entry_pool.hpp"
 #include "hss/hidden_state_store.hpp"
 #include "hss/pool_transfer.hpp"
 #include "lease_table.hpp"
@@ -33,6 +34,7 @@ namespace hss {
 
 class HiddenStateStore::Impl {
  public:
+  [[nodiscard]] const Config& config() const { return config_; }
   Impl(const Config& config, const TokenDatabase& token_database);
   ~Impl();
 
@@ -119,9 +121,20 @@ class HiddenStateStore::Impl {
   /// What a prefix walk found, before anything changed: the pinned entries of the prefix
   /// ([chunk][slot] flattened), the chunk whose KV is gone (to drop), the prefix length.
   struct Walk {
+    /// The walk's pins: on the heap, or in a batch's arena (retrieve_batch_into's host items,
+    /// one allocation for the batch); restore_walks never lets an arena's pins outlive the call.
+    using Pins = std::pmr::vector<detail::EntryRef>;
+    explicit Walk(std::pmr::memory_resource* memory = std::pmr::new_delete_resource())
+        : pinned(memory) {}
+    Walk(Walk&&) = default;
+    Walk& operator=(Walk&&) = default;
+    Walk(const Walk&) = delete;  // a copy's pins would take the process-wide default resource
+    Walk& operator=(const Walk&) = delete;
+    ~Walk() = default;
+
     std::span<const Chunk> chunks;
     size_t slots = 0;
-    std::vector<detail::EntryRef> pinned;
+    Pins pinned;
     int64_t hits = 0;
     std::optional<size_t> orphan;       // KV gone here: drop the key, prefix ends here
     std::optional<size_t> failed_copy;  // a device copy into this chunk failed: drop it
@@ -195,8 +208,10 @@ class HiddenStateStore::Impl {
   void restore_walks(std::span<Walk> walks, std::span<const ReadItem> reads,
                      std::span<int64_t> rows);
   /// Rows [row_begin, prefix end) of slot `slot` of a walk as gather segments.
-  std::vector<kernels::GatherSegment> plan_restore(const Walk& w, size_t slot,
-                                                   int64_t row_begin) const;
+  /// Fills `segments` (cleared first: callers reuse one buffer) with the walk's pool runs of
+  /// `slot` from row_begin on.
+  void plan_restore(const Walk& w, size_t slot, int64_t row_begin,
+                    std::vector<kernels::GatherSegment>& segments) const;
 
   /// Store phases (hidden_state_store_write.cpp).
   struct Write;
@@ -219,6 +234,14 @@ class HiddenStateStore::Impl {
   /// by `guard` while the pool is short. False, nothing taken and counted as an allocation
   /// failure, when the pool cannot make room. Caller holds mutex_.
   bool grant_blocks(detail::Entry& entry, uint64_t guard) noexcept;
+  /// One entry of `key` made PENDING outside the store pipeline (the remote read-through, an
+  /// import): room in the key's record or a prepared one, the granules (grant_blocks), then
+  /// `replaces` (the slot's entry of another shape, or nullptr) removed and the entry added.
+  /// False when the pool had no room (only evictions happened). std::bad_alloc before anything
+  /// changed, or, rarely, after the grant (an eviction removed the key's record and preparing it
+  /// again failed: the granules go back, only evictions happened). Caller holds mutex_.
+  bool add_one_pending_locked(const CacheEngineKey& key, const detail::EntryRef& entry,
+                              uint64_t guard, const detail::Entry* replaces);
   /// Host stores: merges segments that continue each other in the source and the pool.
   static void merge_host_runs(std::pmr::vector<kernels::WriteSegment>& segments,
                               int64_t cols) noexcept;
@@ -264,6 +287,8 @@ class HiddenStateStore::Impl {
   // entry the device path may still hold, and the deferred releases (granules of dropped entries
   // whose copies were in flight) are returned after the device path drained and before the pool
   // goes.
+  // Every entry's node (entry_pool.hpp): declared before the pool, so it outlives every entry.
+  detail::EntryPool entries_;
   detail::BlockPool pool_;
   detail::DeferredRelease deferred_{pool_};
   // Host copies: the strategy chosen for this machine (calibrated on the empty pool, once per

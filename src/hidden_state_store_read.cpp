@@ -10,8 +10,8 @@
 #include <string>
 
 #include "hidden_state_store_impl.hpp"
-#include "launch_groups.hpp"
 #include "hss/error.hpp"
+#include "launch_groups.hpp"
 #include "log.hpp"
 #include "nvtx.hpp"
 #include "store_validation.hpp"
@@ -160,9 +160,9 @@ void HiddenStateStore::Impl::count_walk(const Walk& w, int64_t n_tokens) noexcep
                                   std::memory_order_relaxed);
 }
 
-std::vector<kernels::GatherSegment> HiddenStateStore::Impl::plan_restore(const Walk& w, size_t slot,
-                                                                         int64_t row_begin) const {
-  std::vector<kernels::GatherSegment> segments;
+void HiddenStateStore::Impl::plan_restore(const Walk& w, size_t slot, int64_t row_begin,
+                                          std::vector<kernels::GatherSegment>& segments) const {
+  segments.clear();
   const int64_t cols = w.cols(slot);
   const auto granule = static_cast<int64_t>(pool_.granule_bytes());
   for (int64_t i = 0; i < w.hits; ++i) {
@@ -190,7 +190,6 @@ std::vector<kernels::GatherSegment> HiddenStateStore::Impl::plan_restore(const W
           segments.push_back({src, dst_elem, count, entry.storage});
         });
   }
-  return segments;
 }
 
 template <typename Token>
@@ -216,11 +215,12 @@ std::vector<HostTensor> HiddenStateStore::Impl::retrieve_chunk_list(std::span<co
   if (row_begin < w.prefix_tokens) {
     HSS_RANGE("retrieve/assemble");
     out.reserve(slots.size());
+    std::vector<kernels::GatherSegment> host_segments;
     for (size_t s = 0; s < slots.size(); ++s) {
       const int64_t cols = w.cols(s);
       HostTensor tensor(w.prefix_tokens - row_begin, cols);
-      detail::host_restore(plan_restore(w, s, row_begin), {tensor.data(), cols, cols},
-                           host_copy_context());
+      plan_restore(w, s, row_begin, host_segments);
+      detail::host_restore(host_segments, {tensor.data(), cols, cols}, host_copy_context());
       out.push_back(std::move(tensor));
     }
   }
@@ -317,8 +317,10 @@ void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std
   // One touch per key and list: the LRU order after a run of touches depends only on each
   // key's last touch, so an item skips the chunks a later item of its list touches again (a
   // key erased in between is gone either way).
-  std::vector<int64_t> touch_from(reads.size(), 0);
+  // (A single read touches every chunk: nothing to compute, nothing allocated.)
+  std::vector<int64_t> touch_from;
   if (reads.size() > 1) {
+    touch_from.assign(reads.size(), 0);
     std::vector<int64_t> later_hits;
     for (size_t i = reads.size(); i-- > 0;) {
       if (reads[i].list >= later_hits.size()) later_hits.resize(reads[i].list + 1, 0);
@@ -331,7 +333,7 @@ void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std
     // The lookups of the walks stay valid unless a key was erased meanwhile (they look again).
     std::lock_guard lock(mutex_);
     for (size_t i = 0; i < reads.size(); ++i) {
-      apply_walk_locked(walks[i], reads[i].lookups, touch_from[i]);
+      apply_walk_locked(walks[i], reads[i].lookups, touch_from.empty() ? 0 : touch_from[i]);
     }
   }
   uint64_t hit_tokens = 0, miss_tokens = 0;
@@ -375,6 +377,8 @@ void HiddenStateStore::Impl::restore_walks(std::span<Walk> walks, std::span<cons
   detail::LaunchGroups<detail::RestoreJob> groups;
   // Device jobs' segments (jobs hold spans of them: their buffers do not move with the list).
   std::vector<std::vector<kernels::GatherSegment>> segments;
+  // Host outputs' segments: one buffer for every host output of the call, reused.
+  std::vector<kernels::GatherSegment> host_segments;
   for (size_t i = 0; i < reads.size(); ++i) {
     Walk& w = walks[i];
     const int64_t row_begin = reads[i].row_begin;
@@ -387,19 +391,25 @@ void HiddenStateStore::Impl::restore_walks(std::span<Walk> walks, std::span<cons
       const kernels::OutputView view{out.data, w.cols(s), out.stride(),
                                      detail::to_elem_type(out.dtype)};
       if (out.device == Device::kCuda) {
-        segments.push_back(plan_restore(w, s, row_begin));
+        plan_restore(w, s, row_begin, segments.emplace_back());
         groups.add(out.device_index, reads[i].stream, {segments.back(), view}, i);
       } else {
-        detail::host_restore(plan_restore(w, s, row_begin), view, host_copy_context());
+        plan_restore(w, s, row_begin, host_segments);
+        detail::host_restore(host_segments, view, host_copy_context());
       }
     }
   }
   // The pins of a walk whose jobs are all in one group move into it; groups sharing a walk (its
   // outputs on several devices) or holding several walks share or copy them.
-  std::vector<std::shared_ptr<std::vector<detail::EntryRef>>> walk_pins(walks.size());
+  // Pins on the heap move; pins in a batch's arena are copied out (the arena dies with the call).
+  std::pmr::memory_resource* const heap = std::pmr::new_delete_resource();
+  std::vector<std::shared_ptr<Walk::Pins>> walk_pins(walks.size());
   const auto pins_of = [&](size_t i) {
     if (!walk_pins[i]) {
-      walk_pins[i] = std::make_shared<std::vector<detail::EntryRef>>(std::move(walks[i].pinned));
+      Walk::Pins& own = walks[i].pinned;
+      walk_pins[i] = own.get_allocator().resource() == heap
+                         ? std::make_shared<Walk::Pins>(std::move(own))
+                         : std::make_shared<Walk::Pins>(own.begin(), own.end(), heap);
     }
     return walk_pins[i];
   };
@@ -407,19 +417,21 @@ void HiddenStateStore::Impl::restore_walks(std::span<Walk> walks, std::span<cons
     const bool one_walk = std::all_of(group.items.begin(), group.items.end(),
                                       [&](size_t i) { return i == group.items.front(); });
     std::vector<detail::FenceRef> fences;
-    std::shared_ptr<std::vector<detail::EntryRef>> pins;
+    std::shared_ptr<Walk::Pins> pins;
     if (one_walk) {
       fences = walks[group.items.front()].fences;  // distinct already
       pins = pins_of(group.items.front());
     } else {
-      pins = std::make_shared<std::vector<detail::EntryRef>>();
+      pins = std::make_shared<Walk::Pins>(heap);
       size_t last = SIZE_MAX;
       for (const size_t i : group.items) {
         if (i == last) continue;
         last = i;
         const Walk& w = walks[i];
         fences.insert(fences.end(), w.fences.begin(), w.fences.end());
-        const auto& held = walk_pins[i] ? *walk_pins[i] : w.pinned;
+        const std::span<const EntryRef> held = walk_pins[i]
+                                                   ? std::span<const EntryRef>(*walk_pins[i])
+                                                   : std::span<const EntryRef>(w.pinned);
         pins->insert(pins->end(), held.begin(), held.end());
       }
       std::sort(fences.begin(), fences.end());

@@ -87,28 +87,15 @@ size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
 HiddenStateStore::Impl::InsertResult HiddenStateStore::Impl::insert_fetched(
     const Chunk& chunk, Slot slot, const detail::RemoteValue& value, uint64_t guard) {
   const auto storage = detail::to_elem_type(value.dtype);
-  auto entry = std::make_shared<detail::Entry>(pool_, value.rows, value.cols, storage, slot);
+  auto entry = entries_.make(pool_, value.rows, value.cols, storage, slot);
   entry->blocks.reserve(pool_.blocks_for(entry->payload_bytes()));
-  detail::StoreIndex::Prepared prepared;
   {
     std::lock_guard lock(mutex_);
     if (closed_) return InsertResult::kNoRoom;
-    detail::KeyRecord* record = index_.find(chunk.key);
+    const detail::KeyRecord* record = index_.find(chunk.key);
     if (record != nullptr && record->find(slot) != nullptr) return InsertResult::kPresent;
-    // Everything that may allocate first; below it nothing throws.
-    if (record != nullptr) {
-      record->slots.reserve(record->slots.size() + 1);
-    } else {
-      index_.prepare_insert(prepared, chunk.key, 1);
-      index_.reserve_keys(1);
-    }
-    if (!grant_blocks(*entry, guard)) return InsertResult::kNoRoom;
-    // An eviction above may have removed this key's record: find or insert it again.
-    if (index_.find(chunk.key) == nullptr && prepared.empty()) {
-      index_.prepare_insert(prepared, chunk.key, 1);  // rare; may throw, ~Entry frees granules
-      index_.reserve_keys(1);
-    }
-    (void)index_.add_pending(chunk.key, entry, prepared, guard);  // invisible, not evictable
+    // PENDING: invisible and not evictable while its bytes are copied in below.
+    if (!add_one_pending_locked(chunk.key, entry, guard, nullptr)) return InsertResult::kNoRoom;
   }
   detail::fill_entry(*entry, pool_, value.payload);  // no lock: a copy
   std::lock_guard lock(mutex_);

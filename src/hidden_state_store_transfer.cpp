@@ -206,8 +206,7 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
     item.header_bytes = e.header;
     item.mac = e.mac;
     const auto storage = detail::to_elem_type(header->dtype);
-    item.entry =
-        std::make_shared<detail::Entry>(pool_, header->rows, header->cols, storage, e.slot);
+    item.entry = entries_.make(pool_, header->rows, header->cols, storage, e.slot);
     // Capacity only: granules are granted under the lock (an Entry releases what `blocks` holds).
     item.entry->blocks.reserve(pool_.blocks_for(payload));
     items.push_back(std::move(item));
@@ -231,41 +230,21 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
       for (; granted < items.size(); ++granted) {
         Reservation::State::Item& item = items[granted];
         const Chunk& chunk = chunks[item.chunk];
-        detail::Entry& entry = *item.entry;
-        detail::KeyRecord* record = index_.find(chunk.key);
-        if (EntryRef* held = record ? record->find(entry.slot) : nullptr) {
+        const detail::Entry& entry = *item.entry;
+        const detail::KeyRecord* record = index_.find(chunk.key);
+        const detail::Entry* replaces = nullptr;  // the slot's entry of another shape
+        if (const EntryRef* held = record ? record->find(entry.slot) : nullptr) {
           if (!(*held)->ready() || ((*held)->rows == entry.rows && (*held)->cols == entry.cols &&
-                                  (*held)->storage == entry.storage)) {
+                                    (*held)->storage == entry.storage)) {
             skipped[granted] = true;  // present, or being written by another call
             continue;
           }
+          replaces = held->get();
         }
-        // What may allocate, before this item changes anything.
-        detail::StoreIndex::Prepared prepared;
-        if (record != nullptr) {
-          record->slots.reserve(record->slots.size() + 1);
-        } else {
-          index_.prepare_insert(prepared, chunk.key, 1);
-          index_.reserve_keys(1);
+        // The key's guard keeps it (and so `replaces`) out of the grant's evictions.
+        if (!add_one_pending_locked(chunk.key, item.entry, guard, replaces)) {
+          break;  // prefix-strict: nothing after the first miss
         }
-        if (!grant_blocks(entry, guard)) break;  // prefix-strict: nothing after the first miss
-        if (record != nullptr) {
-          if (EntryRef* held = record->find(entry.slot)) {
-            index_.erase_slot(chunk.key, held->get());  // another shape: replaced
-            record = index_.find(chunk.key);
-          }
-        }
-        if (record == nullptr && prepared.empty()) {
-          try {
-            index_.prepare_insert(prepared, chunk.key, 1);  // the record went meanwhile (rare)
-            index_.reserve_keys(1);
-          } catch (...) {
-            pool_.release(entry.blocks);
-            entry.blocks.clear();
-            throw;
-          }
-        }
-        (void)index_.add_pending(chunk.key, item.entry, prepared, guard, record);
       }
     } catch (...) {
       for (size_t i = 0; i < granted; ++i) {

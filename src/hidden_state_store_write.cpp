@@ -1,6 +1,6 @@
 // The store path. Three phases, so that a failure anywhere leaves the store as it was:
 //   1. under the index lock: plan which chunks need writing, allocate everything the plan needs
-//      (entries, map and LRU nodes, slot vectors) while nothing is changed yet, then apply it with
+//      (entries, map nodes, slot vectors) while nothing is changed yet, then apply it with
 //      operations that cannot throw (touches, evictions, granule grants, inserts as PENDING);
 //   2. no lock: copy the rows into the granted granules (host) or enqueue the copies (device);
 //   3. under the lock: publish the entries as READY.
@@ -12,9 +12,9 @@
 #include <string>
 
 #include "hidden_state_store_impl.hpp"
-#include "launch_groups.hpp"
 #include "hss/detail/checked.hpp"
 #include "hss/error.hpp"
+#include "launch_groups.hpp"
 #include "nvtx.hpp"
 #include "store_validation.hpp"
 
@@ -177,6 +177,35 @@ bool HiddenStateStore::Impl::grant_blocks(detail::Entry& entry, uint64_t guard) 
   return ok;
 }
 
+bool HiddenStateStore::Impl::add_one_pending_locked(const CacheEngineKey& key,
+                                                    const detail::EntryRef& entry, uint64_t guard,
+                                                    const detail::Entry* replaces) {
+  // Everything that may allocate first; the grant's evictions are the first change.
+  detail::StoreIndex::Prepared prepared;
+  if (detail::KeyRecord* record = index_.find(key)) {
+    record->slots.reserve(record->slots.size() + 1);
+  } else {
+    index_.prepare_insert(prepared, key, 1);
+    index_.reserve_keys(1);
+  }
+  if (!grant_blocks(*entry, guard)) return false;
+  if (replaces != nullptr) index_.erase_slot(key, replaces);
+  // An eviction above (or the replaced last slot) may have removed the key's record.
+  detail::KeyRecord* record = index_.find(key);
+  if (record == nullptr && prepared.empty()) {
+    try {
+      index_.prepare_insert(prepared, key, 1);
+      index_.reserve_keys(1);
+    } catch (...) {
+      pool_.release(entry->blocks);
+      entry->blocks.clear();
+      throw;
+    }
+  }
+  (void)index_.add_pending(key, entry, prepared, guard, record);
+  return true;
+}
+
 void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
                                                       const StoreOptions& opt, ElemType storage,
                                                       StorePlan& plan, PlanContext& context) {
@@ -203,7 +232,7 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
     const auto bytes = static_cast<uint64_t>(
         detail::mul_or_throw(detail::mul_or_throw(chunk.size(), hidden.cols, "chunk elements"),
                              plan.esize, "chunk bytes"));
-    auto entry = std::make_shared<detail::Entry>(pool_, chunk.size(), hidden.cols, storage, slot);
+    auto entry = entries_.make(pool_, chunk.size(), hidden.cols, storage, slot);
     const size_t need = pool_.blocks_for(bytes);
     entry->blocks.reserve(need);
     max_segments += need;

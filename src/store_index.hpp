@@ -3,8 +3,10 @@
 // the store guards it with its index mutex and keeps every copy outside that lock.
 //
 // Exception safety: every mutating method here is noexcept once its inputs exist. Allocation (map
-// nodes, LRU nodes, slot vectors) happens in prepare_insert(), which changes nothing visible, so a
-// store can reserve everything first and then apply its plan without a throw in the middle.
+// nodes, slot vectors) happens in prepare_insert(), which changes nothing visible, so a store can
+// reserve everything first and then apply its plan without a throw in the middle. The LRU is
+// intrusive (links in each KeyRecord, which never moves: map nodes are stable), so it allocates
+// nothing and finding a victim needs no map lookup.
 //
 // Every change of an entry's state (EntryState, below) is one StoreIndex method: add_pending,
 // publish, withdraw, erase, erase_slot, clear. The store, the remote tier's read-through and the
@@ -13,7 +15,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -36,10 +37,10 @@ namespace hss::detail {
 ///   (made) -------------------> PENDING -------------------> READY
 ///                                  |                            |
 ///                                  | withdraw                   | erase / erase_slot / clear
-///                                  | (copy failed, import       | (pool pressure, KV gone, drop_key,
-///                                  |  rejected or abandoned,    |  another shape, failed device
-///                                  |  erase of its key)         |  copy seen by a walk, close)
-///                                  v                            v
+///                                  | (copy failed, import       | (pool pressure, KV gone,
+///                                  drop_key, |  rejected or abandoned,    |  another shape, failed
+///                                  device |  erase of its key)         |  copy seen by a walk,
+///                                  close) v                            v
 ///                               DETACHED <----------------------+
 ///                                  |
 ///                                  | the last reference drops (pins: retrieves, device restores,
@@ -108,10 +109,13 @@ struct Entry {
 };
 using EntryRef = std::shared_ptr<Entry>;
 
-/// Every slot of one key plus its LRU position.
+/// Every slot of one key plus its LRU links.
 struct KeyRecord {
   std::vector<EntryRef> slots;
-  std::list<const CacheEngineKey*>::iterator lru;
+  // StoreIndex's LRU list (front = least recently used), linked while the record is in the map.
+  KeyRecord* lru_prev = nullptr;
+  KeyRecord* lru_next = nullptr;
+  const CacheEngineKey* key = nullptr;  ///< the map's key of this record (set when linked)
   uint64_t guard = 0;        ///< id of the store call that may not evict this key (see StoreIndex)
   uint32_t ready_slots = 0;  ///< slots published (the key counts as cached when > 0)
 
@@ -148,7 +152,7 @@ class StoreIndex {
  public:
   using Map = std::unordered_map<CacheEngineKey, KeyRecord>;
 
-  /// New keys prepared for insertion: their map nodes and LRU nodes exist, outside the index.
+  /// New keys prepared for insertion: their map nodes exist, outside the index.
   class Prepared {
    public:
     [[nodiscard]] bool empty() const { return nodes_.empty(); }
@@ -159,7 +163,6 @@ class StoreIndex {
    private:
     friend class StoreIndex;
     Map nodes_;
-    std::list<const CacheEngineKey*> lru_;
   };
 
   [[nodiscard]] KeyRecord* find(const CacheEngineKey& key) {
@@ -175,15 +178,12 @@ class StoreIndex {
   /// per key. `slots` is the capacity its slot vector needs.
   void prepare_insert(Prepared& prepared, const CacheEngineKey& key, size_t slots) {
     auto [it, inserted] = prepared.nodes_.try_emplace(key);
-    if (inserted) {
-      try {
-        prepared.lru_.push_back(nullptr);
-      } catch (...) {
-        prepared.nodes_.erase(it);
-        throw;
-      }
+    try {
+      it->second.slots.reserve(slots);
+    } catch (...) {
+      if (inserted) prepared.nodes_.erase(it);
+      throw;
     }
-    it->second.slots.reserve(slots);
   }
   /// Makes sure the map can take `extra` more keys without rehashing (may throw; the rehash
   /// itself is invisible).
@@ -229,19 +229,22 @@ class StoreIndex {
   /// happens when the entry is no longer the key's (already DETACHED).
   void withdraw(const CacheEngineKey& key, const Entry& entry) noexcept { erase_slot(key, &entry); }
 
-  void touch(KeyRecord& record) noexcept { lru_.splice(lru_.end(), lru_, record.lru); }
+  /// Moves the record to the MRU end.
+  void touch(KeyRecord& record) noexcept {
+    if (lru_tail_ == &record) return;
+    unlink(record);
+    link_back(record);
+  }
 
   /// The record of `key`, moved in from `prepared` at the MRU end (the caller found it absent),
   /// with no slot yet: add_pending fills it (tests build records with it directly).
   KeyRecord& insert(const CacheEngineKey& key, Prepared& prepared) noexcept {
     auto node = prepared.nodes_.extract(key);
-    auto lru_node = prepared.lru_.begin();
     auto [it, inserted, unused] = map_.insert(std::move(node));
     (void)inserted;
     (void)unused;
-    lru_.splice(lru_.end(), prepared.lru_, lru_node);
-    *lru_node = &it->first;
-    it->second.lru = lru_node;
+    it->second.key = &it->first;
+    link_back(it->second);
     return it->second;
   }
 
@@ -261,7 +264,7 @@ class StoreIndex {
       ready += entry->ready() ? 1 : 0;
       detach(it->second, *entry);
     }
-    lru_.erase(it->second.lru);
+    unlink(it->second);
     map_.erase(it);
     ++erasures_;
     return ready;
@@ -281,7 +284,7 @@ class StoreIndex {
       }
     }
     if (slots.empty()) {
-      lru_.erase(it->second.lru);
+      unlink(it->second);
       map_.erase(it);
       ++erasures_;
     }
@@ -291,11 +294,10 @@ class StoreIndex {
   /// `freeable_only`) pinned by nobody; nullptr if none.
   [[nodiscard]] const CacheEngineKey* eviction_candidate(uint64_t guard,
                                                          bool freeable_only) const noexcept {
-    for (const CacheEngineKey* key : lru_) {
-      const KeyRecord& record = map_.find(*key)->second;
-      if (guard != 0 && record.guard == guard) continue;
-      if (record.busy() || (freeable_only && !record.freeable())) continue;
-      return key;
+    for (const KeyRecord* record = lru_head_; record != nullptr; record = record->lru_next) {
+      if (guard != 0 && record->guard == guard) continue;
+      if (record->busy() || (freeable_only && !record->freeable())) continue;
+      return record->key;
     }
     return nullptr;
   }
@@ -306,7 +308,8 @@ class StoreIndex {
       for (const EntryRef& entry : record.slots) entry->state = EntryState::kDetached;
     }
     map_.clear();
-    lru_.clear();
+    lru_head_ = lru_tail_ = nullptr;
+    lru_size_ = 0;
     ++erasures_;
     ready_entries_ = bytes_held_ = blocks_held_ = ready_keys_ = 0;
     per_kind_ = {};
@@ -314,7 +317,9 @@ class StoreIndex {
 
   template <typename Fn>
   void for_each_lru(Fn&& fn) const {
-    for (const CacheEngineKey* key : lru_) fn(*key, map_.find(*key)->second);
+    for (const KeyRecord* record = lru_head_; record != nullptr; record = record->lru_next) {
+      fn(*record->key, *record);
+    }
   }
 
   struct KindTotals {
@@ -324,7 +329,7 @@ class StoreIndex {
   [[nodiscard]] size_t keys() const { return map_.size(); }
   /// Keys with at least one READY slot (LMCache's num_cached_chunks).
   [[nodiscard]] uint64_t ready_keys() const { return ready_keys_; }
-  [[nodiscard]] size_t lru_size() const { return lru_.size(); }
+  [[nodiscard]] size_t lru_size() const { return lru_size_; }
   [[nodiscard]] uint64_t ready_entries() const { return ready_entries_; }
   [[nodiscard]] uint64_t bytes_held() const { return bytes_held_; }
   [[nodiscard]] uint64_t blocks_held() const { return blocks_held_; }
@@ -333,6 +338,20 @@ class StoreIndex {
   }
 
  private:
+  void link_back(KeyRecord& record) noexcept {
+    record.lru_prev = lru_tail_;
+    record.lru_next = nullptr;
+    (lru_tail_ != nullptr ? lru_tail_->lru_next : lru_head_) = &record;
+    lru_tail_ = &record;
+    ++lru_size_;
+  }
+  void unlink(KeyRecord& record) noexcept {
+    (record.lru_prev != nullptr ? record.lru_prev->lru_next : lru_head_) = record.lru_next;
+    (record.lru_next != nullptr ? record.lru_next->lru_prev : lru_tail_) = record.lru_prev;
+    record.lru_prev = record.lru_next = nullptr;
+    --lru_size_;
+  }
+
   /// READY or PENDING -> DETACHED; a READY entry leaves the totals. The caller removes it from
   /// the record.
   void detach(KeyRecord& record, Entry& entry) noexcept {
@@ -349,7 +368,9 @@ class StoreIndex {
   }
 
   Map map_;
-  std::list<const CacheEngineKey*> lru_;
+  KeyRecord* lru_head_ = nullptr;  // least recently used
+  KeyRecord* lru_tail_ = nullptr;  // most recently used
+  size_t lru_size_ = 0;
   uint64_t ready_entries_ = 0;
   uint64_t bytes_held_ = 0;
   uint64_t blocks_held_ = 0;

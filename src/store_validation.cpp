@@ -22,16 +22,18 @@ void check_kind(ActivationKind kind, const char* name) {
 }  // namespace
 
 void check_view(const TensorView& view, const char* name, bool device_ok) {
-  const std::string n(name);
+  // A view of the name: the string is only built on the error paths (this runs per call).
+  const std::string_view n(name);
   // The one shape validator (hss/detail/checked.hpp), shared with the KV backend, then the byte
   // span: every loop and kernel may then index the view in int64_t without overflow (layout.hpp).
   check_view_shape(view.dtype, view.device, view.rows, view.cols, view.row_stride, n);
   (void)view_span_bytes(view.dtype, view.rows, view.cols, view.row_stride, n);
   if (view.rows > 0 && view.data == nullptr) {
-    throw InvalidArgument(n + ".data is null with rows = " + str(view.rows));
+    throw InvalidArgument(std::string(n) + ".data is null with rows = " + str(view.rows));
   }
   if (view.device == Device::kCuda && !device_ok) {
-    throw InvalidArgument(n + ".device = cuda but no CUDA device is usable in this process");
+    throw InvalidArgument(std::string(n) +
+                          ".device = cuda but no CUDA device is usable in this process");
   }
   // A GPU loads an element only from an address aligned to its size: a misaligned load is a
   // sticky cudaErrorMisalignedAddress that loses the context. Every framework's tensors are
@@ -41,12 +43,13 @@ void check_view(const TensorView& view, const char* name, bool device_ok) {
   if (view.device == Device::kCuda && reinterpret_cast<uintptr_t>(view.data) % esize != 0) {
     char address[32];
     std::snprintf(address, sizeof address, "%p", view.data);
-    throw InvalidArgument(n + ".data = " + address + " is not aligned to its " +
+    throw InvalidArgument(std::string(n) + ".data = " + address + " is not aligned to its " +
                           std::to_string(esize) + "-byte " + std::string(to_string(view.dtype)) +
                           " elements: device views must be element-aligned");
   }
   if (view.device_index < 0) {
-    throw InvalidArgument(n + ".device_index = " + str(view.device_index) + " is negative");
+    throw InvalidArgument(std::string(n) + ".device_index = " + str(view.device_index) +
+                          " is negative");
   }
 }
 

@@ -4,7 +4,10 @@
 // the results, the LRU order and the counters of the single calls.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "hss/hss.hpp"
@@ -144,6 +147,66 @@ TEST_F(BatchVsSingles, LayersOfOneRequestShareLookupsAndEndInTheSameLruOrder) {
   EXPECT_EQ(results[6], (StoreResult{0, 3}));
   EXPECT_EQ(results[7], (StoreResult{0, 1}));
   EXPECT_EQ(results[8], (StoreResult{1, 1}));
+}
+
+TEST_F(BatchVsSingles, Int32AndInt64TokenIdsInOneBatchKeepTheirWidthAndMatchSingles) {
+  // StoreItem/RetrieveItem take hss::TokenIds: an engine's int32 ids go in without a copy. The
+  // same ids at both widths are the same keys: the int64 items of a list find the chunks the
+  // int32 items stored (two lists, one per width, same results as the single calls).
+  make(64);
+  const std::vector<int32_t> narrow = make_tokens(3 * kChunk, 21);
+  const std::vector<int64_t> widened = wide(narrow);
+  std::vector<StoreItem> items;
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    StoreItem i32 = item(widened, layer);
+    i32.token_ids = narrow;  // the same rows, the ids at 32 bits
+    EXPECT_TRUE(i32.token_ids.is_int32());
+    items.push_back(i32);
+  }
+  items.push_back(item(widened, 0));  // already stored by the int32 item: touches only
+  items.push_back(item(widened, 2));
+  const auto results = store_both(items);
+  EXPECT_EQ(results[0], (StoreResult{3, 3}));
+  EXPECT_EQ(results[1], (StoreResult{3, 3}));
+  EXPECT_EQ(results[2], (StoreResult{0, 3}));
+  EXPECT_EQ(results[3], (StoreResult{3, 3}));
+  EXPECT_EQ(batch_->num_entries(), 9u);
+
+  // Retrieves at both widths read the same rows.
+  std::vector<std::vector<float>> outs(4, std::vector<float>(3 * kChunk * kCols, -1.0f));
+  std::vector<RetrieveItem> reads;
+  for (size_t r = 0; r < outs.size(); ++r) {
+    RetrieveOptions o;
+    o.layer_idx = static_cast<int64_t>(r % 3);
+    const TokenIds ids = r % 2 == 0 ? TokenIds(narrow) : TokenIds(widened);
+    reads.push_back({ids, {outs[r].data(), DType::kFloat32, 3 * kChunk, kCols}, o});
+  }
+  const auto rows = batch_->retrieve_batch_into(reads);
+  for (size_t r = 0; r < outs.size(); ++r) {
+    EXPECT_EQ(rows[r], 3 * kChunk) << r;
+    EXPECT_EQ(outs[r], make_rows(narrow, 0, static_cast<int64_t>(r % 3), kCols)) << r;
+  }
+}
+
+TEST(StoreConfig, IsTheConfigInEffect) {
+  // HiddenStateStore::config(): the given config with the HSS_* debugging variables applied.
+  ChunkedTokenDatabase db(kChunk, false);
+  Config given = test::store_config(kChunk, kCols, 8);
+  given.hidden_state_layers = std::vector<int64_t>{0, 2};
+  ::setenv("HSS_OUTPUT_CACHE_MB", "3", 1);
+  HiddenStateStore store(given, db);
+  ::unsetenv("HSS_OUTPUT_CACHE_MB");
+  EXPECT_EQ(store.config().chunk_size, kChunk);
+  EXPECT_EQ(store.config().hidden_state_layers, given.hidden_state_layers);
+  // (The test environment may set other HSS_* variables too: HSS_LOG_LEVEL, the streaming run.)
+  const auto& applied = store.config().env_overrides;
+  EXPECT_NE(std::find(applied.begin(), applied.end(), "HSS_OUTPUT_CACHE_MB"), applied.end());
+  EXPECT_EQ(store.config().tuning.output_cache_bytes, int64_t{3} << 20);
+  EXPECT_NE(given.tuning.output_cache_bytes, int64_t{3} << 20);
+  EXPECT_TRUE(given.env_overrides.empty());
+  EXPECT_NE(store.config().to_yaml(), given.to_yaml()) << "to_yaml shows the override";
+  store.close();
+  EXPECT_EQ(store.config().chunk_size, kChunk) << "readable after close";
 }
 
 TEST_F(BatchVsSingles, EvictionOfALookedUpKeyInTheMiddleOfAStoreBatch) {

@@ -25,7 +25,8 @@ class EntryStates : public ::testing::Test {
  protected:
   EntryStates()
       : pool_(uint64_t{1} << 20, 4096, /*try_pinned=*/false, /*prefault=*/false),
-        chunks_(ChunkedTokenDatabase(kChunk, false).process_tokens(test::make_tokens(3 * kChunk, 5))) {}
+        chunks_(
+            ChunkedTokenDatabase(kChunk, false).process_tokens(test::make_tokens(3 * kChunk, 5))) {}
 
   /// A fresh entry of (chunk rows x kCols) float32 with its one granule granted.
   detail::EntryRef make(int64_t layer) {
@@ -136,6 +137,49 @@ TEST_F(EntryStates, ClearDetachesEveryEntryAndGranulesReturnWithTheLastReference
     EXPECT_EQ(pool_.free_blocks(), free_before - 2);
   }
   EXPECT_EQ(pool_.free_blocks(), free_before);
+}
+
+TEST_F(EntryStates, TheLruIsOrderedByLastTouchAndSurvivesErasesAnywhere) {
+  // The intrusive LRU (links in each KeyRecord): insertion order, touches move a key to the MRU
+  // end, erasing the front, the middle or the back relinks its neighbours, clear empties it.
+  const auto lru = [this] {
+    std::vector<uint64_t> order;
+    index_.for_each_lru([&](const CacheEngineKey& k, const detail::KeyRecord& r) {
+      EXPECT_EQ(r.key, &k);
+      order.push_back(k.chunk_hash);
+    });
+    EXPECT_EQ(order.size(), index_.lru_size());
+    return order;
+  };
+  std::vector<detail::EntryRef> held;
+  for (size_t c = 0; c < 3; ++c) {
+    held.push_back(make(0));
+    add(c, held.back(), 1);
+    ASSERT_TRUE(index_.publish(key(c), *held.back()));
+  }
+  const uint64_t h0 = key(0).chunk_hash, h1 = key(1).chunk_hash, h2 = key(2).chunk_hash;
+  EXPECT_EQ(lru(), (std::vector<uint64_t>{h0, h1, h2}));
+  EXPECT_EQ(*index_.eviction_candidate(0, false), key(0));
+  index_.touch(*index_.find(key(0)));
+  EXPECT_EQ(lru(), (std::vector<uint64_t>{h1, h2, h0}));
+  index_.touch(*index_.find(key(0)));  // already the MRU: no change
+  EXPECT_EQ(lru(), (std::vector<uint64_t>{h1, h2, h0}));
+  EXPECT_EQ(*index_.eviction_candidate(0, false), key(1));
+  // A guarded key is skipped, the next one is the candidate.
+  index_.find(key(1))->guard = 9;
+  EXPECT_EQ(*index_.eviction_candidate(9, false), key(2));
+  EXPECT_EQ(index_.erase(key(2)), 1u);  // the middle
+  EXPECT_EQ(lru(), (std::vector<uint64_t>{h1, h0}));
+  EXPECT_EQ(index_.erase(key(0)), 1u);  // the back
+  EXPECT_EQ(lru(), (std::vector<uint64_t>{h1}));
+  held.push_back(make(1));
+  add(2, held.back(), 1);
+  EXPECT_EQ(lru(), (std::vector<uint64_t>{h1, h2}));
+  EXPECT_EQ(index_.erase(key(1)), 1u);  // the front
+  EXPECT_EQ(lru(), (std::vector<uint64_t>{h2}));
+  index_.clear();
+  EXPECT_TRUE(lru().empty());
+  EXPECT_EQ(index_.eviction_candidate(0, false), nullptr);
 }
 
 }  // namespace

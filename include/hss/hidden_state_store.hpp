@@ -108,21 +108,23 @@ struct HiddenStateStats {
   std::array<KindStats, kNumActivationKinds> per_kind{};  ///< indexed by ActivationKind
   RemoteStats remote;  ///< the shared remote tier (all zero when hidden_state_remote_url is unset)
   HostCopyStats host_copy;  ///< the host copy strategy chosen for this machine, copy threads
-  TransferStats transfer;  ///< point-to-point exports and imports (hss/pool_transfer.hpp)
+  TransferStats transfer;   ///< point-to-point exports and imports (hss/pool_transfer.hpp)
 };
 
 /// What coverage() counts: the local pool only, or the local pool and the remote tier.
 enum class CoverageScope { kLocal, kLocalAndRemote };
-/// One store of a batch: the arguments of store_hidden_states.
+/// One store of a batch: the arguments of store_hidden_states. Items passing the same ids (the
+/// same data pointer, size and width: a request's layers) share one key pass.
 struct StoreItem {
-  std::span<const int64_t> token_ids;
+  TokenIds token_ids;
   TensorView hidden_states;
   StoreOptions options;
 };
 
-/// One retrieve of a batch: the arguments of retrieve_hidden_states_into.
+/// One retrieve of a batch: the arguments of retrieve_hidden_states_into (the key pass shared
+/// as for StoreItem).
 struct RetrieveItem {
-  std::span<const int64_t> token_ids;
+  TokenIds token_ids;
   MutableTensorView out;
   RetrieveOptions options;
 };
@@ -197,12 +199,13 @@ class HiddenStateStore {
                                const RetrieveLayersOptions& options = {});
 
   /// Many stores in one call (an engine step: requests x layers). Results are those the single
-  /// calls would give, in item order; items sharing a token list (same span) share one key pass;
-  /// the index lock is taken once for the whole batch's reservations and once to publish. Every
-  /// item is checked first: a bad one is InvalidArgument naming its index ("items[3]: ..."), and
-  /// nothing of the batch is done. Device items are one launch per (device, stream), writing the
-  /// device-mapped pool directly. Out of memory while planning an item withdraws the earlier
-  /// items' pending entries but keeps their evictions; a failed copy withdraws every item's rows.
+  /// calls would give, in item order; items passing the same token ids (the same pointer, size and
+  /// width) share one key pass; the index lock is taken once for the whole batch's reservations
+  /// and once to publish. Every item is checked first: a bad one is InvalidArgument naming its
+  /// index ("items[3]: ..."), and nothing of the batch is done. Device items are one launch per
+  /// (device, stream), writing the device-mapped pool directly. Out of memory while planning an
+  /// item withdraws the earlier items' pending entries but keeps their evictions; a failed copy
+  /// withdraws every item's rows.
   std::vector<StoreResult> store_batch(std::span<const StoreItem> items);
   /// Many retrieve_hidden_states_into calls in one: rows written per item, identical to the
   /// single calls in item order. Validation as store_batch. Device outputs are one launch per
@@ -250,6 +253,10 @@ class HiddenStateStore {
   /// works (closed = true). Idempotent.
   void close();
   [[nodiscard]] HiddenStateStats stats() const;
+  /// The config this store runs with: the one it was given with the HSS_* debugging variables
+  /// applied (Config::with_env_overrides), so its to_yaml() shows what is in effect. Fixed at
+  /// construction: may be read from any thread, even during close().
+  [[nodiscard]] const Config& config() const;
 
  private:
   class Impl;  // src/hidden_state_store_impl.hpp

@@ -17,28 +17,21 @@ namespace hss::python {
 
 namespace {
 
-/// Token ids of a batch as int64 spans, converted once per distinct Python object, so items of
-/// one request (its layers) share the span and with it the C++ key pass.
+/// Token ids of a batch at their own width (no copy), borrowed once per distinct Python object,
+/// so items of one request (its layers) pass the same ids and share the C++ key pass.
 class TokenCache {
  public:
-  std::span<const int64_t> span_of(PyObject* obj) {
+  hss::TokenIds ids_of(PyObject* obj) {
     if (auto it = by_object_.find(obj); it != by_object_.end()) return it->second;
     BorrowedTokenIds& ids = ids_.emplace_back(token_ids_from(obj, "token_ids"));
-    const std::span<const int64_t> span = ids.visit([&](auto s) -> std::span<const int64_t> {
-      if constexpr (std::is_same_v<typename decltype(s)::element_type, const int64_t>) {
-        return s;
-      } else {
-        return widened_.emplace_back(s.begin(), s.end());
-      }
-    });
-    by_object_.emplace(obj, span);
-    return span;
+    const hss::TokenIds view = ids.visit([](auto s) { return hss::TokenIds(s); });
+    by_object_.emplace(obj, view);
+    return view;
   }
 
  private:
   std::deque<BorrowedTokenIds> ids_;
-  std::deque<std::vector<int64_t>> widened_;
-  std::unordered_map<PyObject*, std::span<const int64_t>> by_object_;
+  std::unordered_map<PyObject*, hss::TokenIds> by_object_;
 };
 
 /// Tensors of a batch, borrowed once per distinct Python object.
@@ -130,7 +123,7 @@ nb::list store_batch(PyHiddenStateStore& s, nb::handle items) {
     parse_item(i, [&] {
       const ItemFields f = fields_of(entries[i], "token_offset");
       const BorrowedTensor& hs = tensors.borrow(f.tensor);
-      batch[i] = {tokens.span_of(f.tokens),
+      batch[i] = {tokens.ids_of(f.tokens),
                   hs.view.as_const(),
                   {f.layer_idx, f.offset, f.kind, static_cast<hss::Stream>(hs.stream)}};
     });
@@ -156,7 +149,7 @@ nb::list retrieve_batch_into(PyHiddenStateStore& s, nb::handle items) {
     parse_item(i, [&] {
       const ItemFields f = fields_of(entries[i], "row_begin");
       const BorrowedTensor& out = outs.borrow(f.tensor);
-      batch[i] = {tokens.span_of(f.tokens),
+      batch[i] = {tokens.ids_of(f.tokens),
                   out.view,
                   {f.layer_idx, f.offset, f.kind, static_cast<hss::Stream>(out.stream)}};
     });

@@ -512,6 +512,10 @@ void bind_store(nb::module_& m) {
           },
           "Frees every cached chunk; later stores/retrieves raise hsstore.Error. Idempotent.")
       .def("stats", [](PyHiddenStateStore& s) { return stats_dict(live(s).stats()); })
+      .def_prop_ro(
+          "config", [](PyHiddenStateStore& s) { return live(s).config(); },
+          "The Config this store runs with (a copy): the one given, with the HSS_* debugging "
+          "variables applied, so config.to_yaml() shows what is in effect.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def(
           "__exit__",

@@ -79,3 +79,21 @@ def test_repr_round_trips():
     c = hsstore.Config({"chunk_size": 8})
     assert "chunk_size: 8" in repr(c)
     assert os.linesep in repr(c)
+
+
+def test_store_config_is_the_config_in_effect(monkeypatch):
+    # HiddenStateStore.config: a copy of the config the store runs with, the HSS_* debugging
+    # variables applied (the given Config object is left as it was).
+    given = hsstore.Config({"chunk_size": 16, "enable_hidden_state_cache": True,
+                            "max_hidden_state_cpu_size": 0.01, "hidden_state_layers": [0, 2]})
+    monkeypatch.setenv("HSS_OUTPUT_CACHE_MB", "3")
+    store = hsstore.HiddenStateStore(given, hsstore.ChunkedTokenDatabase(given))
+    assert store.config.chunk_size == 16
+    assert store.config.hidden_state_layers == [0, 2]
+    assert "HSS_OUTPUT_CACHE_MB" in store.config.env_overrides
+    assert store.config.hidden_state_output_cache_bytes == 3 << 20
+    assert given.hidden_state_output_cache_bytes != 3 << 20
+    assert "HSS_OUTPUT_CACHE_MB" not in given.env_overrides
+    assert store.config.to_yaml() != given.to_yaml()
+    store.close()
+    assert store.config.chunk_size == 16

@@ -12,8 +12,9 @@
 //   tensor. Copy streams are per caller stream, so work from stream B never queues behind stream
 //   A's copies.
 // * Staging is counted in bytes (staging_arena.hpp): a round leases the bytes it needs of the
-//   device's Config::hidden_state_staging_bytes (default 1 GiB). The host waits only when they
-//   do not fit beside the rounds in flight; a store that waited counts once (staging_waits).
+//   device's hidden_state_staging_bytes (Config::tuning.staging_bytes, default 1 GiB). The host
+//   waits only when they do not fit beside the rounds in flight; a store that waited counts once
+//   (staging_waits).
 //
 // Batches (store_batch, restore_batch): one launch per stream for every job of the batch (per
 // table of kBatchTilesPerTable tiles): the batch kernels read per-tile views, so items of

@@ -1,6 +1,7 @@
 // Restore into device memory: the caller's stream waits on the device for the entries' fences,
-// then the implementation chosen by Config::hidden_state_restore_impl (kernel, copy_engine, cub)
-// reads the device-mapped pool; a fallback for a pool that is not device-mapped.
+// then the implementation chosen by hidden_state_restore_impl (kernel, copy_engine, cub;
+// Config::tuning.restore_impl) reads the device-mapped pool; a fallback for a pool that is not
+// device-mapped.
 
 #include <algorithm>
 #include <vector>

@@ -3,8 +3,9 @@
 // caller's rows into (cast or not) before their copy to the pool, and the page-locked descriptor
 // table the gather kernel reads its tiles from. A store round leases a byte range of the one and
 // a tile range of the other, sized for that round, so the budget
-// (Config::hidden_state_staging_bytes) counts bytes in flight: small stores take little, and the
-// host waits only when a round's bytes (or tiles) do not fit beside those in flight.
+// (hidden_state_staging_bytes, Config::tuning.staging_bytes) counts bytes in flight: small stores
+// take little, and the host waits only when a round's bytes (or tiles) do not fit beside those in
+// flight.
 //
 // A round's states (records are a fixed pool, created with the arena):
 //

@@ -49,11 +49,19 @@ namespace hss::detail {
   return out;
 }
 
-/// a * b, or InvalidArgument naming `what` and both operands.
-[[nodiscard]] inline int64_t mul_or_throw(int64_t a, int64_t b, std::string_view what) {
-  if (const auto out = checked_mul(a, b)) return *out;
+/// Throws the InvalidArgument of mul_or_throw (out of line: the check stays a few instructions
+/// on the hot paths that compute sizes per chunk).
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_mul_overflow(int64_t a, int64_t b,
+                                                                      std::string_view what) {
   throw InvalidArgument(std::string(what) + ": " + std::to_string(a) + " * " + std::to_string(b) +
                         " does not fit in a 64-bit size");
+}
+
+/// a * b, or InvalidArgument naming `what` and both operands.
+[[nodiscard]] inline int64_t mul_or_throw(int64_t a, int64_t b, std::string_view what) {
+  if (const auto out = checked_mul(a, b)) [[likely]]
+    return *out;
+  throw_mul_overflow(a, b, what);
 }
 
 /// Checks the shape of a view against the limits (hss::limits): dtype and device are enumerators,
