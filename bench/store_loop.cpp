@@ -8,7 +8,7 @@
 // store: store_hidden_states of N x hidden float32 rows (chunk 256) into an empty pool (its keys
 // dropped, untimed, before every iteration); retrieve: retrieve_hidden_states_into a caller's
 // buffer; fresh: retrieve_hidden_states into a fresh HostTensor (the output recycler's buffer,
-// // released before the next iteration); stream / memcpy: the bench's references over the same
+// released before the next iteration); stream / memcpy: the bench's references over the same
 // bytes. Prints the median time, its p10..p90, the rate, the minor page faults per iteration and
 // the store's host copy strategy. profiling/perf_host_store.sh drives it.
 // batch-* / single-*: `hss-bench batch`'s engine step (batch_step.hpp) as one batch call or as

@@ -14,9 +14,12 @@
 // per entry: a mutex's lock and unlock calls cost more than the pop; contention yields). A node
 // comes back from whichever thread drops the entry's last reference, lock-free (a push onto an
 // atomic stack that make() takes whole when its own list is empty). Nothing here waits for a copy
-// or calls into CUDA. Lifetime: the pool must outlive every entry made from it (the store declares
-// it before its BlockPool, so both outlive the index, the device path, the leases and the remote
-// tier). Memory: slabs are never returned before the pool dies, so the pool holds the most entries
+// or calls into CUDA.
+//
+// Lifetime: the pool must outlive every entry made from it (the store declares it before its
+// BlockPool, so both outlive the index, the device path, the leases and the remote tier).
+//
+// Memory: slabs are never returned before the pool dies, so the pool holds the most entries
 // that were alive at once (each holds at least one granule, so at most the granule count plus
 // the detached entries readers still pin), ~192 bytes each.
 

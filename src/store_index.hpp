@@ -30,6 +30,7 @@
 
 namespace hss::detail {
 
+// clang-format off: the diagram is drawn to the column.
 /// The state of one entry, one (key, kind, layer) slot. Guarded by the index mutex; changed only
 /// by the StoreIndex methods named on the arrows.
 ///
@@ -38,9 +39,10 @@ namespace hss::detail {
 ///                                  |                            |
 ///                                  | withdraw                   | erase / erase_slot / clear
 ///                                  | (copy failed, import       | (pool pressure, KV gone,
-///                                  drop_key, |  rejected or abandoned,    |  another shape, failed
-///                                  device |  erase of its key)         |  copy seen by a walk,
-///                                  close) v                            v
+///                                  |  rejected or abandoned,    |  drop_key, another shape, a
+///                                  |  erase of its key)         |  failed device copy seen by a
+///                                  |                            |  walk, close)
+///                                  v                            v
 ///                               DETACHED <----------------------+
 ///                                  |
 ///                                  | the last reference drops (pins: retrieves, device restores,
@@ -57,6 +59,7 @@ namespace hss::detail {
 ///             a fence that failed makes the next walk erase the key (never served).
 ///   DETACHED  out of the index, for good: nothing makes it PENDING or READY again.
 enum class EntryState : uint8_t { kPending, kReady, kDetached };
+// clang-format on
 
 /// One (key, kind, layer) of activations: rows x cols of `storage` over pool granules. Shared
 /// ownership is the pin: the index holds one reference, each retrieve copying it holds another,
