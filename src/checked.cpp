@@ -8,8 +8,14 @@ namespace hss::detail {
 
 static_assert(limits::kMaxViewBytes == kernels::kMaxViewBytes, "one limit, two headers");
 
-void check_view_shape(DType dtype, Device device, int64_t rows, int64_t cols, int64_t row_stride,
-                      std::string_view name) {
+namespace {
+
+// The error path of check_view_shape, out of line: the accepted shape costs a few compares and
+// builds no string (this runs once per view of every call).
+[[noreturn, gnu::cold, gnu::noinline]] void throw_bad_shape(DType dtype, Device device,
+                                                            int64_t rows, int64_t cols,
+                                                            int64_t row_stride,
+                                                            std::string_view name) {
   const std::string n(name);
   if (!hss::is_valid(dtype)) {
     throw InvalidArgument(n + ".dtype = " + std::to_string(static_cast<int>(dtype)) +
@@ -25,10 +31,19 @@ void check_view_shape(DType dtype, Device device, int64_t rows, int64_t cols, in
   if (cols <= 0 || cols > limits::kMaxCols) {
     throw InvalidArgument(n + ".cols = " + std::to_string(cols) + " is outside [1, 2^24]");
   }
-  if (row_stride != 0 && (row_stride < cols || row_stride > limits::kMaxRowStride)) {
-    throw InvalidArgument(n + ".row_stride = " + std::to_string(row_stride) +
-                          " must be 0 or in [cols = " + std::to_string(cols) + ", 2^32]");
-  }
+  throw InvalidArgument(n + ".row_stride = " + std::to_string(row_stride) +
+                        " must be 0 or in [cols = " + std::to_string(cols) + ", 2^32]");
+}
+
+}  // namespace
+
+void check_view_shape(DType dtype, Device device, int64_t rows, int64_t cols, int64_t row_stride,
+                      std::string_view name) {
+  const bool ok = hss::is_valid(dtype) && hss::is_valid(device) && rows >= 0 &&
+                  rows <= limits::kMaxRows && cols > 0 && cols <= limits::kMaxCols &&
+                  (row_stride == 0 || (row_stride >= cols && row_stride <= limits::kMaxRowStride));
+  if (!ok) [[unlikely]]
+    throw_bad_shape(dtype, device, rows, cols, row_stride, name);
 }
 
 int64_t view_span_bytes(DType dtype, int64_t rows, int64_t cols, int64_t row_stride,

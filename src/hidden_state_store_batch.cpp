@@ -72,6 +72,9 @@ class ChunkCache {
   };
 
   ChunkCache(const TokenDatabase& db, size_t items) : db_(db) {
+    if (items >= kEmpty) {  // list indexes are 32-bit (billions of items: never a real batch)
+      throw InvalidArgument("items has " + std::to_string(items) + " items, more than 2^32 - 2");
+    }
     lists_.reserve(items);
     size_t buckets = 16;
     while (buckets < 2 * items) buckets *= 2;
@@ -94,13 +97,13 @@ class ChunkCache {
     });
     list.lookups = detail::RecordLookups(list.chunks.size());
     lists_.push_back(std::move(list));  // capacity reserved: no reallocation, spans stay valid
-    table_[bucket] = lists_.size() - 1;
+    table_[bucket] = static_cast<uint32_t>(lists_.size() - 1);
     return found(lists_.size() - 1);
   }
   [[nodiscard]] std::vector<List>& lists() { return lists_; }
 
  private:
-  static constexpr size_t kEmpty = SIZE_MAX;
+  static constexpr uint32_t kEmpty = UINT32_MAX;
   static size_t hash(const SpanKey& k) noexcept {
     const auto bits = reinterpret_cast<uintptr_t>(k.data) ^ (k.size * 0x9e3779b97f4a7c15ULL);
     return static_cast<size_t>((bits * 0xff51afd7ed558ccdULL) >> 17);
@@ -112,7 +115,7 @@ class ChunkCache {
 
   const TokenDatabase& db_;
   std::vector<List> lists_;
-  std::vector<size_t> table_;  // list index per bucket, kEmpty when free
+  std::vector<uint32_t> table_;  // list index per bucket, kEmpty when free (half the memset)
   size_t last_ = SIZE_MAX;
 };
 

@@ -140,6 +140,7 @@ class HiddenStateStore::Impl {
     std::optional<size_t> failed_copy;  // a device copy into this chunk failed: drop it
     int64_t prefix_tokens = 0;
     std::vector<detail::FenceRef> fences;  // distinct unlanded fences of the prefix (no host wait)
+    bool any_fence = false;  // a pinned entry carries a fence (device path): walk_finish checks
 
     [[nodiscard]] const detail::Entry& entry(int64_t chunk, size_t slot) const {
       return *pinned[static_cast<size_t>(chunk) * slots + slot];
@@ -356,7 +357,8 @@ struct HiddenStateStore::Impl::StorePlan {
 
 // What the store phase 1 of the items of one call share under the index lock.
 struct HiddenStateStore::Impl::PlanContext {
-  detail::StoreIndex::Prepared prepared;
+  explicit PlanContext(detail::StoreIndex& index) : prepared(index) {}
+  detail::StoreIndex::Prepared prepared;     // made and destroyed under the index lock
   detail::RecordLookups* lookups = nullptr;  // of the plan's chunk list
   size_t slot_hint = 1;        // slot vector capacity for a new key (items sharing the list)
   bool keys_reserved = false;  // index_.reserve_keys already covers every key of the call

@@ -46,15 +46,21 @@ void HiddenStateStore::Impl::walk_index_locked(Walk& w, std::span<const Chunk> c
     const detail::KeyRecord* record =
         lookups ? lookups->find(index_, present, chunk.key) : index_.find(chunk.key);
     if (record == nullptr) break;
+    // Each slot is found once and pinned; a chunk that misses any slot unpins its slots again.
+    const size_t chunk_pins = w.pinned.size();
     size_t s = 0;
     for (; s < slots.size(); ++s) {
       const EntryRef* entry = record->find(slots[s]);
       if (entry == nullptr || !(*entry)->ready() || (*entry)->rows != chunk.size()) break;
       // A hidden dim that changes part-way (a caller bug) ends the prefix there.
       if (present > 0 && (*entry)->cols != w.pinned[s]->cols) break;
+      w.any_fence = w.any_fence || (*entry)->fence != nullptr;
+      w.pinned.push_back(*entry);
     }
-    if (s != slots.size()) break;
-    for (const Slot& slot : slots) w.pinned.push_back(*record->find(slot));
+    if (s != slots.size()) {
+      w.pinned.resize(chunk_pins);  // the index still holds them: no entry dies under the lock
+      break;
+    }
   }
   w.hits = static_cast<int64_t>(present);
 }
@@ -80,42 +86,45 @@ void HiddenStateStore::Impl::walk_finish(Walk& w, PendingCopies pending) const {
   // prefix and its chunk is dropped (apply_walk), never served. A device-output restore never
   // waits here: it drops what the fences' cached flags say failed (DevicePath::poll() refreshed
   // them before the walk) and orders itself after the distinct fences still pending.
-  const auto drop_failed = [&](size_t i, const detail::Entry& entry) {
-    detail::log(detail::LogLevel::kError,
-                "hidden-state copy failed, dropping chunk: " + entry.fence->error());
-    w.failed_copy = i;
-    hits = i;
-  };
-  for (size_t i = 0; i < hits; ++i) {
-    for (size_t s = 0; s < w.slots; ++s) {
-      const detail::Entry& entry = *w.pinned[i * w.slots + s];
-      bool failed = false;
-      switch (pending) {
-        case PendingCopies::kWaitOnHost:
-          failed = entry.fence && !entry.fence->wait();
+  // Host-path entries carry no fence: their rows are there, nothing to wait for or order after.
+  if (w.any_fence) {
+    const auto drop_failed = [&](size_t i, const detail::Entry& entry) {
+      detail::log(detail::LogLevel::kError,
+                  "hidden-state copy failed, dropping chunk: " + entry.fence->error());
+      w.failed_copy = i;
+      hits = i;
+    };
+    for (size_t i = 0; i < hits; ++i) {
+      for (size_t s = 0; s < w.slots; ++s) {
+        const detail::Entry& entry = *w.pinned[i * w.slots + s];
+        bool failed = false;
+        switch (pending) {
+          case PendingCopies::kWaitOnHost:
+            failed = entry.fence && !entry.fence->wait();
+            break;
+          case PendingCopies::kOrderOnDevice:
+            failed = entry.copy_failed();
+            break;
+          case PendingCopies::kQuery:
+            failed = entry.fence && entry.fence->ready() && entry.fence->failed();
+            break;
+        }
+        if (failed) {
+          drop_failed(i, entry);
           break;
-        case PendingCopies::kOrderOnDevice:
-          failed = entry.copy_failed();
-          break;
-        case PendingCopies::kQuery:
-          failed = entry.fence && entry.fence->ready() && entry.fence->failed();
-          break;
-      }
-      if (failed) {
-        drop_failed(i, entry);
-        break;
-      }
-    }
-  }
-  if (pending == PendingCopies::kOrderOnDevice) {
-    for (size_t i = 0; i < hits * w.slots; ++i) {
-      const detail::FenceRef& fence = w.pinned[i]->fence;
-      if (fence && !fence->settled() && (w.fences.empty() || w.fences.back() != fence)) {
-        w.fences.push_back(fence);
+        }
       }
     }
-    std::sort(w.fences.begin(), w.fences.end());
-    w.fences.erase(std::unique(w.fences.begin(), w.fences.end()), w.fences.end());
+    if (pending == PendingCopies::kOrderOnDevice) {
+      for (size_t i = 0; i < hits * w.slots; ++i) {
+        const detail::FenceRef& fence = w.pinned[i]->fence;
+        if (fence && !fence->settled() && (w.fences.empty() || w.fences.back() != fence)) {
+          w.fences.push_back(fence);
+        }
+      }
+      std::sort(w.fences.begin(), w.fences.end());
+      w.fences.erase(std::unique(w.fences.begin(), w.fences.end()), w.fences.end());
+    }
   }
   w.pinned.resize(hits * w.slots);
   w.hits = static_cast<int64_t>(hits);
@@ -257,12 +266,16 @@ void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
     throw InvalidArgument("outs has " + std::to_string(outs.size()) + " views for " +
                           std::to_string(slots.size()) + " slots");
   }
-  for (size_t s = 0; s < outs.size(); ++s) {
-    // The name is only spelled out for several views (a single view is the common, hot case).
-    const std::string many = outs.size() == 1 ? std::string() : "outs[" + std::to_string(s) + "]";
-    const char* name = outs.size() == 1 ? "out" : many.c_str();
-    detail::check_view(outs[s].as_const(), name, device_path_ != nullptr);
-    check_pointer(outs[s].data, outs[s].device, outs[s].device_index, name);
+  const auto check_one = [&](const MutableTensorView& out, const char* name) {
+    detail::check_view(out.as_const(), name, device_path_ != nullptr);
+    check_pointer(out.data, out.device, out.device_index, name);
+  };
+  if (outs.size() == 1) {
+    check_one(outs[0], "out");  // the common, hot case: no name to spell out
+  } else {
+    for (size_t s = 0; s < outs.size(); ++s) {
+      check_one(outs[s], ("outs[" + std::to_string(s) + "]").c_str());
+    }
   }
   for (const MutableTensorView& out : outs) {
     if (out.device == Device::kCuda) {
@@ -290,7 +303,9 @@ int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunk
 void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std::span<Walk> walks,
                                             std::span<int64_t> rows, bool name_items) {
   // The remote tier fills the pool where a walk would stop (no-op without one), before the lock.
-  for (const ReadItem& read : reads) (void)read_through(read.chunks, read.slots);
+  if (remote_.enabled()) {
+    for (const ReadItem& read : reads) (void)read_through(read.chunks, read.slots);
+  }
   // One lock for every walk's index part; KV checks and fence waits outside it.
   {
     HSS_RANGE("retrieve/walk");

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <string>
 
 #include "hidden_state_store_impl.hpp"
@@ -74,14 +75,14 @@ void HiddenStateStore::Impl::store_plans(std::span<StorePlan> plans, size_t new_
   // their granules back before this call decides what to evict; so do ended leases.
   reclaim_device_resources();
   expire_leases();
-  PlanContext context;
   const bool several = plans.size() > 1;
-  if (several) context.prepared.reserve(new_keys);
   {
     HSS_RANGE("store/alloc");
     std::lock_guard lock(mutex_);
     check_open_locked();
+    PlanContext context(index_);  // its prepared keys come from the index's pool: under the lock
     if (several) {
+      context.prepared.reserve(new_keys);
       // At most one new key per chunk of each distinct list: sized once, no item rehashes.
       index_.reserve_keys(new_keys);
       context.keys_reserved = true;
@@ -181,7 +182,7 @@ bool HiddenStateStore::Impl::add_one_pending_locked(const CacheEngineKey& key,
                                                     const detail::EntryRef& entry, uint64_t guard,
                                                     const detail::Entry* replaces) {
   // Everything that may allocate first; the grant's evictions are the first change.
-  detail::StoreIndex::Prepared prepared;
+  detail::StoreIndex::Prepared prepared(index_);
   if (detail::KeyRecord* record = index_.find(key)) {
     record->slots.reserve(record->slots.size() + 1);
   } else {
@@ -294,6 +295,9 @@ bool HiddenStateStore::Impl::evict_for_space(uint64_t guard) noexcept {
 void HiddenStateStore::Impl::copy_plans(std::span<StorePlan> plans) {
   // Host plans copy now; device plans are grouped per (device, stream), one launch per group.
   detail::LaunchGroups<detail::StoreJob> groups;
+  // One range for the call's host copies, opened at the first (a range per plan cost a batch
+  // item ~50 instructions); device stores open theirs in the device path.
+  std::optional<detail::ScopedRange> host_copies;
   for (size_t i = 0; i < plans.size(); ++i) {
     StorePlan& plan = plans[i];
     if (plan.writes.empty()) continue;
@@ -302,11 +306,12 @@ void HiddenStateStore::Impl::copy_plans(std::span<StorePlan> plans) {
     if (hidden.device == Device::kCuda) {
       groups.add(hidden.device_index, plan.options->stream, {source, plan.segments}, i);
     } else {
-      HSS_RANGE("store/gather_cast");
+      if (!host_copies) host_copies.emplace("store/gather_cast");
       merge_host_runs(plan.segments, source.cols);
       detail::host_store(source, plan.segments, host_copy_context());
     }
   }
+  host_copies.reset();
   for (auto& group : groups) {
     detail::FenceRef fence;
     if (group.jobs.size() == 1 && config_.tuning.store_impl != StoreImpl::kMapped) {

@@ -86,14 +86,29 @@ int64_t split_point(int64_t total, size_t parts, size_t p) {
 /// Runs body(begin, end) over the flat range [0, total) of a call writing `bytes`: once on the
 /// calling thread, or in parts over the context's workers. Each part fences its own streaming
 /// stores before it returns, so they are ordered before the caller publishes anything.
+/// How many threads copy a call writing `bytes` (1: the calling thread alone).
+size_t parts_for(const HostCopyContext& context, uint64_t bytes) {
+  if (context.workers == nullptr) return 1;
+  return std::min<uint64_t>(static_cast<uint64_t>(context.workers->threads()),
+                            bytes / std::max<uint64_t>(context.min_split_bytes, 1));
+}
+
+/// True when the call is plain copies on the calling thread: contiguous rows, one part, no
+/// streaming stores, and every segment already of the destination type. Such a call is one
+/// copy_bytes per segment (small items, an engine step's batch): what the general walk below
+/// computes for it, without its per-piece bookkeeping.
+template <typename Segment, typename SameType>
+bool plain_copies(const HostCopyContext& context, bool contiguous, uint64_t bytes,
+                  const Streaming& streaming, std::span<const Segment> segments,
+                  SameType&& same_type) {
+  if (!contiguous || streaming.any() || parts_for(context, bytes) > 1) return false;
+  return std::all_of(segments.begin(), segments.end(), same_type);
+}
+
 template <typename Body>
 void run_parts(const HostCopyContext& context, int64_t total, uint64_t bytes,
                const Streaming& streaming, Body&& body) {
-  size_t parts = 1;
-  if (context.workers != nullptr) {
-    parts = std::min<uint64_t>(static_cast<uint64_t>(context.workers->threads()),
-                               bytes / std::max<uint64_t>(context.min_split_bytes, 1));
-  }
+  const size_t parts = parts_for(context, bytes);
   if (parts <= 1) {
     body(int64_t{0}, total);
     end_streaming(streaming.any());
@@ -120,6 +135,15 @@ void host_store(const kernels::SourceView& src, std::span<const kernels::WriteSe
   }
   const Streaming streaming = streaming_for(strategy, bytes);
   const auto src_bytes = static_cast<int64_t>(kernels::elem_bytes(src.type));
+  if (plain_copies(context, contiguous, bytes, streaming, segments,
+                   [&](const kernels::WriteSegment& seg) { return seg.dst_type == src.type; })) {
+    const auto* base = static_cast<const unsigned char*>(src.data);
+    for (const kernels::WriteSegment& seg : segments) {
+      copy_bytes(seg.dst, base + (seg.src_row0 * src.row_stride + seg.src_elem) * src_bytes,
+                 static_cast<size_t>(seg.count * src_bytes), false, strategy.isa);
+    }
+    return;
+  }
   run_parts(context, total, bytes, streaming, [&](int64_t begin, int64_t end) {
     for_each_in_range(
         segments, begin, end, [&](const kernels::WriteSegment& seg, int64_t first, int64_t n) {
@@ -127,7 +151,11 @@ void host_store(const kernels::SourceView& src, std::span<const kernels::WriteSe
           const auto dst_bytes = static_cast<int64_t>(kernels::elem_bytes(seg.dst_type));
           for_each_row_run(
               seg.src_elem + first, n, src.cols, contiguous, [&](int64_t flat, int64_t k) {
-                const void* from = kernels::source_address(src, seg.src_row0, flat);
+                // Contiguous rows: the flat offset is the element offset (no division).
+                const void* from = contiguous
+                                       ? static_cast<const unsigned char*>(src.data) +
+                                             (seg.src_row0 * src.row_stride + flat) * src_bytes
+                                       : kernels::source_address(src, seg.src_row0, flat);
                 void* to = dst + (flat - seg.src_elem) * dst_bytes;
                 if (seg.dst_type == src.type) {
                   copy_bytes(to, from, static_cast<size_t>(k * src_bytes), streaming.copies,
@@ -149,6 +177,15 @@ void host_restore(std::span<const kernels::GatherSegment> segments, const kernel
   for (const kernels::GatherSegment& seg : segments) total += seg.count;
   const auto bytes = static_cast<uint64_t>(total * out_bytes);
   const Streaming streaming = streaming_for(strategy, bytes);
+  if (plain_copies(context, contiguous, bytes, streaming, segments,
+                   [&](const kernels::GatherSegment& seg) { return seg.src_type == out.type; })) {
+    auto* base = static_cast<unsigned char*>(out.data);
+    for (const kernels::GatherSegment& seg : segments) {
+      copy_bytes(base + seg.dst_elem * out_bytes, seg.src,
+                 static_cast<size_t>(seg.count * out_bytes), false, strategy.isa);
+    }
+    return;
+  }
   run_parts(context, total, bytes, streaming, [&](int64_t begin, int64_t end) {
     for_each_in_range(
         segments, begin, end,
@@ -159,7 +196,8 @@ void host_restore(std::span<const kernels::GatherSegment> segments, const kernel
               seg.dst_elem + first_in_seg, n_seg, out.cols, contiguous,
               [&](int64_t flat, int64_t n) {
                 const int64_t first = flat - seg.dst_elem;
-                void* to = kernels::output_address(out, flat);
+                void* to = contiguous ? static_cast<unsigned char*>(out.data) + flat * out_bytes
+                                      : kernels::output_address(out, flat);
                 if (seg.src_type == out.type) {  // bit-identical copy
                   copy_bytes(to, src + first * esize, static_cast<size_t>(n * esize),
                              streaming.copies, strategy.isa);

@@ -8,14 +8,21 @@
 // intrusive (links in each KeyRecord, which never moves: map nodes are stable), so it allocates
 // nothing and finding a victim needs no map lookup.
 //
+// Map nodes and slot vectors come from the index's own NodePool (node_pool.hpp), not the heap: a
+// new key costs two free-list pops instead of two mallocs. The pool is unsynchronised like the
+// rest of the index: every map (the Prepared ones included) and every slot vector is filled,
+// emptied and destroyed with the index mutex held.
+//
 // Every change of an entry's state (EntryState, below) is one StoreIndex method: add_pending,
 // publish, withdraw, erase, erase_slot, clear. The store, the remote tier's read-through and the
 // pool-transfer import all go through them.
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <cstdint>
 #include <memory>
+#include <memory_resource>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -27,6 +34,7 @@
 #include "deferred_release.hpp"
 #include "hss/activation.hpp"
 #include "hss/cache_key.hpp"
+#include "node_pool.hpp"
 
 namespace hss::detail {
 
@@ -112,9 +120,15 @@ struct Entry {
 };
 using EntryRef = std::shared_ptr<Entry>;
 
-/// Every slot of one key plus its LRU links.
+/// Every slot of one key plus its LRU links. Made in its map node, with the index's allocator
+/// (uses-allocator construction), and never copied or moved: its node is stable.
 struct KeyRecord {
-  std::vector<EntryRef> slots;
+  using allocator_type = std::pmr::polymorphic_allocator<std::byte>;
+  explicit KeyRecord(const allocator_type& memory) : slots(memory) {}
+  KeyRecord(const KeyRecord&) = delete;
+  KeyRecord& operator=(const KeyRecord&) = delete;
+
+  std::pmr::vector<EntryRef> slots;
   // StoreIndex's LRU list (front = least recently used), linked while the record is in the map.
   KeyRecord* lru_prev = nullptr;
   KeyRecord* lru_next = nullptr;
@@ -153,11 +167,18 @@ struct KeyRecord {
 /// Index + LRU (front = least recently used) + accounting of the READY entries.
 class StoreIndex {
  public:
-  using Map = std::unordered_map<CacheEngineKey, KeyRecord>;
+  using Map = std::pmr::unordered_map<CacheEngineKey, KeyRecord>;
 
-  /// New keys prepared for insertion: their map nodes exist, outside the index.
+  StoreIndex() = default;
+  StoreIndex(const StoreIndex&) = delete;  // the map's nodes live in this index's pool
+  StoreIndex& operator=(const StoreIndex&) = delete;
+
+  /// New keys prepared for insertion into one index: their map nodes exist (from its pool),
+  /// outside the index. Made, filled and destroyed with the index mutex held.
   class Prepared {
    public:
+    explicit Prepared(StoreIndex& index) : nodes_(&index.node_memory_) {}
+
     [[nodiscard]] bool empty() const { return nodes_.empty(); }
 
     /// Room for `keys` prepared keys (a batch prepares once for all its items).
@@ -242,6 +263,8 @@ class StoreIndex {
   /// The record of `key`, moved in from `prepared` at the MRU end (the caller found it absent),
   /// with no slot yet: add_pending fills it (tests build records with it directly).
   KeyRecord& insert(const CacheEngineKey& key, Prepared& prepared) noexcept {
+    // Moving a node between maps needs one allocator: the Prepared was made for this index.
+    assert(prepared.nodes_.get_allocator() == map_.get_allocator());
     auto node = prepared.nodes_.extract(key);
     auto [it, inserted, unused] = map_.insert(std::move(node));
     (void)inserted;
@@ -336,6 +359,8 @@ class StoreIndex {
   [[nodiscard]] uint64_t ready_entries() const { return ready_entries_; }
   [[nodiscard]] uint64_t bytes_held() const { return bytes_held_; }
   [[nodiscard]] uint64_t blocks_held() const { return blocks_held_; }
+  /// The pool of the map's nodes and the records' slot vectors (tests, check_invariants).
+  [[nodiscard]] const NodePool& node_memory() const { return node_memory_; }
   [[nodiscard]] const KindTotals& kind_totals(ActivationKind kind) const {
     return per_kind_[static_cast<size_t>(kind)];
   }
@@ -370,7 +395,8 @@ class StoreIndex {
     kind.bytes -= entry.payload_bytes();
   }
 
-  Map map_;
+  NodePool node_memory_;  // before map_: it outlives every node and slot vector
+  Map map_{&node_memory_};
   KeyRecord* lru_head_ = nullptr;  // least recently used
   KeyRecord* lru_tail_ = nullptr;  // most recently used
   size_t lru_size_ = 0;

@@ -1,5 +1,6 @@
 #include "store_validation.hpp"
 
+#include <bit>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -19,10 +20,37 @@ void check_kind(ActivationKind kind, const char* name) {
   }
 }
 
+// Every condition of check_view in one expression, without a call or a string: the accepted
+// view, which is every view of a correct caller, costs a few compares. A view it refuses goes
+// through the checks below, which say what is wrong (they refuse exactly the same views).
+bool view_is_valid(const TensorView& v, bool device_ok) noexcept {
+  if (!is_valid(v.dtype) || !is_valid(v.device)) return false;
+  if (v.rows < 0 || v.rows > limits::kMaxRows || v.cols <= 0 || v.cols > limits::kMaxCols) {
+    return false;
+  }
+  if (v.row_stride != 0 && (v.row_stride < v.cols || v.row_stride > limits::kMaxRowStride)) {
+    return false;
+  }
+  const size_t esize = element_size(v.dtype);  // 1, 2, 4 or 8: divides 2^48
+  if (v.rows > 0) {
+    if (v.data == nullptr) return false;
+    const int64_t stride = v.row_stride == 0 ? v.cols : v.row_stride;
+    const int64_t elems = (v.rows - 1) * stride + v.cols;  // < 2^63 by the limits above
+    if (elems > (limits::kMaxViewBytes >> std::countr_zero(esize))) return false;
+  }
+  if (v.device == Device::kCuda &&
+      (!device_ok || reinterpret_cast<uintptr_t>(v.data) % esize != 0)) {
+    return false;
+  }
+  return v.device_index >= 0;
+}
+
 }  // namespace
 
 void check_view(const TensorView& view, const char* name, bool device_ok) {
-  // A view of the name: the string is only built on the error paths (this runs per call).
+  if (view_is_valid(view, device_ok)) [[likely]]
+    return;
+  // A view of the name: the string is only built on the error paths.
   const std::string_view n(name);
   // The one shape validator (hss/detail/checked.hpp), shared with the KV backend, then the byte
   // span: every loop and kernel may then index the view in int64_t without overflow (layout.hpp).

@@ -31,7 +31,7 @@ TEST(RecordLookups, ReuseARecordUntilAKeyIsErasedAndNeverCacheAMiss) {
   detail::RecordLookups lookups(chunks.size());
 
   EXPECT_EQ(lookups.find(index, 0, chunks[0].key), nullptr);
-  detail::StoreIndex::Prepared prepared;
+  detail::StoreIndex::Prepared prepared(index);
   index.prepare_insert(prepared, chunks[0].key, 1);
   index.prepare_insert(prepared, chunks[1].key, 1);
   index.reserve_keys(2);
@@ -57,7 +57,7 @@ TEST(RecordLookups, LongListsSpillToTheHeapAndSurviveAMove) {
   detail::StoreIndex index;
   ChunkedTokenDatabase db(kChunk, false);
   const auto chunks = db.process_tokens(make_tokens(12 * kChunk, 2));
-  detail::StoreIndex::Prepared prepared;
+  detail::StoreIndex::Prepared prepared(index);
   index.prepare_insert(prepared, chunks[11].key, 1);
   index.reserve_keys(1);
   detail::KeyRecord& last = index.insert(chunks[11].key, prepared);

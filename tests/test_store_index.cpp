@@ -38,7 +38,7 @@ class EntryStates : public ::testing::Test {
   }
   /// add_pending for a key that may be new.
   detail::KeyRecord& add(size_t chunk, const detail::EntryRef& e, uint64_t guard) {
-    detail::StoreIndex::Prepared prepared;
+    detail::StoreIndex::Prepared prepared(index_);
     const CacheEngineKey& key = chunks_[chunk].key;
     detail::KeyRecord* record = index_.find(key);
     if (record == nullptr) {

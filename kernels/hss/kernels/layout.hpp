@@ -139,14 +139,23 @@ HSS_HOST_DEVICE void restore_element(const GatherSegment& seg, int64_t i, const 
 template <typename PieceFn>
 HSS_HOST_DEVICE void for_each_block_piece(int64_t first, int64_t count, int64_t esize,
                                           int64_t block_bytes, PieceFn&& piece) {
+  if (count <= 0) return;
   const int64_t per_block = block_bytes / esize;
+  // One division for the first piece (none when it starts in block 0, the common case); every
+  // later piece starts its block. Divisions cost tens of cycles each on this per-chunk path.
+  int64_t block = 0;
+  int64_t in_block = first;
+  if (first >= per_block) {
+    block = first / per_block;
+    in_block = first - block * per_block;
+  }
   while (count > 0) {
-    const int64_t block = first / per_block;
-    const int64_t in_block = first % per_block;
     const int64_t n = (per_block - in_block) < count ? (per_block - in_block) : count;
     piece(block, in_block * esize, first, n);
     first += n;
     count -= n;
+    ++block;
+    in_block = 0;
   }
 }
 
