@@ -2,14 +2,8 @@
 
 #include <algorithm>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define HSS_ENTRY_POOL_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HSS_ENTRY_POOL_ASAN 1
-#endif
-#endif
-#ifdef HSS_ENTRY_POOL_ASAN
+#include "address_sanitizer.hpp"
+#ifdef HSS_ADDRESS_SANITIZER
 #include <sanitizer/asan_interface.h>
 #endif
 
@@ -19,13 +13,13 @@ namespace {
 // Under ASan a free node is poisoned past its link, so a use of an entry after its last reference
 // dropped is still an ASan report, as it was with heap entries. No-ops otherwise.
 void poison_node([[maybe_unused]] void* node) noexcept {
-#ifdef HSS_ENTRY_POOL_ASAN
+#ifdef HSS_ADDRESS_SANITIZER
   ASAN_POISON_MEMORY_REGION(static_cast<std::byte*>(node) + sizeof(void*),
                             EntryPool::kNodeBytes - sizeof(void*));
 #endif
 }
 void unpoison([[maybe_unused]] void* memory, [[maybe_unused]] size_t bytes) noexcept {
-#ifdef HSS_ENTRY_POOL_ASAN
+#ifdef HSS_ADDRESS_SANITIZER
   ASAN_UNPOISON_MEMORY_REGION(memory, bytes);
 #endif
 }

@@ -3,18 +3,12 @@
 #include <algorithm>
 #include <new>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define HSS_NODE_POOL_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HSS_NODE_POOL_ASAN 1
-#endif
-#endif
+#include "address_sanitizer.hpp"
 
 namespace hss::detail {
 
 bool NodePool::pooled(size_t bytes, size_t alignment) noexcept {
-#if defined(HSS_NODE_POOL_ASAN)
+#if defined(HSS_ADDRESS_SANITIZER)
   (void)bytes;
   (void)alignment;
   return false;  // every block from the heap: ASan sees each node's lifetime

@@ -9,14 +9,8 @@
 #include <thread>
 #include <vector>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define HSS_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HSS_TEST_ASAN 1
-#endif
-#endif
-#ifdef HSS_TEST_ASAN
+#include "address_sanitizer.hpp"
+#ifdef HSS_ADDRESS_SANITIZER
 #include <sanitizer/asan_interface.h>
 #endif
 
@@ -124,7 +118,7 @@ TEST_F(EntryPoolTest, AFreeNodeIsPoisonedUnderAddressSanitizer) {
   auto e = make(0);
   auto* node = reinterpret_cast<std::byte*>(e.get());
   e.reset();
-#ifdef HSS_TEST_ASAN
+#ifdef HSS_ADDRESS_SANITIZER
   EXPECT_EQ(__asan_address_is_poisoned(node + 64), 1);
   std::vector<detail::EntryRef> again;
   while (reinterpret_cast<std::byte*>(again.emplace_back(make(1)).get()) != node) {

@@ -7,23 +7,16 @@
 #include <memory_resource>
 #include <vector>
 
+#include "address_sanitizer.hpp"
 #include "hss/hss.hpp"
 #include "node_pool.hpp"
 #include "store_index.hpp"
 #include "test_util.hpp"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define HSS_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define HSS_TEST_ASAN 1
-#endif
-#endif
-
 namespace hss {
 namespace {
 
-#ifdef HSS_TEST_ASAN
+#ifdef HSS_ADDRESS_SANITIZER
 constexpr bool kPooling = false;  // under ASan every block is the heap's (use after free reports)
 #else
 constexpr bool kPooling = true;
