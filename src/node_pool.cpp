@@ -34,7 +34,8 @@ void* NodePool::do_allocate(size_t bytes, size_t alignment) {
 void NodePool::do_deallocate(void* block, size_t bytes, size_t alignment) {
   --live_;
   if (!pooled(bytes, alignment)) {
-    ::operator delete(block, bytes, std::align_val_t(alignment));
+    // Unsized: clang 14 declares no sized operator delete without -fsized-deallocation.
+    ::operator delete(block, std::align_val_t(alignment));
     return;
   }
   const size_t c = (bytes - 1) / kClassBytes;
