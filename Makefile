@@ -75,7 +75,7 @@ bench: build
 	$(BUILD_DIR)/bench/hss-bench
 
 asan: bootstrap
-	cmake --preset asan
+	cmake --preset asan -DHSS_BUILD_BENCH=OFF
 	cmake --build $(ASAN_DIR) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_DIR) --output-on-failure -j $(JOBS) -LE "bench|install"
