@@ -39,27 +39,23 @@ namespace {
 
 void check_view_shape(DType dtype, Device device, int64_t rows, int64_t cols, int64_t row_stride,
                       std::string_view name) {
-  const bool ok = hss::is_valid(dtype) && hss::is_valid(device) && rows >= 0 &&
-                  rows <= limits::kMaxRows && cols > 0 && cols <= limits::kMaxCols &&
-                  (row_stride == 0 || (row_stride >= cols && row_stride <= limits::kMaxRowStride));
+  const bool ok =
+      hss::is_valid(dtype) && hss::is_valid(device) && view_dims_ok(rows, cols, row_stride);
   if (!ok) [[unlikely]]
     throw_bad_shape(dtype, device, rows, cols, row_stride, name);
 }
 
 int64_t view_span_bytes(DType dtype, int64_t rows, int64_t cols, int64_t row_stride,
                         std::string_view name) {
-  if (rows == 0) return 0;
+  // The precondition of view_span_if_within_limit, checked (the device is not this function's).
+  check_view_shape(dtype, Device::kHost, rows, cols, row_stride, name);
+  if (const auto bytes = view_span_if_within_limit(dtype, rows, cols, row_stride)) [[likely]]
+    return *bytes;
   const int64_t stride = row_stride == 0 ? cols : row_stride;
-  const int64_t elems =
-      mul_or_throw(rows - 1, stride, "view rows * row_stride") + cols;  // <= 2^63 by the limits
-  const int64_t bytes =
-      mul_or_throw(elems, static_cast<int64_t>(element_size(dtype)), "view bytes");
-  if (bytes > limits::kMaxViewBytes) {
-    throw InvalidArgument(std::string(name) + ": " + std::to_string(rows) +
-                          " rows with row_stride " + std::to_string(stride) + " spans " +
-                          std::to_string(bytes) + " bytes, more than 2^48");
-  }
-  return bytes;
+  throw InvalidArgument(std::string(name) + ": " + std::to_string(rows) + " rows with row_stride " +
+                        std::to_string(stride) + " span " +
+                        std::to_string((rows - 1) * stride + cols) + " elements of " +
+                        std::to_string(element_size(dtype)) + " bytes, more than 2^48 bytes");
 }
 
 }  // namespace hss::detail

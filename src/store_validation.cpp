@@ -21,25 +21,19 @@ void check_kind(ActivationKind kind, const char* name) {
 }
 
 // Every condition of check_view in one expression, without a call or a string: the accepted
-// view, which is every view of a correct caller, costs a few compares. A view it refuses goes
-// through the checks below, which say what is wrong (they refuse exactly the same views).
+// view, which is every view of a correct caller, costs a few compares. The limits are
+// checked.hpp's (view_dims_ok, view_span_if_within_limit), the same the checks below apply; a view
+// refused here goes through those checks, which say what is wrong.
 bool view_is_valid(const TensorView& v, bool device_ok) noexcept {
-  if (!is_valid(v.dtype) || !is_valid(v.device)) return false;
-  if (v.rows < 0 || v.rows > limits::kMaxRows || v.cols <= 0 || v.cols > limits::kMaxCols) {
+  if (!is_valid(v.dtype) || !is_valid(v.device) || !view_dims_ok(v.rows, v.cols, v.row_stride)) {
     return false;
   }
-  if (v.row_stride != 0 && (v.row_stride < v.cols || v.row_stride > limits::kMaxRowStride)) {
+  if (v.rows > 0 &&
+      (v.data == nullptr || !view_span_if_within_limit(v.dtype, v.rows, v.cols, v.row_stride))) {
     return false;
-  }
-  const size_t esize = element_size(v.dtype);  // 1, 2, 4 or 8: divides 2^48
-  if (v.rows > 0) {
-    if (v.data == nullptr) return false;
-    const int64_t stride = v.row_stride == 0 ? v.cols : v.row_stride;
-    const int64_t elems = (v.rows - 1) * stride + v.cols;  // < 2^63 by the limits above
-    if (elems > (limits::kMaxViewBytes >> std::countr_zero(esize))) return false;
   }
   if (v.device == Device::kCuda &&
-      (!device_ok || reinterpret_cast<uintptr_t>(v.data) % esize != 0)) {
+      (!device_ok || reinterpret_cast<uintptr_t>(v.data) % element_size(v.dtype) != 0)) {
     return false;
   }
   return v.device_index >= 0;

@@ -4,6 +4,8 @@
 
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <vector>
 
 #include "hss/detail/checked.hpp"
 #include "hss/hss.hpp"
@@ -58,6 +60,79 @@ TEST(Checked, ViewShapeRejectsOutOfEnumAndOutOfLimit) {
       (void)detail::view_span_bytes(DType::kFloat32, limits::kMaxRows, 8, limits::kMaxRowStride),
       InvalidArgument);
   EXPECT_EQ(detail::view_span_bytes(DType::kBFloat16, 3, 4, 10), (2 * 10 + 4) * 2);
+}
+
+// The store's one-expression accept (store_validation.cpp) and the naming checks behind it
+// (check_view_shape, view_span_bytes) share checked.hpp's limits: at each boundary, for every
+// dtype, check_view accepts exactly what view_span_bytes accepts, and the span is the exact
+// byte count. The data pointer is never read.
+TEST(Checked, EveryViewCheckAcceptsExactlyTheDocumentedLimits) {
+  std::vector<float> one(1);
+  for (const DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    const auto esize = static_cast<int64_t>(element_size(dtype));
+    const int64_t max_elems = limits::kMaxViewBytes / esize;
+    // kMaxCols columns and as many rows as fit exactly: 2^48 bytes, contiguous.
+    const int64_t cols = limits::kMaxCols;
+    const int64_t rows = max_elems / cols;
+    ASSERT_EQ(rows * cols, max_elems);
+    ASSERT_LE(rows, limits::kMaxRows);
+    const int64_t stride = limits::kMaxRowStride;
+    struct Case {
+      int64_t rows, cols, row_stride;
+    };
+    const Case cases[] = {
+        {rows, cols, 0},               // exactly 2^48 bytes
+        {rows + 1, cols, 0},           // one row more
+        {rows, cols - 1, cols},        // one element less, strided
+        {rows, cols, cols + 1},        // rows - 1 elements more, strided
+        {rows, 1, cols},               // the last row of one element
+        {2, 8, stride},                // the stride limit
+        {2, 8, stride + 1},            // one beyond
+        {limits::kMaxRows, 8, 0},      // the row limit, contiguous
+        {limits::kMaxRows + 1, 8, 0},  // one row beyond
+        {1, limits::kMaxCols, 0},      // the column limit
+        {1, limits::kMaxCols + 1, 0},  // one column beyond
+        {2, 8, 7},                     // stride below cols
+        {0, 8, 0},                     // no rows: no span
+        {-1, 8, 0},                    // negative rows
+        {1, 0, 0},                     // no columns
+    };
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message() << to_string(dtype) << " rows=" << c.rows
+                                        << " cols=" << c.cols << " stride=" << c.row_stride);
+      const TensorView view{one.data(), dtype, c.rows, c.cols, c.row_stride};
+      std::optional<int64_t> span;
+      try {
+        span = detail::view_span_bytes(dtype, c.rows, c.cols, c.row_stride, "v");
+      } catch (const InvalidArgument&) {
+      }
+      bool accepted = true;
+      try {
+        detail::check_view(view, "v", false);
+      } catch (const InvalidArgument&) {
+        accepted = false;
+      }
+      EXPECT_EQ(accepted, span.has_value());
+      const bool within =
+          c.rows >= 0 && c.rows <= limits::kMaxRows && c.cols > 0 && c.cols <= limits::kMaxCols &&
+          (c.row_stride == 0 || (c.row_stride >= c.cols && c.row_stride <= limits::kMaxRowStride));
+      if (!within) {
+        EXPECT_FALSE(accepted);
+        continue;
+      }
+      const long double elems =
+          c.rows == 0
+              ? 0.0L
+              : static_cast<long double>(c.rows - 1) *
+                        static_cast<long double>(c.row_stride == 0 ? c.cols : c.row_stride) +
+                    static_cast<long double>(c.cols);
+      const long double bytes = elems * static_cast<long double>(esize);
+      EXPECT_EQ(accepted, bytes <= static_cast<long double>(limits::kMaxViewBytes));
+      if (span) {
+        EXPECT_EQ(static_cast<long double>(*span), bytes);
+      }
+    }
+  }
 }
 
 TEST(Checked, HostTensorRejectsSizesBeyondTheLimits) {

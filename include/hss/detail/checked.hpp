@@ -8,6 +8,7 @@
 //
 // Thread safety: pure functions and constants.
 
+#include <bit>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -62,6 +63,27 @@ namespace hss::detail {
   if (const auto out = checked_mul(a, b)) [[likely]]
     return *out;
   throw_mul_overflow(a, b, what);
+}
+
+/// The view limits, stated once (check_view_shape, view_span_bytes and the store's one-expression
+/// view check all use these two): 0 <= rows <= kMaxRows, 0 < cols <= kMaxCols, row_stride 0 or in
+/// [cols, kMaxRowStride].
+[[nodiscard]] constexpr bool view_dims_ok(int64_t rows, int64_t cols, int64_t row_stride) noexcept {
+  return rows >= 0 && rows <= limits::kMaxRows && cols > 0 && cols <= limits::kMaxCols &&
+         (row_stride == 0 || (row_stride >= cols && row_stride <= limits::kMaxRowStride));
+}
+/// The byte span of rows x cols with row_stride of dtype, (rows - 1) * stride + cols elements, or
+/// nullopt beyond kMaxViewBytes. Requires view_dims_ok and a valid dtype: then the element count
+/// is below 2^63 (2^31 rows of stride 2^32), and the element sizes (powers of two) divide 2^48, so
+/// the limit in elements is a shift, with no multiply that could wrap.
+[[nodiscard]] constexpr std::optional<int64_t> view_span_if_within_limit(
+    DType dtype, int64_t rows, int64_t cols, int64_t row_stride) noexcept {
+  if (rows == 0) return int64_t{0};
+  const int64_t stride = row_stride == 0 ? cols : row_stride;
+  const int64_t elems = (rows - 1) * stride + cols;
+  const int shift = std::countr_zero(element_size(dtype));
+  if (elems > (limits::kMaxViewBytes >> shift)) return std::nullopt;
+  return elems << shift;
 }
 
 /// Checks the shape of a view against the limits (hss::limits): dtype and device are enumerators,
