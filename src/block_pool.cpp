@@ -171,4 +171,32 @@ void BlockPool::free_ids(std::vector<uint32_t>& out) const {
   out.assign(free_.begin(), free_.end());
 }
 
+bool BlockPool::restock(std::vector<uint32_t>& stash, size_t need, size_t want) noexcept {
+  std::lock_guard lock(mutex_);
+  free_.insert(free_.end(), stash.begin(), stash.end());  // capacity is full: no reallocation
+  stash.clear();
+  const size_t take = std::min(want, free_.size());
+  if (take < need) return false;
+  const auto first = free_.end() - static_cast<std::ptrdiff_t>(take);
+  stash.insert(stash.end(), first, free_.end());  // within the capacity the caller reserved
+  free_.erase(first, free_.end());
+  return true;
+}
+
+GranuleStash::GranuleStash(BlockPool& pool, size_t expected)
+    : pool_(pool), expected_(std::min<uint64_t>(expected, pool.num_blocks())) {
+  ids_.reserve(expected_);
+}
+
+GranuleStash::~GranuleStash() { (void)pool_.restock(ids_, 0, 0); }
+
+bool GranuleStash::refill_and_allocate(std::span<uint32_t> out) noexcept {
+  const size_t n = out.size();
+  // Beyond the estimate: the pool's own allocate, after the stash's ids went back on top.
+  if (n > ids_.capacity()) return pool_.restock(ids_, 0, 0) && pool_.allocate(out);
+  if (!pool_.restock(ids_, n, std::max(n, std::min(expected_, ids_.capacity())))) return false;
+  hand_out(out);
+  return true;
+}
+
 }  // namespace hss::detail

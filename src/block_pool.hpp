@@ -125,6 +125,12 @@ class BlockPool {
   /// True when `id` is on the free stack (O(free); for check_invariants only).
   void free_ids(std::vector<uint32_t>& out) const;
 
+  /// For GranuleStash, under one lock: `stash`'s ids go back on top of the free stack as they
+  /// lie (its back on top), then the top min(want, free) ids move onto `stash` in the same order
+  /// (the top at its back), or none when fewer than `need` are free (false). `stash` has the
+  /// capacity for `want` ids. Never throws.
+  bool restock(std::vector<uint32_t>& stash, size_t need, size_t want) noexcept;
+
  private:
   uint64_t arena_bytes_;
   uint64_t granule_bytes_;
@@ -134,6 +140,44 @@ class BlockPool {
   int device_ = -1;  // the CUDA device the pinned arena was allocated (and is freed) on
   mutable std::mutex mutex_;
   std::vector<uint32_t> free_;  // a stack; capacity == num_blocks_, so pushes never allocate
+};
+
+/// Granules taken from a BlockPool under one lock for the many entries of one call (a batch's
+/// grants), then handed out without a lock; the ids not handed out go back when it dies.
+/// Equivalent to allocating from the pool: the stash holds the top of the free stack in its
+/// order, and a grant it cannot serve gives them back before refilling or failing, so every
+/// grant succeeds exactly when one from the pool would have (a caller then evicts exactly as
+/// before) and gets the same ids (other threads' releases meanwhile aside). Not synchronised:
+/// one call's, used under the store's index lock.
+class GranuleStash {
+ public:
+  /// Room for `expected` ids, the call's estimate (may throw std::bad_alloc; nothing taken).
+  GranuleStash(BlockPool& pool, size_t expected);
+  ~GranuleStash();
+  GranuleStash(const GranuleStash&) = delete;
+  GranuleStash& operator=(const GranuleStash&) = delete;
+  /// Like BlockPool::allocate: out.size() ids, or false and nothing taken. Refills, when
+  /// short, with as many of the ids still expected as are free. Never throws.
+  [[nodiscard]] bool allocate(std::span<uint32_t> out) noexcept {
+    if (ids_.size() < out.size()) [[unlikely]]
+      return refill_and_allocate(out);
+    hand_out(out);
+    return true;
+  }
+
+ private:
+  bool refill_and_allocate(std::span<uint32_t> out) noexcept;
+  void hand_out(std::span<uint32_t> out) noexcept {
+    for (uint32_t& id : out) {  // the former top first, as BlockPool::allocate hands them out
+      id = ids_.back();
+      ids_.pop_back();
+    }
+    expected_ = expected_ > out.size() ? expected_ - out.size() : 0;
+  }
+
+  BlockPool& pool_;
+  std::vector<uint32_t> ids_;  // the pool's former top at the back
+  size_t expected_;            // ids the call may still ask for (an estimate)
 };
 
 }  // namespace hss::detail

@@ -146,9 +146,15 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
   // 2. The phases of a single store (store_plans), once for every item. Every item's writes and
   //    segments come from one arena sized for the batch (a chunk needs at most one write and,
   //    with granules of a chunk or more, one segment; more only grows the arena).
+  // The granules, as full chunks of 4-byte elements (native 16-bit storage takes half): the
+  // estimate for the batch's GranuleStash (chunk_size <= 2^20, cols <= 2^24: no overflow).
   size_t item_chunks = 0;
+  size_t granules = 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    item_chunks += chunks_to_write(lists[list_of[i]].chunks, items[i].options.token_offset);
+    const size_t chunks = chunks_to_write(lists[list_of[i]].chunks, items[i].options.token_offset);
+    item_chunks += chunks;
+    granules += chunks * pool_.blocks_for(static_cast<uint64_t>(config_.chunk_size) *
+                                          static_cast<uint64_t>(items[i].hidden_states.cols) * 4);
   }
   // Upstream: the heap, never the process-wide default resource an application may have set.
   std::pmr::monotonic_buffer_resource arena(
@@ -165,7 +171,7 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
     plan.lookups = &list.lookups;
     plan.slot_hint = std::min<size_t>(list.items, 64);
   }
-  store_plans(plans, distinct_chunks);
+  store_plans(plans, distinct_chunks, items.size() > 1 ? granules : 0);
   std::vector<StoreResult> results(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     results[i] = {static_cast<int64_t>(plans[i].writes.size()), plans[i].cached};

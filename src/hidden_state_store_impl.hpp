@@ -224,8 +224,9 @@ class HiddenStateStore::Impl {
   /// The store pipeline of every store call (a single store is a batch of one): one lock for
   /// every plan's reservation (the allowlists; each plan its own eviction guard, in order),
   /// copy_plans outside it, one lock to publish, write-behind, counters once. `new_keys` bounds
-  /// the keys the plans may insert. Results: each plan's writes and cached count.
-  void store_plans(std::span<StorePlan> plans, size_t new_keys);
+  /// the keys the plans may insert; `granules` estimates the granules they take (a batch's: one
+  /// GranuleStash for the call; 0 for none). Results: each plan's writes and cached count.
+  void store_plans(std::span<StorePlan> plans, size_t new_keys, size_t granules = 0);
   /// Phase 2: host plans copied now; device plans grouped per (device, stream)
   /// (launch_groups.hpp): a group of one job is DevicePath::store (hidden_state_store_impl), a
   /// group of several one DevicePath::store_batch launch whose fence every plan of it carries.
@@ -233,8 +234,10 @@ class HiddenStateStore::Impl {
   /// Grants `entry` its granules (blocks_for(payload_bytes()); the caller reserved them in
   /// `blocks`, so nothing allocates), evicting LRU keys not guarded
   /// by `guard` while the pool is short. False, nothing taken and counted as an allocation
-  /// failure, when the pool cannot make room. Caller holds mutex_.
-  bool grant_blocks(detail::Entry& entry, uint64_t guard) noexcept;
+  /// failure, when the pool cannot make room. From `stash` when given (a batch: the same
+  /// outcome, fewer pool locks). Caller holds mutex_.
+  bool grant_blocks(detail::Entry& entry, uint64_t guard,
+                    detail::GranuleStash* stash = nullptr) noexcept;
   /// One entry of `key` made PENDING outside the store pipeline (the remote read-through, an
   /// import): room in the key's record or a prepared one, the granules (grant_blocks), then
   /// `replaces` (the slot's entry of another shape, or nullptr) removed and the entry added.
@@ -362,6 +365,7 @@ struct HiddenStateStore::Impl::PlanContext {
   detail::RecordLookups* lookups = nullptr;  // of the plan's chunk list
   size_t slot_hint = 1;        // slot vector capacity for a new key (items sharing the list)
   bool keys_reserved = false;  // index_.reserve_keys already covers every key of the call
+  detail::GranuleStash* stash = nullptr;  // a batch's granules, one pool lock per refill
 };
 
 }  // namespace hss

@@ -68,7 +68,8 @@ StoreResult HiddenStateStore::Impl::store_validated(std::span<const Chunk> chunk
   return {static_cast<int64_t>(plan.writes.size()), plan.cached};
 }
 
-void HiddenStateStore::Impl::store_plans(std::span<StorePlan> plans, size_t new_keys) {
+void HiddenStateStore::Impl::store_plans(std::span<StorePlan> plans, size_t new_keys,
+                                         size_t granules) {
   // 1. One lock for every reservation. Each plan plans and applies in order (its own eviction
   //    guard), sharing the chunk lookups of its list with the plans before it.
   // Finished device restores let go of their pins and landed copies of dropped entries give
@@ -81,11 +82,17 @@ void HiddenStateStore::Impl::store_plans(std::span<StorePlan> plans, size_t new_
     std::lock_guard lock(mutex_);
     check_open_locked();
     PlanContext context(index_);  // its prepared keys come from the index's pool: under the lock
+    std::optional<detail::GranuleStash> stash;  // gives its ids back before the lock ends
     if (several) {
       context.prepared.reserve(new_keys);
       // At most one new key per chunk of each distinct list: sized once, no item rehashes.
       index_.reserve_keys(new_keys);
       context.keys_reserved = true;
+    }
+    if (granules > 0) {
+      // The batch's granules from the pool in one lock (GranuleStash: the same grants, fewer
+      // pool locks; an estimate too large only holds ids until the locked section ends).
+      context.stash = &stash.emplace(pool_, granules);
     }
     size_t i = 0;
     try {
@@ -164,13 +171,15 @@ ElemType HiddenStateStore::Impl::storage_for(const TensorView& hidden) const {
              : ElemType::kFloat32;
 }
 
-bool HiddenStateStore::Impl::grant_blocks(detail::Entry& entry, uint64_t guard) noexcept {
+bool HiddenStateStore::Impl::grant_blocks(detail::Entry& entry, uint64_t guard,
+                                          detail::GranuleStash* stash) noexcept {
   const size_t need = pool_.blocks_for(entry.payload_bytes());
   entry.blocks.resize(need);  // within the capacity the caller reserved: no allocation
-  bool ok = need <= pool_.num_blocks() && pool_.allocate(entry.blocks);
-  while (!ok && need <= pool_.num_blocks() && evict_for_space(guard)) {
-    ok = pool_.allocate(entry.blocks);
-  }
+  const auto allocate = [&] {
+    return stash != nullptr ? stash->allocate(entry.blocks) : pool_.allocate(entry.blocks);
+  };
+  bool ok = need <= pool_.num_blocks() && allocate();
+  while (!ok && need <= pool_.num_blocks() && evict_for_space(guard)) ok = allocate();
   if (!ok) {
     entry.blocks.clear();
     counters_.allocation_failures.fetch_add(1, std::memory_order_relaxed);
@@ -256,7 +265,8 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
     if (next_write < writes.size() && writes[next_write].chunk == i) {
       Write& w = writes[next_write++];
       if (w.replaces != nullptr) index_.erase_slot(chunk.key, w.replaces);
-      if (!grant_blocks(*w.entry, guard)) break;  // stop here: the cached range stays contiguous
+      if (!grant_blocks(*w.entry, guard, context.stash))
+        break;  // stop here: the cached range stays contiguous
       // Evictions above never take this call's keys (guarded), but any erase (a replaced last
       // slot included) makes the lookups look again.
       detail::KeyRecord* found = lookups.find(index_, i, chunk.key);

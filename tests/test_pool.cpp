@@ -1,6 +1,7 @@
 // The hidden-state pool never loses capacity to shape: fixed granules, no first-shape rule.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 
@@ -231,6 +232,74 @@ TEST(BlockPool, HundredThousandRandomOperationsKeepExactCapacity) {
   for (const auto& ids : held) pool.release(ids);
   std::vector<uint32_t> all(n);
   EXPECT_TRUE(pool.allocate(all));
+}
+
+// A batch's GranuleStash is the pool's allocate with fewer locks. Driven by the same random
+// grants and releases as a twin pool allocating directly (a failed grant releases the oldest
+// holder, as an eviction would, and retries), every grant succeeds or fails alike, no id is
+// handed out twice, and the free sets agree once the stashes died; estimates too small, exact
+// and too large alike. Ids may differ only where a release came between two grants of a stash
+// (the stash serves its own first): with no release in between they are the same ids.
+TEST(BlockPool, AGranuleStashGrantsExactlyWhenThePoolWould) {
+  for (const size_t expected : {size_t{0}, size_t{7}, size_t{200}, size_t{5000}}) {
+    for (const bool releases : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "expected " << expected << " releases " << releases);
+      detail::BlockPool direct(64 * 300, 64, false, false);
+      detail::BlockPool stashed(64 * 300, 64, false, false);
+      std::vector<uint8_t> owned(300, 0);
+      std::mt19937_64 rng(11 + expected);
+      std::vector<std::vector<uint32_t>> held_direct, held_stashed;  // the same grants
+      const auto release = [&](size_t i) {
+        direct.release(held_direct[i]);
+        for (const uint32_t id : held_stashed[i]) owned[id] = 0;
+        stashed.release(held_stashed[i]);
+        held_direct.erase(held_direct.begin() + static_cast<ptrdiff_t>(i));
+        held_stashed.erase(held_stashed.begin() + static_cast<ptrdiff_t>(i));
+      };
+      for (int round = 0; round < 20; ++round) {
+        // Between stashes (the batch calls), releases in both modes.
+        while (held_direct.size() > 20) release(rng() % held_direct.size());
+        detail::GranuleStash stash(stashed, expected);
+        for (int op = 0; op < 60; ++op) {
+          if (releases && !held_direct.empty() && rng() % 4 == 0) {
+            release(rng() % held_direct.size());
+            continue;
+          }
+          std::vector<uint32_t> a(1 + rng() % 9), b(a.size());
+          bool ok_a = direct.allocate(a);
+          bool ok_b = stash.allocate(b);
+          ASSERT_EQ(ok_a, ok_b) << "round " << round << " op " << op;
+          while (!ok_a && !held_direct.empty()) {  // "evict" the oldest holder and retry
+            release(0);
+            ok_a = direct.allocate(a);
+            ok_b = stash.allocate(b);
+            ASSERT_EQ(ok_a, ok_b) << "round " << round << " op " << op;
+          }
+          if (!ok_a) continue;
+          if (!releases) {
+            ASSERT_EQ(a, b) << "round " << round << " op " << op;
+          }
+          for (const uint32_t id : b) ASSERT_EQ(owned[id]++, 0) << "granule handed out twice";
+          held_direct.push_back(std::move(a));
+          held_stashed.push_back(std::move(b));
+        }
+      }
+      std::vector<uint32_t> free_direct, free_stashed;
+      direct.free_ids(free_direct);
+      stashed.free_ids(free_stashed);
+      if (!releases) {
+        EXPECT_EQ(free_direct, free_stashed);  // the same stack, id for id
+      }
+      std::sort(free_direct.begin(), free_direct.end());
+      std::sort(free_stashed.begin(), free_stashed.end());
+      std::vector<uint32_t> free_expected;
+      for (uint32_t id = 0; id < 300; ++id) {
+        if (owned[id] == 0) free_expected.push_back(id);
+      }
+      EXPECT_EQ(free_stashed, free_expected);
+      EXPECT_EQ(free_direct.size(), free_stashed.size());
+    }
+  }
 }
 
 }  // namespace
