@@ -147,8 +147,9 @@ class BlockPool {
 /// Equivalent to allocating from the pool: the stash holds the top of the free stack in its
 /// order, and a grant it cannot serve gives them back before refilling or failing, so every
 /// grant succeeds exactly when one from the pool would have (a caller then evicts exactly as
-/// before) and gets the same ids (other threads' releases meanwhile aside). Not synchronised:
-/// one call's, used under the store's index lock.
+/// before) and, with no release between two grants, gets the same ids (a release meanwhile, a
+/// replaced entry's or another thread's, goes on the pool's top while the stash serves its own
+/// first). Not synchronised: one call's, used under the store's index lock.
 class GranuleStash {
  public:
   /// Room for `expected` ids, the call's estimate (may throw std::bad_alloc; nothing taken).

@@ -86,7 +86,9 @@ struct HiddenStateStats {
   uint64_t bytes_held = 0;    ///< payload bytes of the entries held
   uint64_t blocks_held = 0;   ///< pool granules held by the entries of the index
   uint64_t pool_capacity_bytes = 0;  ///< usable bytes: granules x granule_bytes
-  uint64_t pool_free_bytes = 0;      ///< granules on the free list x granule_bytes
+  uint64_t pool_free_bytes = 0;      ///< granules on the free list x granule_bytes (a store in
+                                     ///< flight holds granules counted in neither this nor
+                                     ///< blocks_held until it publishes or gives them back)
   uint64_t granule_bytes = 0;        ///< the pool's allocation unit
   bool pinned = false;       ///< pool is page-locked device-mapped memory (a device was found)
   bool device_path = false;  ///< the CUDA data path is usable in this process
