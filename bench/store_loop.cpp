@@ -13,7 +13,8 @@
 // the store's host copy strategy. profiling/perf_host_store.sh drives it.
 // batch-* / single-*: `hss-bench batch`'s engine step (batch_step.hpp) as one batch call or as
 // 768 single calls (stores into a pool whose keys were dropped, untimed, before every iteration;
-// retrieves of the stored step): what a profiler sees of one item, e.g.
+// retrieves of the stored step): prints the median per item and the minor page faults per
+// iteration; what a profiler sees of one item, e.g.
 //   valgrind --tool=callgrind --toggle-collect='hss::HiddenStateStore::store_*'
 //       build/bench/hss-store-loop batch-store 30   (one command line)
 
@@ -61,8 +62,10 @@ int run_step(const std::string& mode, int iterations) {
   const auto step = make_step(rows.data(), Device::kHost, outs);
   if (!store) (void)s.store.store_batch(step->stores);
   std::vector<double> seconds;
+  long faults = 0;
   for (int i = 0; i < iterations; ++i) {
     if (store) s.drop_all(*step);
+    const long faults_before = minor_faults();
     const auto start = std::chrono::steady_clock::now();
     if (store && batch) {
       (void)s.store.store_batch(step->stores);
@@ -78,10 +81,13 @@ int run_step(const std::string& mode, int iterations) {
       }
     }
     seconds.push_back(seconds_since(start));
+    faults += minor_faults() - faults_before;
   }
   std::sort(seconds.begin(), seconds.end());
-  std::printf("%s: %d iterations of %d items, median %.3f us per item\n", mode.c_str(), iterations,
-              kStepItems, seconds[seconds.size() / 2] / kStepItems * 1e6);
+  std::printf("%s: %d iterations of %d items, median %.3f us per item, %.1f minor page faults per "
+              "iteration\n",
+              mode.c_str(), iterations, kStepItems, seconds[seconds.size() / 2] / kStepItems * 1e6,
+              static_cast<double>(faults) / iterations);
   return 0;
 }
 

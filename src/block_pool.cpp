@@ -188,7 +188,9 @@ GranuleStash::GranuleStash(BlockPool& pool, size_t expected)
   ids_.reserve(expected_);
 }
 
-GranuleStash::~GranuleStash() { (void)pool_.restock(ids_, 0, 0); }
+GranuleStash::~GranuleStash() {
+  if (!ids_.empty()) (void)pool_.restock(ids_, 0, 0);  // an exact estimate leaves nothing
+}
 
 bool GranuleStash::refill_and_allocate(std::span<uint32_t> out) noexcept {
   const size_t n = out.size();
