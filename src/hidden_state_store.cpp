@@ -181,8 +181,11 @@ void HiddenStateStore::Impl::close() {
 void HiddenStateStore::Impl::check_invariants() const {
   auto fail = [](const std::string& what) { throw Error("check_invariants: " + what); };
   std::vector<uint32_t> free_ids;
-  pool_.free_ids(free_ids);
   std::lock_guard lock(mutex_);
+  // The free list under the index lock (lock order index -> pool): every grant happens under
+  // it, so no granule granted since the snapshot shows up as both free and held. Releases may
+  // still come (a detached entry's last reader), but only of granules the index no longer holds.
+  pool_.free_ids(free_ids);
   std::vector<uint8_t> owner(pool_.num_blocks(), 0);
   for (uint32_t id : free_ids) {
     if (id >= owner.size()) fail("free granule id " + std::to_string(id) + " out of range");

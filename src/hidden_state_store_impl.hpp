@@ -239,10 +239,10 @@ class HiddenStateStore::Impl {
   bool grant_blocks(detail::Entry& entry, uint64_t guard,
                     detail::GranuleStash* stash = nullptr) noexcept;
   /// One entry of `key` made PENDING outside the store pipeline (the remote read-through, an
-  /// import): room in the key's record or a prepared one, the granules (grant_blocks), then
+  /// import): room in the key's record or a new empty one, the granules (grant_blocks), then
   /// `replaces` (the slot's entry of another shape, or nullptr) removed and the entry added.
   /// False when the pool had no room (only evictions happened). std::bad_alloc before anything
-  /// changed, or, rarely, after the grant (an eviction removed the key's record and preparing it
+  /// changed, or, rarely, after the grant (an eviction removed the key's record and inserting it
   /// again failed: the granules go back, only evictions happened). Caller holds mutex_.
   bool add_one_pending_locked(const CacheEngineKey& key, const detail::EntryRef& entry,
                               uint64_t guard, const detail::Entry* replaces);
@@ -254,9 +254,18 @@ class HiddenStateStore::Impl {
   kernels::SourceView plan_segments(StorePlan& plan, const TensorView& hidden,
                                     const StoreOptions& opt);
   // Phase 1 of one plan, phase 3 and the withdrawal, with mutex_ held by the caller.
-  // `context`: what the plans of one call share (prepared keys, the lookups of plan.chunks).
+  // `context`: what the plans of one call share (the lookups of plan.chunks, the stash).
   void reserve_and_apply_locked(const TensorView& hidden, const StoreOptions& opt,
                                 kernels::ElemType storage, StorePlan& plan, PlanContext& context);
+  /// Its planning part: plan.writes (one per chunk to write, records found or inserted empty)
+  /// and the room everything after it needs. May throw; then the caller drops the empty records.
+  void plan_writes_locked(const TensorView& hidden, const StoreOptions& opt,
+                          kernels::ElemType storage, StorePlan& plan, PlanContext& context,
+                          uint64_t guard);
+  /// Erases the records of plan.writes[from..] that have no slot (inserted empty by the plan,
+  /// or emptied by a replacement, and not filled): a plan that throws or stops early.
+  void drop_empty_records_locked(StorePlan& plan, detail::RecordLookups& lookups,
+                                 size_t from) noexcept;
   void publish_locked(StorePlan& plan) noexcept;
   void withdraw_locked(StorePlan& plan) noexcept;
   /// The chunks a store with `token_offset` may write (those starting at or after it).
@@ -360,11 +369,8 @@ struct HiddenStateStore::Impl::StorePlan {
 
 // What the store phase 1 of the items of one call share under the index lock.
 struct HiddenStateStore::Impl::PlanContext {
-  explicit PlanContext(detail::StoreIndex& index) : prepared(index) {}
-  detail::StoreIndex::Prepared prepared;     // made and destroyed under the index lock
   detail::RecordLookups* lookups = nullptr;  // of the plan's chunk list
-  size_t slot_hint = 1;        // slot vector capacity for a new key (items sharing the list)
-  bool keys_reserved = false;  // index_.reserve_keys already covers every key of the call
+  size_t slot_hint = 1;  // slot vector capacity for a new key (items sharing the list)
   detail::GranuleStash* stash = nullptr;  // a batch's granules, one pool lock per refill
 };
 

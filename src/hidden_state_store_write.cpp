@@ -81,14 +81,11 @@ void HiddenStateStore::Impl::store_plans(std::span<StorePlan> plans, size_t new_
     HSS_RANGE("store/alloc");
     std::lock_guard lock(mutex_);
     check_open_locked();
-    PlanContext context(index_);  // its prepared keys come from the index's pool: under the lock
+    PlanContext context;
     std::optional<detail::GranuleStash> stash;  // gives its ids back before the lock ends
-    if (several) {
-      context.prepared.reserve(new_keys);
-      // At most one new key per chunk of each distinct list: sized once, no item rehashes.
-      index_.reserve_keys(new_keys);
-      context.keys_reserved = true;
-    }
+    // At most one new key per chunk of each distinct list: the map is sized once for a batch,
+    // so no item rehashes it (a single store's insert rehashes when it must).
+    if (several) index_.reserve_keys(new_keys);
     if (granules > 0) {
       // The batch's granules from the pool in one lock (GranuleStash: the same grants, fewer
       // pool locks; an estimate too large only holds ids until the locked section ends).
@@ -190,45 +187,48 @@ bool HiddenStateStore::Impl::grant_blocks(detail::Entry& entry, uint64_t guard,
 bool HiddenStateStore::Impl::add_one_pending_locked(const CacheEngineKey& key,
                                                     const detail::EntryRef& entry, uint64_t guard,
                                                     const detail::Entry* replaces) {
-  // Everything that may allocate first; the grant's evictions are the first change.
-  detail::StoreIndex::Prepared prepared(index_);
-  if (detail::KeyRecord* record = index_.find(key)) {
+  // Everything that may allocate first (a new key's record goes in empty, outside the LRU, so no
+  // eviction takes it); the grant's evictions are the first change.
+  detail::KeyRecord* record = index_.find(key);
+  if (record != nullptr) {
     record->slots.reserve(record->slots.size() + 1);
   } else {
-    index_.prepare_insert(prepared, key, 1);
-    index_.reserve_keys(1);
+    record = &index_.insert_empty(key, 1);
   }
-  if (!grant_blocks(*entry, guard)) return false;
-  if (replaces != nullptr) index_.erase_slot(key, replaces);
-  // An eviction above (or the replaced last slot) may have removed the key's record.
-  detail::KeyRecord* record = index_.find(key);
-  if (record == nullptr && prepared.empty()) {
+  const uint64_t epoch = index_.erasures();
+  const bool granted = grant_blocks(*entry, guard);
+  // An eviction above may have removed the key's record (one that was already there).
+  if (index_.erasures() != epoch) record = index_.find(key);
+  if (!granted) {
+    if (record != nullptr) index_.erase_if_empty(*record);
+    return false;
+  }
+  if (record == nullptr) {
     try {
-      index_.prepare_insert(prepared, key, 1);
-      index_.reserve_keys(1);
+      record = &index_.insert_empty(key, 1);
     } catch (...) {
       pool_.release(entry->blocks);
       entry->blocks.clear();
       throw;
     }
+  } else if (replaces != nullptr) {
+    index_.detach_slot(*record, replaces);
   }
-  (void)index_.add_pending(key, entry, prepared, guard, record);
+  index_.add_pending(*record, entry, guard);
   return true;
 }
 
-void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
-                                                      const StoreOptions& opt, ElemType storage,
-                                                      StorePlan& plan, PlanContext& context) {
+void HiddenStateStore::Impl::plan_writes_locked(const TensorView& hidden, const StoreOptions& opt,
+                                                ElemType storage, StorePlan& plan,
+                                                PlanContext& context, uint64_t guard) {
+  // Which chunks need writing, and everything their writes need. Allocation is fine here:
+  // nothing visible changes (a new key's record goes into the map empty and outside the LRU).
   const std::span<const Chunk> chunks = plan.chunks;
   const Slot slot{opt.kind, opt.layer_idx};
   auto& writes = plan.writes;
-  detail::StoreIndex::Prepared& prepared = context.prepared;
   detail::RecordLookups& lookups = *context.lookups;
   size_t max_segments = 0;
-  const uint64_t guard = ++next_guard_;
   writes.reserve(chunks_to_write(chunks, opt.token_offset));
-
-  // Plan: which chunks need writing. Allocation is fine here: nothing has changed yet.
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& chunk = chunks[i];
     detail::KeyRecord* record = lookups.find(index_, i, chunk.key);
@@ -236,8 +236,16 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
     // before token_offset included: they are the prefix this call extends.
     if (record) record->guard = guard;
     if (chunk.start < opt.token_offset) continue;  // chunks stay atomic with KV boundaries
+    // A list naming a key twice writes it once, at its first chunk (as sequential stores would:
+    // the second finds the key stored); the apply counts the second as cached.
+    if (record != nullptr && record->planned == guard) continue;
     const EntryRef* held = record ? record->find(slot) : nullptr;
-    if (held && (*held)->cols == hidden.cols && (*held)->storage == storage) continue;
+    // Held with this chunk's shape: cached. Another shape (hidden dim, storage dtype, or a row
+    // count a caller's chunk list gives the key anew, which no walk would serve) is replaced.
+    if (held && (*held)->rows == chunk.size() && (*held)->cols == hidden.cols &&
+        (*held)->storage == storage) {
+      continue;
+    }
     const detail::Entry* replaces = held ? held->get() : nullptr;  // before slots may move
     const auto bytes = static_cast<uint64_t>(
         detail::mul_or_throw(detail::mul_or_throw(chunk.size(), hidden.cols, "chunk elements"),
@@ -246,15 +254,32 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
     const size_t need = pool_.blocks_for(bytes);
     entry->blocks.reserve(need);
     max_segments += need;
-    if (record && record->slots.size() == record->slots.capacity()) {
+    if (record == nullptr) {
+      record = &index_.insert_empty(chunk.key, context.slot_hint);
+      record->guard = guard;
+      lookups.remember(index_, i, *record);
+    } else if (record->slots.size() == record->slots.capacity()) {
       record->slots.reserve(record->slots.size() + context.slot_hint);
     }
-    // A replacement may remove the record's last slot (and so the record): prepare a fresh one.
-    if (!record || replaces) index_.prepare_insert(prepared, chunk.key, context.slot_hint);
-    writes.push_back({i, std::move(entry), replaces});
+    record->planned = guard;
+    writes.push_back({i, std::move(entry), replaces});  // capacity reserved: no throw
   }
-  if (!context.keys_reserved) index_.reserve_keys(writes.size());
   plan.segments.reserve(max_segments);
+}
+
+void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
+                                                      const StoreOptions& opt, ElemType storage,
+                                                      StorePlan& plan, PlanContext& context) {
+  const std::span<const Chunk> chunks = plan.chunks;
+  auto& writes = plan.writes;
+  detail::RecordLookups& lookups = *context.lookups;
+  const uint64_t guard = ++next_guard_;
+  try {
+    plan_writes_locked(hidden, opt, storage, plan, context, guard);
+  } catch (...) {
+    drop_empty_records_locked(plan, lookups, 0);  // the new keys' records go again
+    throw;
+  }
 
   // Apply: nothing below throws.
   size_t granted = 0;
@@ -263,16 +288,17 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
     const Chunk& chunk = chunks[i];
     if (chunk.start < opt.token_offset) continue;
     if (next_write < writes.size() && writes[next_write].chunk == i) {
-      Write& w = writes[next_write++];
-      if (w.replaces != nullptr) index_.erase_slot(chunk.key, w.replaces);
+      Write& w = writes[next_write];
+      // Every write's record is in the map (found or inserted above) and guarded: evictions
+      // never take it, but any erase makes the lookups look again.
+      detail::KeyRecord* record = lookups.find(index_, i, chunk.key);
+      if (w.replaces != nullptr) index_.detach_slot(*record, w.replaces);
       if (!grant_blocks(*w.entry, guard, context.stash))
         break;  // stop here: the cached range stays contiguous
-      // Evictions above never take this call's keys (guarded), but any erase (a replaced last
-      // slot included) makes the lookups look again.
-      detail::KeyRecord* found = lookups.find(index_, i, chunk.key);
-      detail::KeyRecord& record = index_.add_pending(chunk.key, w.entry, prepared, guard, found);
-      if (!found) lookups.remember(index_, i, record);
-      w.record = &record;
+      record = lookups.find(index_, i, chunk.key);
+      index_.add_pending(*record, w.entry, guard);
+      w.record = record;
+      ++next_write;
       ++granted;
       ++plan.cached;
     } else if (detail::KeyRecord* record = lookups.find(index_, i, chunk.key)) {
@@ -280,8 +306,22 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
       ++plan.cached;
     }
   }
+  // The writes not granted: a record they would have filled (new, or emptied by a replacement)
+  // goes again.
+  drop_empty_records_locked(plan, lookups, granted);
   writes.erase(writes.begin() + static_cast<ptrdiff_t>(granted), writes.end());
   plan.epoch = index_.erasures();
+}
+
+void HiddenStateStore::Impl::drop_empty_records_locked(StorePlan& plan,
+                                                       detail::RecordLookups& lookups,
+                                                       size_t from) noexcept {
+  for (size_t k = from; k < plan.writes.size(); ++k) {
+    const size_t chunk = plan.writes[k].chunk;
+    if (detail::KeyRecord* record = lookups.find(index_, chunk, plan.chunks[chunk].key)) {
+      index_.erase_if_empty(*record);
+    }
+  }
 }
 
 size_t HiddenStateStore::Impl::chunks_to_write(std::span<const Chunk> chunks,

@@ -3,19 +3,23 @@
 // the store guards it with its index mutex and keeps every copy outside that lock.
 //
 // Exception safety: every mutating method here is noexcept once its inputs exist. Allocation (map
-// nodes, slot vectors) happens in prepare_insert(), which changes nothing visible, so a store can
-// reserve everything first and then apply its plan without a throw in the middle. The LRU is
-// intrusive (links in each KeyRecord, which never moves: map nodes are stable), so it allocates
-// nothing and finding a victim needs no map lookup.
+// nodes, slot vectors) happens in insert_empty() and the callers' slot reserves, before a store
+// applies anything: a new key's record goes into the map empty and outside the LRU, so no
+// eviction, walk or total sees it, and the call that inserted it either fills it (add_pending)
+// or erases it again (erase_if_empty) before its locked section ends. So a store reserves
+// everything first and then applies its plan without a throw in the middle, and outside a
+// store's locked section no record is empty. The LRU is intrusive (links in each KeyRecord,
+// which never moves: map nodes are stable, rehash included), so it allocates nothing and finding
+// a victim needs no map lookup.
 //
 // Map nodes and slot vectors come from the index's own NodePool (node_pool.hpp), not the heap: a
 // new key costs two free-list pops instead of two mallocs. The pool is unsynchronised like the
-// rest of the index: every map (the Prepared ones included) and every slot vector is filled,
-// emptied and destroyed with the index mutex held.
+// rest of the index: the map and every slot vector are filled, emptied and destroyed with the
+// index mutex held.
 //
 // Every change of an entry's state (EntryState, below) is one StoreIndex method: add_pending,
-// publish, withdraw, erase, erase_slot, clear. The store, the remote tier's read-through and the
-// pool-transfer import all go through them.
+// publish, withdraw, erase, erase_slot, detach_slot, clear. The store, the remote tier's
+// read-through and the pool-transfer import all go through them.
 
 #include <algorithm>
 #include <array>
@@ -45,10 +49,11 @@ namespace hss::detail {
 ///              add_pending                  publish
 ///   (made) -------------------> PENDING -------------------> READY
 ///                                  |                            |
-///                                  | withdraw                   | erase / erase_slot / clear
-///                                  | (copy failed, import       | (pool pressure, KV gone,
-///                                  |  rejected or abandoned,    |  drop_key, another shape, a
-///                                  |  erase of its key)         |  failed device copy seen by a
+///                                  | withdraw                   | erase / erase_slot /
+///                                  | (copy failed, import       | detach_slot / clear
+///                                  |  rejected or abandoned,    | (pool pressure, KV gone,
+///                                  |  erase of its key)         |  drop_key, another shape, a
+///                                  |                            |  failed device copy seen by a
 ///                                  |                            |  walk, close)
 ///                                  v                            v
 ///                               DETACHED <----------------------+
@@ -132,8 +137,9 @@ struct KeyRecord {
   // StoreIndex's LRU list (front = least recently used), linked while the record is in the map.
   KeyRecord* lru_prev = nullptr;
   KeyRecord* lru_next = nullptr;
-  const CacheEngineKey* key = nullptr;  ///< the map's key of this record (set when linked)
+  const CacheEngineKey* key = nullptr;  ///< the map's key of this record (set when inserted)
   uint64_t guard = 0;        ///< id of the store call that may not evict this key (see StoreIndex)
+  uint64_t planned = 0;      ///< id of the last store call that planned a write into it
   uint32_t ready_slots = 0;  ///< slots published (the key counts as cached when > 0)
 
   [[nodiscard]] EntryRef* find(Slot slot) {
@@ -173,22 +179,6 @@ class StoreIndex {
   StoreIndex(const StoreIndex&) = delete;  // the map's nodes live in this index's pool
   StoreIndex& operator=(const StoreIndex&) = delete;
 
-  /// New keys prepared for insertion into one index: their map nodes exist (from its pool),
-  /// outside the index. Made, filled and destroyed with the index mutex held.
-  class Prepared {
-   public:
-    explicit Prepared(StoreIndex& index) : nodes_(&index.node_memory_) {}
-
-    [[nodiscard]] bool empty() const { return nodes_.empty(); }
-
-    /// Room for `keys` prepared keys (a batch prepares once for all its items).
-    void reserve(size_t keys) { nodes_.reserve(keys); }
-
-   private:
-    friend class StoreIndex;
-    Map nodes_;
-  };
-
   [[nodiscard]] KeyRecord* find(const CacheEngineKey& key) {
     auto it = map_.find(key);
     return it == map_.end() ? nullptr : &it->second;
@@ -198,35 +188,46 @@ class StoreIndex {
     return it == map_.end() ? nullptr : &it->second;
   }
 
-  /// Allocates what inserting `key` will need (may throw; changes nothing visible). Idempotent
-  /// per key. `slots` is the capacity its slot vector needs.
-  void prepare_insert(Prepared& prepared, const CacheEngineKey& key, size_t slots) {
-    auto [it, inserted] = prepared.nodes_.try_emplace(key);
+  /// Makes sure the map can take `extra` more keys without rehashing (may throw; the rehash
+  /// itself is invisible): a batch sizes the map once for all its new keys.
+  void reserve_keys(size_t extra) { map_.reserve(map_.size() + extra); }
+
+  /// The record of `key`, which find() did not find: inserted with no slot, room for `slots`,
+  /// and outside the LRU (so no eviction picks it and no walk finds a slot in it). May throw
+  /// std::bad_alloc (then nothing was inserted). The caller fills it with add_pending or erases
+  /// it with erase_if_empty before its locked section ends.
+  KeyRecord& insert_empty(const CacheEngineKey& key, size_t slots) {
+    auto [it, inserted] = map_.try_emplace(key);
+    assert(inserted && it->second.slots.empty());
+    (void)inserted;
     try {
       it->second.slots.reserve(slots);
     } catch (...) {
-      if (inserted) prepared.nodes_.erase(it);
+      map_.erase(it);
       throw;
     }
+    it->second.key = &it->first;
+    return it->second;
   }
-  /// Makes sure the map can take `extra` more keys without rehashing (may throw; the rehash
-  /// itself is invisible).
-  void reserve_keys(size_t extra) { map_.reserve(map_.size() + extra); }
 
-  /// (made) -> PENDING: `entry` (granules granted, state kPending) joins `key`'s record, which
-  /// is `record` when the caller has it (found since the last erasure) or else found or moved in
-  /// from `prepared` at the MRU end; the record is touched and guarded by `guard`. Requires room
-  /// in the record's slot vector, or prepare_insert(prepared, key) and reserve_keys() for a new
-  /// key; then it does not throw. Returns the record.
-  KeyRecord& add_pending(const CacheEngineKey& key, EntryRef entry, Prepared& prepared,
-                         uint64_t guard, KeyRecord* record = nullptr) noexcept {
-    if (record == nullptr) record = find(key);
-    if (record == nullptr) record = &insert(key, prepared);
-    record->guard = guard;
-    touch(*record);
+  /// Erases `record` when it has no slot (left by insert_empty, or by detach_slot of its last
+  /// slot, and not filled after all); nothing otherwise.
+  void erase_if_empty(KeyRecord& record) noexcept {
+    if (!record.slots.empty()) return;
+    if (linked(record)) unlink(record);
+    map_.erase(map_.find(*record.key));  // by iterator: the key lives in the node erased
+    ++erasures_;
+  }
+
+  /// (made) -> PENDING: `entry` (granules granted, state kPending) joins `record` (found since
+  /// the last erasure, or from insert_empty), which is touched (linked at the MRU end when new)
+  /// and guarded by `guard`. Requires room in its slot vector; then it does not throw.
+  void add_pending(KeyRecord& record, EntryRef entry, uint64_t guard) noexcept {
+    assert(record.slots.size() < record.slots.capacity());
+    record.guard = guard;
+    touch(record);
     entry->state = EntryState::kPending;
-    record->slots.push_back(std::move(entry));  // capacity reserved by the caller
-    return *record;
+    record.slots.push_back(std::move(entry));  // capacity reserved by the caller
   }
 
   /// PENDING -> READY, when `entry` is still `key`'s entry for its slot (an erase meanwhile left
@@ -253,25 +254,11 @@ class StoreIndex {
   /// happens when the entry is no longer the key's (already DETACHED).
   void withdraw(const CacheEngineKey& key, const Entry& entry) noexcept { erase_slot(key, &entry); }
 
-  /// Moves the record to the MRU end.
+  /// Moves the record to the MRU end (a record from insert_empty joins the LRU there).
   void touch(KeyRecord& record) noexcept {
     if (lru_tail_ == &record) return;
-    unlink(record);
+    if (linked(record)) unlink(record);
     link_back(record);
-  }
-
-  /// The record of `key`, moved in from `prepared` at the MRU end (the caller found it absent),
-  /// with no slot yet: add_pending fills it (tests build records with it directly).
-  KeyRecord& insert(const CacheEngineKey& key, Prepared& prepared) noexcept {
-    // Moving a node between maps needs one allocator: the Prepared was made for this index.
-    assert(prepared.nodes_.get_allocator() == map_.get_allocator());
-    auto node = prepared.nodes_.extract(key);
-    auto [it, inserted, unused] = map_.insert(std::move(node));
-    (void)inserted;
-    (void)unused;
-    it->second.key = &it->first;
-    link_back(it->second);
-    return it->second;
   }
 
   /// Counts the keys removed so far (erase, erase_slot of a last slot, clear). A KeyRecord
@@ -290,29 +277,32 @@ class StoreIndex {
       ready += entry->ready() ? 1 : 0;
       detach(it->second, *entry);
     }
-    unlink(it->second);
+    if (linked(it->second)) unlink(it->second);
     map_.erase(it);
     ++erasures_;
     return ready;
   }
 
-  /// Removes one slot's entry (READY or PENDING -> DETACHED: a replacement, a withdrawal); drops
-  /// the key when it was the last.
+  /// Removes one slot's entry (READY or PENDING -> DETACHED: a withdrawal); drops the key when it
+  /// was the last.
   void erase_slot(const CacheEngineKey& key, const Entry* entry) noexcept {
     auto it = map_.find(key);
     if (it == map_.end()) return;
-    auto& slots = it->second.slots;
+    detach_slot(it->second, entry);
+    erase_if_empty(it->second);
+  }
+
+  /// Removes `entry` from `record` (READY or PENDING -> DETACHED: an entry another shape
+  /// replaces), keeping the record, even with no slot left: the replacing entry joins it with
+  /// add_pending, or the caller erases it with erase_if_empty. Nothing when `entry` is not there.
+  void detach_slot(KeyRecord& record, const Entry* entry) noexcept {
+    auto& slots = record.slots;
     for (auto s = slots.begin(); s != slots.end(); ++s) {
       if (s->get() == entry) {
-        detach(it->second, **s);
+        detach(record, **s);
         slots.erase(s);
-        break;
+        return;
       }
-    }
-    if (slots.empty()) {
-      unlink(it->second);
-      map_.erase(it);
-      ++erasures_;
     }
   }
 
@@ -372,6 +362,10 @@ class StoreIndex {
     (lru_tail_ != nullptr ? lru_tail_->lru_next : lru_head_) = &record;
     lru_tail_ = &record;
     ++lru_size_;
+  }
+  /// True when `record` is in the LRU (every record but one from insert_empty not filled yet).
+  [[nodiscard]] bool linked(const KeyRecord& record) const noexcept {
+    return record.lru_prev != nullptr || lru_head_ == &record;
   }
   void unlink(KeyRecord& record) noexcept {
     (record.lru_prev != nullptr ? record.lru_prev->lru_next : lru_head_) = record.lru_next;

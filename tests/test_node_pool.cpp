@@ -77,14 +77,10 @@ TEST(NodePool, KeysInsertedAndErasedTwiceLeaveTheIndexPoolAsTheyFoundIt) {
   const size_t live_before = index.node_memory().live_blocks();
   size_t slabs_after_first = 0;
   for (int round = 0; round < 2; ++round) {
-    {
-      detail::StoreIndex::Prepared prepared(index);
-      for (const Chunk& c : chunks) index.prepare_insert(prepared, c.key, 3);
-      for (const Chunk& c : chunks) {
-        detail::KeyRecord& record = index.insert(c.key, prepared);
-        EXPECT_EQ(record.slots.capacity(), 3u);
-        EXPECT_EQ(index.find(c.key), &record);
-      }
+    for (const Chunk& c : chunks) {
+      detail::KeyRecord& record = index.insert_empty(c.key, 3);
+      EXPECT_EQ(record.slots.capacity(), 3u);
+      EXPECT_EQ(index.find(c.key), &record);
     }
     // A node and a slot vector per key, from the pool.
     EXPECT_EQ(index.node_memory().live_blocks(), live_before + 2 * chunks.size());

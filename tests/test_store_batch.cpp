@@ -31,14 +31,10 @@ TEST(RecordLookups, ReuseARecordUntilAKeyIsErasedAndNeverCacheAMiss) {
   detail::RecordLookups lookups(chunks.size());
 
   EXPECT_EQ(lookups.find(index, 0, chunks[0].key), nullptr);
-  detail::StoreIndex::Prepared prepared(index);
-  index.prepare_insert(prepared, chunks[0].key, 1);
-  index.prepare_insert(prepared, chunks[1].key, 1);
-  index.reserve_keys(2);
-  detail::KeyRecord& first = index.insert(chunks[0].key, prepared);
+  detail::KeyRecord& first = index.insert_empty(chunks[0].key, 1);
   // A miss is not cached: the key inserted since is found.
   EXPECT_EQ(lookups.find(index, 0, chunks[0].key), &first);
-  detail::KeyRecord& second = index.insert(chunks[1].key, prepared);
+  detail::KeyRecord& second = index.insert_empty(chunks[1].key, 1);
   lookups.remember(index, 1, second);
   EXPECT_EQ(lookups.find(index, 1, chunks[1].key), &second);
 
@@ -57,10 +53,7 @@ TEST(RecordLookups, LongListsSpillToTheHeapAndSurviveAMove) {
   detail::StoreIndex index;
   ChunkedTokenDatabase db(kChunk, false);
   const auto chunks = db.process_tokens(make_tokens(12 * kChunk, 2));
-  detail::StoreIndex::Prepared prepared(index);
-  index.prepare_insert(prepared, chunks[11].key, 1);
-  index.reserve_keys(1);
-  detail::KeyRecord& last = index.insert(chunks[11].key, prepared);
+  detail::KeyRecord& last = index.insert_empty(chunks[11].key, 1);
   for (size_t n : {size_t{2}, chunks.size()}) {
     detail::RecordLookups lookups(n);
     const size_t i = n - 1;

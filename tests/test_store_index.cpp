@@ -38,16 +38,15 @@ class EntryStates : public ::testing::Test {
   }
   /// add_pending for a key that may be new.
   detail::KeyRecord& add(size_t chunk, const detail::EntryRef& e, uint64_t guard) {
-    detail::StoreIndex::Prepared prepared(index_);
     const CacheEngineKey& key = chunks_[chunk].key;
     detail::KeyRecord* record = index_.find(key);
     if (record == nullptr) {
-      index_.prepare_insert(prepared, key, 2);
-      index_.reserve_keys(1);
+      record = &index_.insert_empty(key, 2);
     } else {
       record->slots.reserve(record->slots.size() + 1);
     }
-    return index_.add_pending(key, e, prepared, guard, record);
+    index_.add_pending(*record, e, guard);
+    return *record;
   }
   const CacheEngineKey& key(size_t chunk) const { return chunks_[chunk].key; }
 
@@ -180,6 +179,86 @@ TEST_F(EntryStates, TheLruIsOrderedByLastTouchAndSurvivesErasesAnywhere) {
   index_.clear();
   EXPECT_TRUE(lru().empty());
   EXPECT_EQ(index_.eviction_candidate(0, false), nullptr);
+}
+
+TEST_F(EntryStates, AnEmptyRecordIsOutsideTheLruUntilFilledAndGoesWhenErasedEmpty) {
+  // insert_empty: a new key's record in the map with no slot and outside the LRU, so no
+  // eviction picks it and the LRU's length leaves it out; add_pending links it at the MRU end.
+  const auto a = make(0);
+  add(0, a, 1);
+  ASSERT_TRUE(index_.publish(key(0), *a));
+  detail::KeyRecord& fresh = index_.insert_empty(key(1), 2);
+  EXPECT_EQ(index_.find(key(1)), &fresh);
+  EXPECT_EQ(fresh.key, &*index_.find(key(1))->key);
+  EXPECT_EQ(*fresh.key, key(1));
+  EXPECT_EQ(fresh.slots.capacity(), 2u);
+  EXPECT_EQ(index_.keys(), 2u);
+  EXPECT_EQ(index_.lru_size(), 1u);
+  EXPECT_EQ(index_.ready_keys(), 1u);
+  // Only key 0 can be a victim, at any guard: the empty record is never one.
+  ASSERT_NE(index_.eviction_candidate(0, false), nullptr);
+  EXPECT_EQ(*index_.eviction_candidate(0, false), key(0));
+  index_.find(key(0))->guard = 5;
+  EXPECT_EQ(index_.eviction_candidate(5, false), nullptr);
+  // erase_if_empty: gone again, counted as an erasure (lookups look again).
+  const uint64_t erasures = index_.erasures();
+  index_.erase_if_empty(fresh);
+  EXPECT_EQ(index_.find(key(1)), nullptr);
+  EXPECT_EQ(index_.erasures(), erasures + 1);
+  EXPECT_EQ(index_.keys(), 1u);
+  EXPECT_EQ(index_.lru_size(), 1u);
+  // Filled instead: linked at the MRU end and guarded by its call.
+  const auto b = make(0);
+  detail::KeyRecord& filled = index_.insert_empty(key(2), 1);
+  index_.add_pending(filled, b, 3);
+  EXPECT_EQ(filled.guard, 3u);
+  EXPECT_EQ(index_.lru_size(), 2u);
+  ASSERT_TRUE(index_.publish(key(2), *b));
+  index_.find(key(0))->guard = 0;
+  index_.touch(*index_.find(key(0)));  // key 0 to the MRU end: key 2 is now the LRU front
+  EXPECT_EQ(*index_.eviction_candidate(0, false), key(2));
+  // A record with a slot is not erased by erase_if_empty.
+  index_.erase_if_empty(filled);
+  EXPECT_EQ(index_.find(key(2)), &filled);
+  EXPECT_EQ(b->state, EntryState::kReady);
+}
+
+TEST_F(EntryStates, DetachSlotKeepsTheRecordForItsReplacementOrForEraseIfEmpty) {
+  // A replacement (another shape) detaches the old entry and keeps the record, even with no
+  // slot left, in its LRU place; the new entry joins it, or the record goes when the grant
+  // fails (erase_if_empty), as erase_slot would have dropped it.
+  const auto old_entry = make(0), other = make(1);
+  add(0, old_entry, 1);
+  ASSERT_TRUE(index_.publish(key(0), *old_entry));
+  add(1, other, 1);
+  ASSERT_TRUE(index_.publish(key(1), *other));
+  detail::KeyRecord& record = *index_.find(key(0));
+  const uint64_t erasures = index_.erasures();
+  index_.detach_slot(record, old_entry.get());
+  EXPECT_EQ(old_entry->state, EntryState::kDetached);
+  EXPECT_TRUE(record.slots.empty());
+  EXPECT_EQ(index_.find(key(0)), &record);
+  EXPECT_EQ(index_.erasures(), erasures);  // no key removed: the lookups stay valid
+  EXPECT_EQ(index_.ready_entries(), 1u);
+  EXPECT_EQ(index_.ready_keys(), 1u);
+  EXPECT_EQ(index_.bytes_held(), static_cast<uint64_t>(kChunk * kCols * 4));
+  // Detaching what is not there changes nothing.
+  index_.detach_slot(record, old_entry.get());
+  EXPECT_EQ(index_.ready_entries(), 1u);
+  const auto replacement = make(0);
+  index_.add_pending(record, replacement, 2);
+  ASSERT_TRUE(index_.publish(key(0), *replacement));
+  EXPECT_EQ(index_.ready_entries(), 2u);
+  EXPECT_EQ(index_.lru_size(), 2u);
+  // Emptied and not refilled: erase_if_empty unlinks and erases it.
+  index_.detach_slot(record, replacement.get());
+  index_.erase_if_empty(record);
+  EXPECT_EQ(index_.find(key(0)), nullptr);
+  EXPECT_EQ(index_.erasures(), erasures + 1);
+  EXPECT_EQ(index_.keys(), 1u);
+  EXPECT_EQ(index_.lru_size(), 1u);
+  EXPECT_EQ(*index_.eviction_candidate(0, false), key(1));
+  EXPECT_EQ(index_.ready_entries(), 1u);
 }
 
 }  // namespace

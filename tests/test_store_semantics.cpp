@@ -208,5 +208,65 @@ TEST_F(Semantics, CallerComputedChunksStoreAndRetrieveLikeTokens) {
   EXPECT_THROW((void)store_->retrieve_chunks(gap), InvalidArgument);
 }
 
+TEST_F(Semantics, AListNamingAKeyTwiceWritesItOnceAtItsFirstChunkAsLmcacheDoes) {
+  // LMCache's store loop finds the key stored by the list's first chunk when it reaches the
+  // second and only bumps its LRU: one write, both chunks cached, the first chunk's rows kept.
+  const auto chunks = db_.process_hashes(std::vector<uint64_t>{101, 101, 303},
+                                         std::vector<int64_t>{kChunk, kChunk, kChunk});
+  std::vector<float> rows(static_cast<size_t>(3 * kChunk * kCols));
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i % 977) / 4.0f;
+  EXPECT_EQ(store_->store_chunks(chunks, view_of(rows, kCols)), (StoreResult{2, 3}));
+  EXPECT_EQ(store_->stats().chunks_written, 2u);
+  EXPECT_EQ(store_->num_cached_chunks(), 2u);
+  EXPECT_EQ(store_->num_entries(), 2u);
+  store_->check_invariants();
+  auto out = store_->retrieve_chunks(chunks);
+  ASSERT_TRUE(out);
+  ASSERT_EQ(out->rows(), 3 * kChunk);
+  const size_t chunk_bytes = static_cast<size_t>(kChunk * kCols) * sizeof(float);
+  const auto* got = reinterpret_cast<const std::byte*>(out->data());
+  const auto* want = reinterpret_cast<const std::byte*>(rows.data());
+  EXPECT_EQ(0, std::memcmp(got, want, chunk_bytes));                // chunk 0
+  EXPECT_EQ(0, std::memcmp(got + chunk_bytes, want, chunk_bytes));  // key 101 again
+  EXPECT_EQ(0, std::memcmp(got + 2 * chunk_bytes, want + 2 * chunk_bytes, chunk_bytes));
+  // A first occurrence before token_offset is not written: the second one is, with its rows.
+  reset();
+  StoreOptions o;
+  o.token_offset = kChunk;
+  const std::span<const float> tail(rows.data() + kChunk * kCols, 2 * kChunk * kCols);
+  EXPECT_EQ(store_->store_chunks(chunks, {tail.data(), DType::kFloat32, 2 * kChunk, kCols}, o),
+            (StoreResult{2, 2}));
+  store_->check_invariants();
+  out = store_->retrieve_chunks(std::span<const Chunk>(chunks.data(), 1));
+  ASSERT_TRUE(out);
+  EXPECT_EQ(0, std::memcmp(out->data(), want + chunk_bytes, chunk_bytes));
+}
+
+TEST_F(Semantics, AKeyHeldWithAnotherRowCountIsReplacedNotCountedCached) {
+  // No walk serves an entry whose rows differ from its chunk's: a chunk list giving a key
+  // another length replaces the entry (as another hidden dim does) rather than reporting a
+  // chunk cached that no retrieve would return.
+  const std::vector<Chunk> full =
+      db_.process_hashes(std::vector<uint64_t>{505}, std::vector<int64_t>{kChunk});
+  const std::vector<Chunk> shorter =
+      db_.process_hashes(std::vector<uint64_t>{505}, std::vector<int64_t>{5});
+  std::vector<float> rows(static_cast<size_t>(kChunk * kCols), 1.5f);
+  std::vector<float> five(static_cast<size_t>(5 * kCols));
+  for (size_t i = 0; i < five.size(); ++i) five[i] = static_cast<float>(i) + 0.25f;
+  EXPECT_EQ(store_->store_chunks(full, view_of(rows, kCols)), (StoreResult{1, 1}));
+  EXPECT_EQ(store_->store_chunks(shorter, view_of(five, kCols)), (StoreResult{1, 1}));
+  EXPECT_EQ(store_->num_entries(), 1u);
+  store_->check_invariants();
+  auto out = store_->retrieve_chunks(shorter);
+  ASSERT_TRUE(out);
+  ASSERT_EQ(out->rows(), 5);
+  EXPECT_EQ(0, std::memcmp(out->data(), five.data(), five.size() * sizeof(float)));
+  EXPECT_EQ(store_->coverage(shorter, std::vector<Slot>{Slot{}}), 5);
+  // The full-length chunk is no longer served (its key holds five rows now) until stored again.
+  EXPECT_FALSE(store_->retrieve_chunks(full));
+  EXPECT_EQ(store_->store_chunks(full, view_of(rows, kCols)), (StoreResult{1, 1}));
+  ASSERT_TRUE(store_->retrieve_chunks(full));
+}
+
 }  // namespace
 }  // namespace hss

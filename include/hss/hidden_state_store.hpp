@@ -146,8 +146,9 @@ class HiddenStateStore {
   /// Stores rows for the chunks of token_ids that start at or after options.token_offset (a
   /// chunk straddling token_offset is skipped: chunks stay atomic with KV). hidden_states has
   /// len(token_ids) - token_offset rows. A chunk already cached for the slot with the same shape
-  /// is touched, not rewritten; one cached with another hidden dim or storage type is replaced.
-  /// Under pool pressure evicts LRU keys other than those of token_ids; stops at the first chunk
+  /// is touched, not rewritten; one cached with another hidden dim, storage type or row count
+  /// (a caller's chunk list giving a key another length) is replaced. A list naming a key twice
+  /// writes it once, at its first chunk, as LMCache does. Under pool pressure evicts LRU keys other than those of token_ids; stops at the first chunk
   /// that does not fit (the cached range stays a contiguous run). A slot outside the allowlists
   /// stores nothing ({0, 0}). Bad arguments: InvalidArgument, nothing written.
   /// Device input: enqueued on options.stream (it reads the input there); CUDA failures throw
