@@ -71,17 +71,17 @@ hss::Metadata metadata_from(nb::handle source) {
 }
 
 std::vector<uint64_t> hash_list_from(nb::handle hashes, const char* name) {
-  nb::object seq = nb::steal(PySequence_Fast(hashes.ptr(), "hashes must be a sequence"));
+  // A snapshot holding every item: repr of a bad item runs Python code, which may change a list.
+  const nb::object seq = owned_items(hashes);
   if (!seq.is_valid()) {
     PyErr_Clear();
     throw InvalidArgument(std::string(name) + " must be a sequence of ints, got " +
                           nb::cast<std::string>(nb::repr(hashes)));
   }
-  const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq.ptr());
-  PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+  const Py_ssize_t count = PyTuple_GET_SIZE(seq.ptr());
   std::vector<uint64_t> out(static_cast<size_t>(count));
   for (Py_ssize_t i = 0; i < count; ++i) {
-    PyObject* item = items[i];
+    PyObject* item = PyTuple_GET_ITEM(seq.ptr(), i);
     auto bad = [&] {
       PyErr_Clear();
       return InvalidArgument(std::string(name) + "[" + std::to_string(i) +
@@ -103,17 +103,18 @@ std::vector<uint64_t> hash_list_from(nb::handle hashes, const char* name) {
 }
 
 std::vector<hss::Chunk> chunks_from(nb::handle chunks, const char* name) {
-  nb::object seq = nb::steal(PySequence_Fast(chunks.ptr(), "chunks must be a sequence"));
+  // A snapshot holding every chunk: casting one runs Python code (__index__, a list chunk's
+  // items), which may change a list of them.
+  const nb::object seq = owned_items(chunks);
   if (!seq.is_valid()) {
     PyErr_Clear();
     throw InvalidArgument(std::string(name) + " must be a list of (start, end, key) tuples");
   }
-  const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq.ptr());
-  PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+  const Py_ssize_t count = PyTuple_GET_SIZE(seq.ptr());
   std::vector<hss::Chunk> out;
   out.reserve(static_cast<size_t>(count));
   for (Py_ssize_t i = 0; i < count; ++i) {
-    nb::handle item(items[i]);
+    const nb::handle item(PyTuple_GET_ITEM(seq.ptr(), i));
     try {
       auto [start, end, key] = nb::cast<std::tuple<int64_t, int64_t, hss::CacheEngineKey>>(item);
       out.push_back(hss::Chunk{start, end, std::move(key)});

@@ -206,7 +206,8 @@ hss::ActivationKind kind_from(nb::handle kind) {
 
 // Layer indices (kind hidden) or (kind, layer) tuples, mixed freely.
 std::vector<hss::Slot> slots_from(nb::handle items, const char* name) {
-  nb::object seq = nb::steal(PySequence_Fast(items.ptr(), "not a sequence"));
+  // A snapshot holding every item: __index__ and repr of an item may change a list.
+  const nb::object seq = owned_items(items);
   if (!seq.is_valid()) {
     PyErr_Clear();
     throw InvalidArgument(std::string(name) +
@@ -214,12 +215,11 @@ std::vector<hss::Slot> slots_from(nb::handle items, const char* name) {
                           "tuples, got " +
                           nb::cast<std::string>(nb::repr(items)));
   }
-  const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq.ptr());
-  PyObject** entries = PySequence_Fast_ITEMS(seq.ptr());
+  const Py_ssize_t count = PyTuple_GET_SIZE(seq.ptr());
   std::vector<hss::Slot> slots;
   slots.reserve(static_cast<size_t>(count));
   for (Py_ssize_t i = 0; i < count; ++i) {
-    nb::handle item(entries[i]);
+    const nb::handle item(PyTuple_GET_ITEM(seq.ptr(), i));
     const std::string where = std::string(name) + "[" + std::to_string(i) + "]";
     if (PyTuple_Check(item.ptr()) && nb::len(item) == 2) {
       const int64_t layer = int_list_from(nb::make_tuple(item[1]), where.c_str())[0];
@@ -420,20 +420,22 @@ void bind_store(nb::module_& m) {
              nb::handle outs, int64_t row_begin) {
             std::vector<hss::Chunk> chunks = chunks_for(s, tokens_or_chunks, "token_ids");
             std::vector<hss::Slot> slots = slots_from(layer_idxs, "layer_idxs");
-            nb::object seq = nb::steal(PySequence_Fast(outs.ptr(), "not a sequence"));
+            // A snapshot holding every tensor: borrowing one runs Python code (__dlpack__),
+            // which may change a list of them.
+            const nb::object seq = owned_items(outs);
             if (!seq.is_valid()) {
               PyErr_Clear();
               throw InvalidArgument("outs must be a list of tensors, one per layer, got " +
                                     nb::cast<std::string>(nb::repr(outs)));
             }
-            const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq.ptr());
-            PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+            const Py_ssize_t count = PyTuple_GET_SIZE(seq.ptr());
             std::vector<BorrowedTensor> borrowed;
             borrowed.reserve(static_cast<size_t>(count));
             std::vector<hss::MutableTensorView> views;
             for (Py_ssize_t i = 0; i < count; ++i) {
               const std::string name = "outs[" + std::to_string(i) + "]";
-              borrowed.push_back(borrow_tensor(items[i], name.c_str(), Access::kWrite));
+              borrowed.push_back(
+                  borrow_tensor(PyTuple_GET_ITEM(seq.ptr(), i), name.c_str(), Access::kWrite));
               views.push_back(borrowed.back().view);
             }
             // One stream orders every device output: the first one's (torch's current stream).

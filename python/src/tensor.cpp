@@ -419,38 +419,68 @@ BorrowedTokenIds token_ids_from(nb::handle obj, const char* name) {
   return ids;
 }
 
-std::vector<int64_t> int_list_from(nb::handle obj, const char* name) {
-  nb::object seq = nb::borrow(obj);
-  if (!PyList_Check(seq.ptr()) && !PyTuple_Check(seq.ptr())) {
-    if (!PySequence_Check(seq.ptr()) && !nb::hasattr(seq, "__iter__")) {
-      throw InvalidArgument(std::string(name) + " must be a sequence of ints, got " +
-                            py_type_name(obj) + " " + repr_of(obj));
-    }
-    seq = nb::steal(PySequence_Fast(obj.ptr(), "not a sequence"));
-    if (!seq.is_valid()) throw nb::python_error();
-  }
-  const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq.ptr());
-  PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+namespace {
+
+[[noreturn]] void throw_out_of_range(nb::handle item, const char* name, Py_ssize_t i) {
+  throw InvalidArgument(std::string(name) + "[" + std::to_string(i) + "] = " + repr_of(item) +
+                        " is out of the 64-bit range");
+}
+
+/// The ints of a list that holds only exact ints, read in place; nullopt as soon as an item is
+/// anything else. Token lists take this path: nothing in the loop calls into Python (no
+/// __index__, no allocation that could run a finalizer), so the list cannot change under the
+/// raw item pointer while it is read.
+std::optional<std::vector<int64_t>> exact_int_list(PyObject* list, const char* name) {
+  const Py_ssize_t count = PyList_GET_SIZE(list);
   std::vector<int64_t> out(static_cast<size_t>(count));
   for (Py_ssize_t i = 0; i < count; ++i) {
-    PyObject* item = items[i];
+    PyObject* item = PyList_GET_ITEM(list, i);
+    if (!PyLong_CheckExact(item)) return std::nullopt;
+    int overflow = 0;
+    const long long value = PyLong_AsLongLongAndOverflow(item, &overflow);  // no Python code
+    if (overflow != 0) {
+      // repr allocates: hold the item first, in case that runs code that empties the list.
+      throw_out_of_range(nb::borrow(item), name, i);
+    }
+    out[static_cast<size_t>(i)] = value;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<int64_t> int_list_from(nb::handle obj, const char* name) {
+  if (PyList_Check(obj.ptr())) {
+    if (std::optional<std::vector<int64_t>> ints = exact_int_list(obj.ptr(), name)) {
+      return std::move(*ints);
+    }
+  } else if (!PyTuple_Check(obj.ptr()) && !PySequence_Check(obj.ptr()) &&
+             !nb::hasattr(obj, "__iter__")) {
+    throw InvalidArgument(std::string(name) + " must be a sequence of ints, got " +
+                          py_type_name(obj) + " " + repr_of(obj));
+  }
+  // Anything else is read from a snapshot that holds every item: __index__ (NumPy integers, any
+  // object) and repr run Python code, which may change or empty the list.
+  const nb::object items = owned_items(obj);
+  if (!items.is_valid()) throw nb::python_error();
+  const Py_ssize_t count = PyTuple_GET_SIZE(items.ptr());
+  std::vector<int64_t> out(static_cast<size_t>(count));
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    PyObject* item = PyTuple_GET_ITEM(items.ptr(), i);  // alive as long as `items`
     if (PyBool_Check(item) || !PyIndex_Check(item)) {
       throw InvalidArgument(std::string(name) + "[" + std::to_string(i) + "] = " + repr_of(item) +
                             " is not an integer");
     }
     int overflow = 0;
-    long long value = PyLong_AsLongLongAndOverflow(item, &overflow);
-    if (value == -1 && PyErr_Occurred()) {
-      // A non-int with __index__ (NumPy integers): go through __index__.
-      PyErr_Clear();
-      nb::object index = nb::steal(PyNumber_Index(item));
+    long long value = 0;
+    if (PyLong_Check(item)) {
+      value = PyLong_AsLongLongAndOverflow(item, &overflow);  // ints and int subclasses: no call
+    } else {
+      const nb::object index = nb::steal(PyNumber_Index(item));  // a non-int with __index__
       if (!index.is_valid()) throw nb::python_error();
       value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
     }
-    if (overflow != 0) {
-      throw InvalidArgument(std::string(name) + "[" + std::to_string(i) + "] = " + repr_of(item) +
-                            " is out of the 64-bit range");
-    }
+    if (overflow != 0) throw_out_of_range(item, name, i);
     out[static_cast<size_t>(i)] = value;
   }
   return out;

@@ -104,7 +104,19 @@ class BorrowedTokenIds {
 [[nodiscard]] BorrowedTokenIds token_ids_from(nb::handle obj, const char* name);
 
 /// A list of Python ints (layer indices, hashes, counts). InvalidArgument naming `name`.
+/// A list of exact ints is read in place (nothing in that loop can run Python code); anything
+/// else is read from a snapshot (owned_items), as __index__ may change the list.
 [[nodiscard]] std::vector<int64_t> int_list_from(nb::handle obj, const char* name);
+
+/// The items of a sequence or iterable as a tuple holding a reference to each (a tuple is
+/// returned as it is: immutable, it keeps its items alive). Walk this, never a list's
+/// PySequence_Fast_ITEMS, whenever the walk can run Python code (__index__, __dlpack__, repr, a
+/// finalizer run by an allocation): that code may shrink or refill the list, freeing its item
+/// array and the items. Invalid (a Python error set) when `obj` is not iterable or iterating it
+/// raised.
+[[nodiscard]] inline nb::object owned_items(nb::handle obj) {
+  return nb::steal(PySequence_Tuple(obj.ptr()));
+}
 
 /// How retrieval results are returned: "torch" (default when torch imports), "numpy".
 enum class ArrayKind { kDefault, kTorch, kNumpy };

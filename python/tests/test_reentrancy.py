@@ -1,0 +1,255 @@
+"""Python code that runs while hsstore reads its arguments (__index__, __dlpack__, __repr__) and
+changes them: each call sees its arguments as they were when it began (or raises InvalidArgument),
+returns the right values, and never crashes.
+
+The scenarios that can crash the process (a list's item array freed under the walk) run in a fresh
+interpreter (`isolated`), so a regression fails its test instead of killing pytest. Each one is a
+plain function of this module (scenario_*), which the child imports and calls."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hsstore
+from conftest import CHUNK, Fixture, rows
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(hsstore.__file__)))
+
+
+def isolated(scenario):
+    """Runs scenario_<name>() of this module in a child interpreter; it must exit 0."""
+    code = (
+        "import sys\n"
+        f"sys.path[:0] = [{PACKAGE_ROOT!r}, {TESTS_DIR!r}]\n"
+        "import test_reentrancy\n"
+        f"test_reentrancy.scenario_{scenario}()\n"
+        "print('scenario done')\n"
+    )
+    env = dict(os.environ, HSS_LOG_LEVEL="warn", PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", code],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert proc.returncode == 0 and "scenario done" in proc.stdout, (
+        f"scenario_{scenario} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}")
+
+
+def churn():
+    """Allocates and frees many small objects, so freed item arrays and items get reused."""
+    junk = [[object() for _ in range(8)] for _ in range(2000)]
+    del junk
+
+
+class Empties:
+    """An integer whose __index__ empties `target` (a list being parsed) and churns memory."""
+
+    def __init__(self, target, value):
+        self.target = target
+        self.value = value
+
+    def __index__(self):
+        del self.target[:]
+        churn()
+        return self.value
+
+
+class EmptiesOnExport:
+    """A tensor (NumPy array underneath) whose __dlpack__ empties `target` first."""
+
+    def __init__(self, target, array):
+        self.target = target
+        self.array = array
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+    def __dlpack__(self, *args, **kwargs):
+        del self.target[:]
+        churn()
+        return self.array.__dlpack__(*args, **kwargs)
+
+
+class EmptiesOnRepr:
+    """Not an integer; its repr (for the error message) empties `target`."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __repr__(self):
+        del self.target[:]
+        churn()
+        return "EmptiesOnRepr()"
+
+
+def unbound_store(**overrides):
+    """A store with no storage manager: KV counts as present for every chunk."""
+    f = Fixture(**overrides)
+    f.store.bind_storage_manager(None)
+    return f
+
+
+def self_emptying(values, first):
+    """A list [first, *values] whose first item empties the list when read."""
+    items = []
+    items.extend([Empties(items, first)] + list(values))
+    return items
+
+
+# --- token lists (int_list_from) ---------------------------------------------------------------
+
+
+def scenario_token_list_emptied_by_index():
+    f = unbound_store()
+    n = 4 * CHUNK
+    data = rows(n)
+    plain = list(range(n))
+    tokens = self_emptying(range(1, n), 0)
+    assert f.store.store_hidden_states(tokens, data) == 4  # the list as the call found it
+    assert tokens == []
+    assert np.array_equal(f.store.retrieve_hidden_states(plain, like="numpy"), data)
+    # The reviewer's case: NumPy integers after the self-emptying item, on retrieve.
+    tokens = []
+    tokens.extend([Empties(tokens, 0)] + [np.int64(i) for i in range(1, n)])
+    assert np.array_equal(f.store.retrieve_hidden_states(tokens, like="numpy"), data)
+    out = np.zeros_like(data)
+    assert f.store.retrieve_hidden_states_into(self_emptying(range(1, n), 0), out) == n
+    assert np.array_equal(out, data)
+    assert f.db.process_tokens(tokens=self_emptying(range(1, n), 0)) == f.db.process_tokens(
+        tokens=plain)
+    # A list refilled (its item array reallocated) by __index__ reads as it was, too.
+    class Refills:
+        def __index__(self):
+            tokens.extend(range(10_000))
+            churn()
+            return 0
+
+    tokens = [Refills()] + list(range(1, n))
+    assert np.array_equal(f.store.retrieve_hidden_states(tokens, like="numpy"), data)
+    # Offsets of process_tokens(hashes=...) go through the same conversion.
+    hashes = [h for _, _, h in f.db.process_tokens(tokens=plain, make_key=False)]
+    offsets = []
+    offsets.extend([Empties(offsets, CHUNK)] + [CHUNK] * 3)
+    assert f.db.process_tokens(hashes=hashes, offsets=offsets) == f.db.process_tokens(tokens=plain)
+
+
+def test_token_list_emptied_by_index():
+    isolated("token_list_emptied_by_index")
+
+
+def test_exact_int_token_list_errors_name_the_item():
+    f = unbound_store()
+    with pytest.raises(hsstore.InvalidArgument, match=r"token_ids\[2\] = 1180591620717411303424"):
+        f.store.retrieve_hidden_states([0, 1, 2**70, 3])
+    with pytest.raises(hsstore.InvalidArgument, match=r"token_ids\[1\] = True is not an integer"):
+        f.store.retrieve_hidden_states([0, True, 2])
+    with pytest.raises(hsstore.InvalidArgument, match=r"token_ids\[1\] = 1.5 is not an integer"):
+        f.store.retrieve_hidden_states([0, 1.5, 2])
+    assert f.roundtrip_ok()
+
+
+# --- store_batch / retrieve_batch_into ----------------------------------------------------------
+
+
+def scenario_batch_items_emptied_by_index():
+    f = unbound_store()
+    n = 2 * CHUNK
+    datas = [rows(n, seed=i) for i in range(32)]
+    items = []
+    items.extend([(list(range(i * 100, i * 100 + n)), datas[i], Empties(items, 0) if i == 0 else 0)
+                  for i in range(32)])
+    assert f.store.store_batch(items) == [2] * 32
+    outs = [np.zeros_like(d) for d in datas]
+    items = []
+    items.extend([(list(range(i * 100, i * 100 + n)), outs[i], Empties(items, 0) if i == 0 else 0)
+                  for i in range(32)])
+    assert f.store.retrieve_batch_into(items) == [n] * 32
+    for out, data in zip(outs, datas):
+        assert np.array_equal(out, data)
+    # A list item whose own layer_idx empties it: its token ids and tensor (held by nothing else)
+    # are still what the call found.
+    expected = rows(n, seed=99)
+    item = [list(range(5000, 5000 + n)), expected.copy()]
+    item.append(Empties(item, 3))
+    assert f.store.store_batch([item]) == [2]
+    assert item == []
+    got = f.store.retrieve_hidden_states(list(range(5000, 5000 + n)), layer_idx=3, like="numpy")
+    assert np.array_equal(got, expected)
+    item = [list(range(5000, 5000 + n)), np.zeros_like(expected)]
+    out = item[1]
+    item.append(Empties(item, 3))
+    assert f.store.retrieve_batch_into([item]) == [n]
+    assert np.array_equal(out, expected)
+
+
+def test_batch_items_emptied_by_index():
+    isolated("batch_items_emptied_by_index")
+
+
+def test_batch_token_cache_does_not_match_a_reused_address():
+    """Item 2's layer_idx frees item 0's token list and makes a new one for item 3 (CPython's
+    free list would give it the freed list's address): item 3 gets its own ids, not item 0's."""
+    f = unbound_store()
+    n = 2 * CHUNK
+    first, second = list(range(0, n)), list(range(7000, 7000 + n))
+    datas = [rows(n, seed=s) for s in range(4)]
+    items = [[list(first), datas[0], 0], [list(first), datas[1], 1], None, [None, datas[3], 0]]
+
+    class Swaps:
+        def __index__(self):
+            items[0][0] = None  # item 0's token list: no reference left
+            items[3][0] = second[:]  # a new list (PyList_New: the free list, the freed address)
+            return 2
+
+    items[2] = (list(range(9000, 9000 + n)), datas[2], Swaps())
+    assert f.store.store_batch(items) == [2, 2, 2, 2]
+    for tokens, layer, data in ((first, 0, datas[0]), (first, 1, datas[1]),
+                                (second, 0, datas[3])):
+        got = f.store.retrieve_hidden_states(tokens, layer_idx=layer, like="numpy")
+        assert got is not None and np.array_equal(got, data), (tokens[0], layer)
+
+
+# --- layer lists, output lists, chunk lists, hash lists ----------------------------------------
+
+
+def scenario_argument_lists_emptied():
+    f = unbound_store()
+    n = 3 * CHUNK
+    data = [rows(n, seed=layer) for layer in range(3)]
+    tokens = list(range(n))
+    for layer in range(3):
+        f.store.store_hidden_states(tokens, data[layer], layer_idx=layer)
+    # Layer lists (slots_from): an index that empties the list; a (kind, layer) tuple after it.
+    layers = []
+    layers.extend([Empties(layers, 0), 1, ("hidden", 2)])
+    got = f.store.retrieve_layers(tokens, layers, like="numpy")
+    assert [np.array_equal(g, d) for g, d in zip(got, data)] == [True] * 3
+    layers = []
+    layers.extend([Empties(layers, 0), 1, 2])
+    assert f.store.coverage(tokens, layers) == n
+    # Output lists: the first tensor's __dlpack__ empties the list of outputs.
+    outs_arrays = [np.zeros_like(d) for d in data]
+    outs = []
+    outs.extend([EmptiesOnExport(outs, outs_arrays[0])] + outs_arrays[1:])
+    assert f.store.retrieve_layers_into(tokens, [0, 1, 2], outs) == n
+    assert [np.array_equal(o, d) for o, d in zip(outs_arrays, data)] == [True] * 3
+    # Chunk lists (chunks_from): a start whose __index__ empties the list.
+    chunks = f.db.process_tokens(tokens=tokens)
+    evil_chunks = []
+    evil_chunks.extend([(Empties(evil_chunks, 0),) + tuple(chunks[0][1:])] + chunks[1:])
+    assert np.array_equal(f.store.retrieve_chunks(evil_chunks, like="numpy"), data[0])
+    # Hash lists: a bad item's repr empties the list; the error still names it.
+    hashes = [1, 2]
+    hashes.append(EmptiesOnRepr(hashes))
+    try:
+        f.db.process_tokens(hashes=hashes, offsets=[CHUNK] * 3)
+        raise AssertionError("a non-integer hash was accepted")
+    except hsstore.InvalidArgument as e:
+        assert "hashes[2] = EmptiesOnRepr()" in str(e), e
+
+
+def test_argument_lists_emptied():
+    isolated("argument_lists_emptied")
