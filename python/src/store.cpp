@@ -5,6 +5,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,7 @@ int store_traverse(PyObject* self, visitproc visit, void* arg) {
   const auto* s = nb::inst_ptr<PyHiddenStateStore>(self);
   Py_VISIT(s->token_database_object.ptr());
   Py_VISIT(s->bound_object.ptr());
+  for (const nb::object& backend : s->kv_backends) Py_VISIT(backend.ptr());
   for (const auto& manager : s->managers) {
     if (int rc = manager->traverse(visit, arg)) return rc;
   }
@@ -62,6 +64,7 @@ int store_clear(PyObject* self) {
   // Unreachable: no call is in flight, so the managers can go (unbound first).
   if (s->store != nullptr) s->store->bind_storage_manager(nullptr);
   s->managers.clear();
+  s->kv_backends.clear();
   s->bound_object.reset();
   // The token database stays: the C++ store holds a reference to it until the store dies.
   return 0;
@@ -74,6 +77,11 @@ void PyHiddenStateStore::bind(nb::handle manager) {
     return;
   }
   if (nb::isinstance<hss::LocalCpuBackend>(manager)) {
+    // Held until the store dies (store_py.hpp): the C++ store has only the raw pointer, and a
+    // call on another thread may still be inside its contains() after the next bind.
+    const bool held = std::ranges::any_of(
+        kv_backends, [&](const nb::object& backend) { return backend.is(manager); });
+    if (!held) kv_backends.push_back(nb::borrow(manager));
     store->bind_storage_manager(&nb::cast<hss::LocalCpuBackend&>(manager));
     bound_object = nb::borrow(manager);
     return;

@@ -3,9 +3,10 @@
 // the Python objects it must keep alive, and the storage managers it was bound to.
 //
 // Thread safety: the C++ store is thread-safe and every call releases the GIL around it. The
-// members here change only with the GIL held (bind_storage_manager), and a manager that was
-// unbound is kept alive until the store object dies, because a call on another thread may still
-// be using it.
+// members here change only with the GIL held (bind_storage_manager), and every storage manager
+// ever bound (a Python manager's PyStorageManager, or an hsstore.LocalCpuBackend, which the C++
+// store calls by raw pointer) is kept alive until the store object dies: a call on another thread
+// may still be inside its contains() after it was unbound or replaced.
 
 #include <nanobind/nanobind.h>
 
@@ -51,6 +52,9 @@ struct PyHiddenStateStore {
   nb::object token_database_object;  ///< the Python token database, if it came from Python
   nb::object bound_object;           ///< what bind_storage_manager was last given
   std::vector<std::unique_ptr<PyStorageManager>> managers;  ///< last = current; others retired
+  /// Every LocalCpuBackend ever bound, each once (bound_object alone would let the next bind free
+  /// one that a retrieve on another thread is still asking).
+  std::vector<nb::object> kv_backends;
 
   void bind(nb::handle manager);
 };

@@ -1,20 +1,23 @@
 """Python code that runs while hsstore reads its arguments (__index__, __dlpack__, __repr__) and
-changes them: each call sees its arguments as they were when it began (or raises InvalidArgument),
-returns the right values, and never crashes.
+changes them, and Python threads racing on one object: each call sees its arguments as they were
+when it began (or raises InvalidArgument), returns the right values, and never crashes.
 
-The scenarios that can crash the process (a list's item array freed under the walk) run in a fresh
-interpreter (`isolated`), so a regression fails its test instead of killing pytest. Each one is a
-plain function of this module (scenario_*), which the child imports and calls."""
+The scenarios that can crash the process (a list's item array freed under the walk, a KV backend
+freed under a reader thread) run in a fresh interpreter (`isolated`), so a regression fails its
+test instead of killing pytest. Each one is a plain function of this module (scenario_*), which
+the child imports and calls."""
 
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
 
 import hsstore
-from conftest import CHUNK, Fixture, rows
+from conftest import CHUNK, FakeStorageManager, Fixture, rows
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(hsstore.__file__)))
@@ -253,3 +256,75 @@ def scenario_argument_lists_emptied():
 
 def test_argument_lists_emptied():
     isolated("argument_lists_emptied")
+
+
+# --- rebinding a LocalCpuBackend under a reader thread -----------------------------------------
+
+
+def test_unbound_local_cpu_backend_is_kept_alive():
+    """The C++ store calls a bound backend by raw pointer, maybe on another thread after the next
+    bind: the Python store holds every backend it was bound to until it dies."""
+    f = unbound_store()
+    kv, other = hsstore.LocalCpuBackend(1 << 20), hsstore.LocalCpuBackend(1 << 20)
+    base = sys.getrefcount(kv)
+    f.store.bind_storage_manager(kv)
+    f.store.bind_storage_manager(None)
+    assert sys.getrefcount(kv) == base + 1
+    f.store.bind_storage_manager(other)
+    f.store.bind_storage_manager(FakeStorageManager())
+    assert sys.getrefcount(kv) == base + 1
+    for _ in range(3):
+        f.store.bind_storage_manager(kv)
+    assert sys.getrefcount(kv) == base + 2  # bound now, and held once however often bound
+    assert f.store.storage_manager is kv
+    f.store.close()
+
+
+def scenario_rebinding_backends_under_a_reader():
+    f = unbound_store(hidden_state_block_bytes=512, max_hidden_state_cpu_size=0.05)
+    chunks, rebinds = 2000, 60
+    n = chunks * CHUNK
+    tokens = np.arange(n, dtype=np.int64)
+    keys = f.keys_for(tokens)
+    data = rows(n)
+    assert f.store.store_hidden_states(tokens, data) == chunks
+
+    def backend():  # KV for every chunk: no retrieve may come up short, no chunk be dropped
+        kv = hsstore.LocalCpuBackend(1 << 24)
+        for key in keys:
+            kv.put(key, b"x")
+        return kv
+
+    backends = [backend() for _ in range(rebinds)]
+    results, stop, started = [], threading.Event(), threading.Event()
+
+    def reader():
+        out = np.empty_like(data)
+        while not stop.is_set():
+            results.append(f.store.retrieve_hidden_states_into(tokens, out))
+            started.set()
+        results.append(bool(np.array_equal(out, data)))
+
+    sys.setswitchinterval(1e-5)  # the reader gets the GIL back quickly between its calls
+    thread = threading.Thread(target=reader)
+    thread.start()
+    started.wait()
+    try:
+        for i in range(rebinds):
+            f.store.bind_storage_manager(backends[i])
+            backends[i] = None  # the store is all that holds it now
+            time.sleep(0.0005)  # the reader asks it (contains() for each chunk)
+            # Unbinding must not free it: the reader may still be inside its contains().
+            f.store.bind_storage_manager(None)
+            time.sleep(0.0005)
+    finally:
+        stop.set()
+        thread.join()
+    assert results[-1] is True
+    assert set(results[:-1]) == {n}, sorted(set(results[:-1]))  # started: at least one
+    assert f.store.num_entries() == chunks
+    assert f.store.stats()["coupled_evictions"] == 0
+
+
+def test_rebinding_backends_under_a_reader():
+    isolated("rebinding_backends_under_a_reader")
