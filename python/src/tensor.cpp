@@ -200,20 +200,19 @@ std::optional<BorrowedTensor> borrow_torch_cpu(nb::handle obj) {
 /// decides (and words the message).
 std::optional<BorrowedTensor> borrow_numpy(nb::handle obj, const char* name, Access access) {
   if (std::strcmp(Py_TYPE(obj.ptr())->tp_name, "numpy.ndarray") != 0) return std::nullopt;
-  Py_buffer buffer;
+  auto filled = std::make_unique<Py_buffer>();
   bool read_only = false;
-  if (PyObject_GetBuffer(obj.ptr(), &buffer, PyBUF_RECORDS) != 0) {
+  if (PyObject_GetBuffer(obj.ptr(), filled.get(), PyBUF_RECORDS) != 0) {
     PyErr_Clear();
-    if (PyObject_GetBuffer(obj.ptr(), &buffer, PyBUF_RECORDS_RO) != 0) {
+    if (PyObject_GetBuffer(obj.ptr(), filled.get(), PyBUF_RECORDS_RO) != 0) {
       PyErr_Clear();
       return std::nullopt;
     }
     read_only = true;
   }
-  struct Release {
-    Py_buffer* b;
-    ~Release() { PyBuffer_Release(b); }
-  } release{&buffer};
+  // Held until the call is over (it moves into the result), released on every other way out.
+  HeldBuffer held(std::move(filled));
+  const Py_buffer& buffer = held.get();
   const std::string_view format = buffer.format != nullptr ? buffer.format : "";
   const bool f32 = format == "f" || format == "<f" || format == "=f";
   const bool f16 = format == "e" || format == "<e" || format == "=e";
@@ -235,10 +234,15 @@ std::optional<BorrowedTensor> borrow_numpy(nb::handle obj, const char* name, Acc
                    rows <= 1 ? 0 : row_stride,
                    Device::kHost,
                    0};
-      out->keep_alive = nb::borrow(obj);  // the array (not resizable while referenced) holds it
     }
   }
-  if (!read_only) return out;
+  // The view is valid while the buffer is held (which also holds a reference to the array): the
+  // result keeps it, as the copy runs without the GIL after this returns.
+  const auto keep_buffer = [&] {
+    if (out) out->buffer = std::move(held);
+    return std::move(out);
+  };
+  if (!read_only) return keep_buffer();
   const std::string n(name);
   if (access == Access::kWrite) {
     throw InvalidArgument(n +
@@ -259,7 +263,7 @@ std::optional<BorrowedTensor> borrow_numpy(nb::handle obj, const char* name, Acc
                           "np.ascontiguousarray(" +
                           n + ", np.float32))");
   }
-  return out;
+  return keep_buffer();
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -52,9 +53,41 @@ class ImportedTensor {
   dlpack::ManagedTensor* managed_ = nullptr;
 };
 
+/// A Py_buffer held for as long as hsstore reads or writes through it: the buffer protocol only
+/// promises buf stays valid until PyBuffer_Release, and the copy runs with the GIL released.
+/// Heap-allocated so its address never changes (an exporter may keep it). Released, like an
+/// ImportedTensor, with the GIL held.
+class HeldBuffer {
+ public:
+  HeldBuffer() = default;
+  /// Takes over `filled`, which PyObject_GetBuffer succeeded on.
+  explicit HeldBuffer(std::unique_ptr<Py_buffer> filled) noexcept : buffer_(std::move(filled)) {}
+  HeldBuffer(HeldBuffer&&) noexcept = default;
+  HeldBuffer& operator=(HeldBuffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      buffer_ = std::move(other.buffer_);
+    }
+    return *this;
+  }
+  HeldBuffer(const HeldBuffer&) = delete;
+  HeldBuffer& operator=(const HeldBuffer&) = delete;
+  ~HeldBuffer() { reset(); }
+
+  [[nodiscard]] const Py_buffer& get() const { return *buffer_; }
+
+ private:
+  void reset() noexcept {
+    if (buffer_) PyBuffer_Release(buffer_.get());
+    buffer_.reset();
+  }
+  std::unique_ptr<Py_buffer> buffer_;
+};
+
 /// A 2-D float tensor borrowed from Python, plus the CUDA stream its data is ready on.
 struct BorrowedTensor {
   ImportedTensor owner;
+  HeldBuffer buffer;       ///< the NumPy array's buffer, when read through the buffer protocol
   nb::object keep_alive;   ///< the tensor itself, when read without DLPack (torch CPU fast path)
   MutableTensorView view;  ///< for input, use view.as_const()
   void* stream = nullptr;  ///< cudaStream_t for device tensors (null = legacy default stream)

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,6 +45,13 @@ struct PyPoolTransfer {
 };
 
 // A consumer's pull in progress: its chunk list, then its reservation.
+//
+// Thread safety: a Reservation is used by one thread at a time (hss/pool_transfer.hpp), but the
+// methods below run it with the GIL released, so Python threads sharing one pull would race.
+// `mutex` guards `source` and `reservation`: every method touching them takes it, always after
+// releasing the GIL (with_lock), so a holder that needs the GIL (a Python storage manager's
+// contains()) cannot deadlock against a thread waiting for the lock. Calls on one pull are
+// serialised, check() on disjoint ranges included.
 struct PyPull {
   std::shared_ptr<PyPoolTransfer> owner;  // keeps the store alive while entries are reserved
   nb::object store_object;
@@ -52,7 +60,16 @@ struct PyPull {
   size_t first_chunk = 0;
   std::optional<hss::ChunkExport> source;
   hss::Reservation reservation;
+  std::unique_ptr<std::mutex> mutex = std::make_unique<std::mutex>();  // (a PyPull is moved)
 };
+
+// Runs fn() under the pull's lock with the GIL released; fn must not touch Python objects.
+template <typename Fn>
+decltype(auto) with_lock(PyPull& p, Fn&& fn) {
+  nb::gil_scoped_release release;
+  const std::lock_guard lock(*p.mutex);
+  return fn();
+}
 
 nb::bytes pack_triples(const std::vector<hss::TransferPiece>& pieces, bool local) {
   std::string out(pieces.size() * 24, '\0');
@@ -101,32 +118,40 @@ void bind_transfer(nb::module_& m) {
       .def(
           "reserve",
           [](PyPull& p, nb::bytes export_bytes) {
-            const auto view = bytes_view(export_bytes);
-            nb::gil_scoped_release release;
-            hss::ChunkExport source = hss::decode_export(view);
-            p.reservation = p.owner->transfer->reserve(p.chunks, source);
-            p.source = std::move(source);
+            const auto view = bytes_view(export_bytes);  // the bytes object outlives the call
+            with_lock(p, [&] {
+              hss::ChunkExport source = hss::decode_export(view);
+              p.reservation = p.owner->transfer->reserve(p.chunks, source);
+              p.source = std::move(source);
+            });
           },
           nb::arg("export"),
           "Reserves destination entries for the producer's export (InvalidArgument when it "
           "does not fit this pull: nothing reserved).")
-      .def_prop_ro("lease_id", [](PyPull& p) { return p.source ? p.source->lease_id : 0; })
+      .def_prop_ro(
+          "lease_id",
+          [](PyPull& p) { return with_lock(p, [&] { return p.source ? p.source->lease_id : 0; }); })
       .def_prop_ro("producer_prefix_tokens",
-                   [](PyPull& p) { return p.source ? p.source->prefix_tokens : 0; })
-      .def_prop_ro("chunks_covered", [](PyPull& p) { return p.reservation.chunks_covered(); })
-      .def_prop_ro("bytes", [](PyPull& p) { return p.reservation.bytes(); })
-      .def_prop_ro("entries", [](PyPull& p) { return p.reservation.entries().size(); })
+                   [](PyPull& p) {
+                     return with_lock(p, [&] { return p.source ? p.source->prefix_tokens : 0; });
+                   })
+      .def_prop_ro(
+          "chunks_covered",
+          [](PyPull& p) { return with_lock(p, [&] { return p.reservation.chunks_covered(); }); })
+      .def_prop_ro("bytes",
+                   [](PyPull& p) { return with_lock(p, [&] { return p.reservation.bytes(); }); })
+      .def_prop_ro(
+          "entries",
+          [](PyPull& p) { return with_lock(p, [&] { return p.reservation.entries().size(); }); })
       .def(
           "descriptors",
           [](PyPull& p, size_t first, std::optional<size_t> count) {
-            if (!p.source) throw hss::InvalidArgument("descriptors(): nothing reserved yet");
-            std::vector<hss::TransferPiece> pieces;
-            {
-              nb::gil_scoped_release release;
+            const std::vector<hss::TransferPiece> pieces = with_lock(p, [&] {
+              if (!p.source) throw hss::InvalidArgument("descriptors(): nothing reserved yet");
               const size_t n = count.value_or(p.reservation.entries().size() -
                                               std::min(first, p.reservation.entries().size()));
-              pieces = hss::transfer_pieces(*p.source, p.reservation, first, n);
-            }
+              return hss::transfer_pieces(*p.source, p.reservation, first, n);
+            });
             return nb::make_tuple(pack_triples(pieces, true), pack_triples(pieces, false));
           },
           nb::arg("first") = 0, nb::arg("count").none() = nb::none(),
@@ -135,20 +160,21 @@ void bind_transfer(nb::module_& m) {
       .def(
           "entry_bytes",
           [](PyPull& p) {
-            std::vector<uint64_t> sizes;
-            for (const hss::Reservation::Reserved& r : p.reservation.entries()) {
-              uint64_t n = 0;
-              for (const hss::Extent& x : r.extents) n += x.bytes;
-              sizes.push_back(n);
-            }
-            return sizes;
+            return with_lock(p, [&] {
+              std::vector<uint64_t> sizes;
+              for (const hss::Reservation::Reserved& r : p.reservation.entries()) {
+                uint64_t n = 0;
+                for (const hss::Extent& x : r.extents) n += x.bytes;
+                sizes.push_back(n);
+              }
+              return sizes;
+            });
           },
           "Payload bytes of each reserved entry, in order.")
       .def(
           "check",
           [](PyPull& p, size_t first, size_t count) {
-            nb::gil_scoped_release release;
-            return p.reservation.check(first, count);
+            return with_lock(p, [&] { return p.reservation.check(first, count); });
           },
           nb::arg("first"), nb::arg("count"),
           "Checks reserved entries [first, first + count) now (their READ has landed); the "
@@ -156,20 +182,12 @@ void bind_transfer(nb::module_& m) {
       .def(
           "publish",
           [](PyPull& p) {
-            hss::ImportResult r;
-            {
-              nb::gil_scoped_release release;
-              r = p.reservation.publish();
-            }
+            const hss::ImportResult r = with_lock(p, [&] { return p.reservation.publish(); });
             return import_dict(r);
           },
           "Checks (xxHash3, and the MAC when this store has a key) and publishes the entries.")
       .def(
-          "abandon",
-          [](PyPull& p) {
-            nb::gil_scoped_release release;
-            p.reservation.abandon();
-          },
+          "abandon", [](PyPull& p) { with_lock(p, [&] { p.reservation.abandon(); }); },
           "Drops every reserved entry not yet published.");
 
   nb::class_<PyPoolTransfer>(m, "PoolTransfer",

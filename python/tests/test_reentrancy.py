@@ -3,10 +3,11 @@ changes them, and Python threads racing on one object: each call sees its argume
 when it began (or raises InvalidArgument), returns the right values, and never crashes.
 
 The scenarios that can crash the process (a list's item array freed under the walk, a KV backend
-freed under a reader thread) run in a fresh interpreter (`isolated`), so a regression fails its
-test instead of killing pytest. Each one is a plain function of this module (scenario_*), which
-the child imports and calls."""
+freed under a reader thread, a reservation used by two threads at once) run in a fresh interpreter
+(`isolated`), so a regression fails its test instead of killing pytest. Each one is a plain
+function of this module (scenario_*), which the child imports and calls."""
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -17,7 +18,8 @@ import numpy as np
 import pytest
 
 import hsstore
-from conftest import CHUNK, FakeStorageManager, Fixture, rows
+from hsstore import _hsstore
+from conftest import CHUNK, DIM, FakeStorageManager, Fixture, rows
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(hsstore.__file__)))
@@ -258,6 +260,24 @@ def test_argument_lists_emptied():
     isolated("argument_lists_emptied")
 
 
+def test_numpy_buffers_are_released_after_the_call():
+    """Buffers are held for the call (the copy runs without the GIL), then released."""
+    f = unbound_store()
+    n = 2 * CHUNK
+    data = rows(n)
+    out = np.zeros_like(data)
+    tokens = list(range(n))
+    before = (sys.getrefcount(data), sys.getrefcount(out))
+    f.store.store_hidden_states(tokens, data)
+    f.store.store_batch([(tokens, data, 1)])
+    assert f.store.retrieve_hidden_states_into(tokens, out) == n
+    assert f.store.retrieve_batch_into([(tokens, out, 1)]) == [n]
+    assert f.store.retrieve_layers_into(tokens, [0, 1], [out, out]) == n
+    assert np.array_equal(out, data)
+    assert (sys.getrefcount(data), sys.getrefcount(out)) == before
+    out.resize((4 * n, DIM), refcheck=True)  # nothing of hsstore's still refers to it
+
+
 # --- rebinding a LocalCpuBackend under a reader thread -----------------------------------------
 
 
@@ -328,3 +348,78 @@ def scenario_rebinding_backends_under_a_reader():
 
 def test_rebinding_backends_under_a_reader():
     isolated("rebinding_backends_under_a_reader")
+
+
+# --- one PoolPull shared by Python threads -----------------------------------------------------
+
+
+def scenario_pool_pull_shared_by_threads():
+    config = {"chunk_size": CHUNK, "enable_hidden_state_cache": True,
+              "max_hidden_state_cpu_size": 0.01}
+    producer, consumer = hsstore.Engine(config), hsstore.Engine(config)
+    source, dest = producer.hidden_state_store, consumer.hidden_state_store
+    source.bind_storage_manager(None)
+    dest.bind_storage_manager(None)
+    chunks = 64
+    tokens = list(range(chunks * CHUNK))
+    data = rows(len(tokens))
+    source.store_hidden_states(tokens, data)
+    serving = _hsstore.PoolTransfer(source)
+    pull = _hsstore.PoolTransfer(dest).begin_pull(tokens, [0])
+    readers, publishers = 4, 4
+    reserved, landed = threading.Event(), threading.Event()
+    published, errors = [], []
+
+    def consume():  # reserve, then the READ (a copy from the producer's extents)
+        pull.reserve(serving.serve(pull.request, 10_000))
+        reserved.set()
+        local, remote = pull.descriptors()
+        local = np.frombuffer(local, np.uint64).reshape(-1, 3)
+        remote = np.frombuffer(remote, np.uint64).reshape(-1, 3)
+        for (to, size, _), (at, _, _) in zip(local, remote):
+            ctypes.memmove(int(to), int(at), int(size))
+        landed.set()
+
+    publish_together = threading.Barrier(publishers)
+
+    def publish():  # all at once: one publishes every entry, the others find none left
+        landed.wait()
+        publish_together.wait()
+        published.append(pull.publish())
+
+    def observe():  # reads the reservation while it is made and published
+        for _ in range(200):
+            assert len(pull.entry_bytes()) in (0, chunks) and pull.entries in (0, chunks)
+            assert pull.bytes in (0, chunks * CHUNK * DIM * 4)
+            assert pull.chunks_covered in (0, chunks)
+            try:
+                local, remote = pull.descriptors()
+                assert len(local) == len(remote)
+            except hsstore.InvalidArgument as e:  # before reserve()
+                assert "nothing reserved yet" in str(e)
+
+    def worker(role):
+        try:
+            role()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    roles = [consume] + [publish] * publishers + [observe] * readers
+    threads = [threading.Thread(target=worker, args=(role,)) for role in roles]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [], errors
+    everything = {"published": chunks, "rejected": 0, "unauthenticated": 0,
+                  "bytes": chunks * CHUNK * DIM * 4}
+    nothing = dict.fromkeys(everything, 0)
+    assert sorted(published, key=lambda r: r["published"]) == [nothing] * 3 + [everything]
+    assert pull.publish() == nothing and pull.entries == 0
+    dest.check_invariants()
+    pull.abandon()
+    assert np.array_equal(dest.retrieve_hidden_states(tokens, like="numpy"), data)
+
+
+def test_pool_pull_shared_by_threads():
+    isolated("pool_pull_shared_by_threads")
