@@ -79,9 +79,9 @@ TEST_P(DeviceBatch, OneLaunchPerStreamAndBitIdenticalToHostSingleCalls) {
           test::tokens_of(rows, 50 + r), dtype, stride,
           test::random_rows(dtype, rows, kCols, 100 * layer + r, stride, element_size(dtype))));
       Item& item = *items.back();
-      ASSERT_NE(item.device.ptr, nullptr);
-      CUDA_OK(
-          cudaMemcpy(item.device.ptr, item.host.data(), item.host.size(), cudaMemcpyHostToDevice));
+      // upload() also synchronises the legacy stream: the copy of pageable memory may still be
+      // landing when cudaMemcpy returns, and the non-blocking streams below do not wait for it.
+      ASSERT_NO_FATAL_FAILURE(test::upload(item.device, item.host.data(), item.host.size()));
       StoreOptions o;
       o.layer_idx = layer;
       o.stream = streams[r % 2].stream;

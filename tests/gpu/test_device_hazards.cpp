@@ -308,7 +308,7 @@ TEST(DeviceHazards, BatchEqualsSingleCallsBitForBit) {
   const int64_t rows = 32, cols = 256;
   const auto host = random_rows(DType::kBFloat16, rows, cols, 12);
   DeviceBytes dev(host.size());
-  CUDA_OK(cudaMemcpy(dev.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+  ASSERT_NO_FATAL_FAILURE(test::upload(dev, host.data(), host.size()));
   StreamHolder stream;
   std::vector<std::vector<int64_t> > prompts;
   for (uint32_t r = 0; r < 8; ++r) prompts.push_back(tokens_of(rows, 20 + r));

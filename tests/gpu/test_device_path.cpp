@@ -119,7 +119,7 @@ TEST_P(DeviceStoreDTypes, DeviceStoreEqualsHostStoreBitForBit) {
   const auto host = make_rows(dtype, rows, stride, 2);
   DeviceBytes dev(host.size());
   ASSERT_NE(dev.ptr, nullptr);
-  CUDA_OK(cudaMemcpy(dev.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+  ASSERT_NO_FATAL_FAILURE(test::upload(dev, host.data(), host.size()));
 
   const TensorView host_view{host.data(), dtype, rows, cols, stride, Device::kHost, 0};
   const TensorView dev_view{dev.ptr, dtype, rows, cols, stride, Device::kCuda, 0};
@@ -153,7 +153,7 @@ TEST(DevicePath, SourceOverwrittenOnTheStreamAfterStoreReturnsStillYieldsOldRows
   const auto host = make_rows(DType::kBFloat16, rows, cols, 4);
   DeviceBytes dev(host.size());
   StreamHolder stream;
-  CUDA_OK(cudaMemcpy(dev.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+  ASSERT_NO_FATAL_FAILURE(test::upload(dev, host.data(), host.size()));
   StoreOptions opt;
   opt.stream = stream.stream;
   s.device->store_hidden_states(tokens,
@@ -179,7 +179,7 @@ TEST(DevicePath, RetrieveWaitsForAPendingCopy) {
   const auto host = make_rows(DType::kFloat32, rows, cols, 6);
   DeviceBytes dev(host.size());
   StreamHolder stream;
-  CUDA_OK(cudaMemcpy(dev.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+  ASSERT_NO_FATAL_FAILURE(test::upload(dev, host.data(), host.size()));
   // Hold the stream so the gather kernel (and so the copies) cannot have run when retrieve starts.
   static int delay_ms = 300;
   CUDA_OK(cudaLaunchHostFunc(stream.stream, sleep_on_stream, &delay_ms));
@@ -204,7 +204,7 @@ TEST(DevicePath, FlushWaitsForEveryPendingCopy) {
   const auto host = make_rows(DType::kFloat32, rows, cols, 8);
   DeviceBytes dev(host.size());
   StreamHolder stream;
-  CUDA_OK(cudaMemcpy(dev.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+  ASSERT_NO_FATAL_FAILURE(test::upload(dev, host.data(), host.size()));
   static int delay_ms = 200;
   CUDA_OK(cudaLaunchHostFunc(stream.stream, sleep_on_stream, &delay_ms));
   StoreOptions opt;
@@ -280,7 +280,7 @@ TEST(DevicePath, StoreLargerThanOneStagingBufferRunsInRounds) {
   const auto host = make_rows(DType::kFloat32, rows, cols, 10);
   DeviceBytes dev(host.size());
   ASSERT_NE(dev.ptr, nullptr);
-  CUDA_OK(cudaMemcpy(dev.ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+  ASSERT_NO_FATAL_FAILURE(test::upload(dev, host.data(), host.size()));
   EXPECT_EQ(
       s.device
           ->store_hidden_states(tokens, {dev.ptr, DType::kFloat32, rows, cols, 0, Device::kCuda, 0})
