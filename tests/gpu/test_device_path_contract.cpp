@@ -7,8 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -326,7 +329,11 @@ TEST_F(DevicePathContract, ADeviceIndexTheProcessDoesNotSeeOrMixedStorageTypesAr
 }
 
 TEST_F(DevicePathContract, ManyFencesInFlightAreTrackedAndAllLand) {
-  // More stores in flight than the path's first pruning threshold of its fence list (64).
+  // More stores in flight than the path's first pruning threshold of its fence list (64): the
+  // prune at the 65th finds none settled and must keep them all. 96, not more: each store queues
+  // about four operations on the held copy stream, and a driver whose queue fills blocks the
+  // enqueueing thread (this one) until the stream moves.
+  constexpr int kStores = 96;
   make_path();
   StreamHolder s;
   void* src = device_rows(4.0f);
@@ -334,13 +341,34 @@ TEST_F(DevicePathContract, ManyFencesInFlightAreTrackedAndAllLand) {
   std::vector<FenceRef> fences;
   {
     StreamGate gate(s.stream);
-    for (int i = 0; i < 150; ++i) {
+    // Should a store block on a full queue anyway, another thread opens the gate after 30 s: the
+    // test then fails instead of hanging.
+    std::mutex m;
+    std::condition_variable cv;
+    bool stored = false, opened_late = false;
+    std::thread watchdog([&] {
+      std::unique_lock lock(m);
+      if (!cv.wait_for(lock, std::chrono::seconds(30), [&] { return stored; })) {
+        opened_late = true;
+        gate.open();
+      }
+    });
+    for (int i = 0; i < kStores; ++i) {
       pools.push_back(std::make_unique<PinnedBytes>(kElems * 4));
       fences.push_back(path_->store({src, ElemType::kFloat32, kCols, kCols}, 0,
                                     whole(pools.back()->ptr, ElemType::kFloat32), s.stream));
-      if (i % 50 == 49) path_->poll();  // never waits: the stream is held
+      if (i % 32 == 31) path_->poll();  // never waits: the stream is held
     }
-    EXPECT_FALSE(fences.back()->landed());
+    {
+      std::lock_guard lock(m);
+      stored = true;
+    }
+    cv.notify_all();
+    watchdog.join();
+    EXPECT_FALSE(opened_late) << "a store blocked on the held stream for 30 s";
+    if (!opened_late) {
+      EXPECT_FALSE(fences.back()->landed());
+    }
   }
   path_->flush();
   for (size_t i = 0; i < fences.size(); ++i) {
