@@ -15,29 +15,36 @@
 # warnings are not errors: the machine's host compiler is unknown), builds with all cores, then
 # runs the stages in this order, the most important figures first, each under its own timeout
 # and all within $HSS_GPU_CHECK_BUDGET_S (default 480 s: 8 minutes from the start, the build
-# included): the `gpu` ctest tests; the GPU benchmarks of device store and restore against
-# cudaMemcpyAsync (gpu_store, gpu_retrieve) and of batch launches (gpu_batch); compute-sanitizer
-# memcheck; gpu_store_mapped, gpu_small and gpu_overlap; racecheck and synccheck; the kernels'
-# resource usage; the Python binding's CUDA tests when python/CMakeLists.txt exists. A stage the
-# budget leaves no time for is NOT RUN (listed, not a failure). Tests that need two GPUs (suites
-# *TwoDevices) are left out on a one-GPU machine, where they would skip. Pools may exceed the
-# VM's MemAvailable at start (its memory grows as it is used): HSS_POOL_MEMORY_CHECK=0. It prints
-# a short table last and writes the log, the table and the benchmark JSON into $OUT when set
-# (else into BUILD_DIR/gpu-check-out). Exit status 1 when no CUDA device was used, when any GPU
-# test or benchmark was skipped, when a sanitizer reported an error, or when a stage failed or
-# timed out.
+# included): the tests/gpu tests (the hss_gpu_tests binary, all of them in one process); the
+# GPU benchmarks of device store and restore against cudaMemcpyAsync (gpu_store, gpu_retrieve)
+# and of batch launches (gpu_batch); compute-sanitizer memcheck on a representative subset of
+# tests/gpu (memcheck_filter below says which and why); gpu_store_mapped, gpu_small and
+# gpu_overlap; racecheck and synccheck; the kernels' resource usage; the Python binding's CUDA
+# tests when python/CMakeLists.txt exists. memcheck judges memory errors, not the CUDA API errors
+# the tests provoke on purpose (--report-api-errors no). A stage the budget leaves no time for is
+# NOT RUN (listed, not a failure); a stage cut short still reports what it got (the tests passed
+# before, the test it stopped in). With the machine's start (a minute or two) a whole run takes
+# about 10 of a session's 15 device minutes: a rerun within the same session needs a smaller
+# HSS_GPU_CHECK_BUDGET_S (the first stages only). Tests that need two GPUs (suites *TwoDevices)
+# are left out on a one-GPU machine, where they would skip. Pools may exceed the VM's
+# MemAvailable at start (its memory grows as it is used): HSS_POOL_MEMORY_CHECK=0. It prints a
+# short table last and writes the log, the table and the benchmark JSON into $OUT when set (else
+# into BUILD_DIR/gpu-check-out). Exit status 1 when no
+# CUDA device was used, when any GPU test or benchmark was skipped, when a sanitizer reported an
+# error, or when a stage failed or timed out.
 #
 # run --dry-run: the same unpack and configure, but with the system's copies of those libraries
 # hidden from CMake (CMAKE_IGNORE_PREFIX_PATH / CMAKE_IGNORE_PATH, pkg-config limited to the
 # prefix), then checks in CMakeCache.txt that every dependency was found inside the prefix; then
 # builds tests/gpu against the CUDA runtime model (HSS_CUDA_MODEL, the same prefix) and runs
-# them with one model device through the same stage as the GPU run (label gpu-model: the
-# two-device tests left out, any skip a failure), so the one-GPU accounting is proven here.
+# them with one model device through the same stage as the GPU run (the hss_gpu_tests binary in
+# one process: the two-device tests left out, any skip a failure), so the one-GPU accounting is
+# proven here.
 #
 # Options: --deps DIR (default .gpu-deps), --build-dir DIR (default build-gpu; build-gpu-dry for
 # --dry-run, its model build beside it with suffix -model). Environment: HSS_GPU_CHECK_BUDGET_S,
-# HSS_GPU_MEMCHECK_FILTER (default: every test), HSS_GPU_SANITIZE_FILTER (racecheck and
-# synccheck; default: the kernel tests).
+# HSS_GPU_MEMCHECK_FILTER (a gtest filter; default: memcheck_filter below), HSS_GPU_SANITIZE_FILTER
+# (racecheck and synccheck; default: the kernel tests).
 set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -351,10 +358,8 @@ count_gpus() {
 
 # Tests that need two devices are suites named *TwoDevices; on one GPU they would skip.
 two_device_exclusion() {
-  ctest_exclude=()
   gtest_exclude=""
   if ((gpus < 2)); then
-    ctest_exclude=(-E TwoDevices)
     gtest_exclude="*TwoDevices*"
   fi
 }
@@ -366,29 +371,68 @@ gtest_filter_for() {
   if [[ $filter == *-* ]]; then echo "$filter:$gtest_exclude"; else echo "$filter-$gtest_exclude"; fi
 }
 
-# stage_gpu_tests NAME LABEL BUILD_DIR LIMIT: the tests/gpu ctest tests of LABEL; a skip fails.
+# gtest_count BINARY FILTER: how many tests of BINARY the gtest filter selects (0 when it cannot say).
+gtest_count() {
+  local n
+  n=$(timeout 60 "$1" --gtest_list_tests --gtest_filter="$2" 2>/dev/null | grep -c '^  ' || true)
+  echo "${n:-0}"
+}
+
+# stage_gpu_tests NAME BINARY LIMIT [VAR=VALUE...]: every test of the tests/gpu binary (the
+# two-device suites left out on one GPU) in ONE process, with the environment VAR=VALUE...; a
+# skip fails. One process, not one per ctest entry: 80-odd processes each paying for a CUDA
+# context and its stores' device state (1 GiB staging, launch slots, kernel warm-up) need more
+# than a minute four at a time, and one process runs the timing tests with nothing beside them.
+# The tests are written to share a process (the model runs them so, gpu_model.
+# one_process_manual_scheduling). A crash or a hang loses the tests after it: the detail names
+# the test the run stopped in, and the tests passed before it still count.
 stage_gpu_tests() {
-  local name=$1 label=$2 dir=$3 limit=$4
-  run_stage "$name" "$limit" ctest --test-dir "$dir" -L "^$label\$" "${ctest_exclude[@]}" \
-    --output-on-failure -j 4 --timeout 100
-  local log="$logs/$name.log" total passed skipped left_out=""
-  total=$(sed -nE 's/.* tests passed, [0-9]+ tests failed out of ([0-9]+).*/\1/p' "$log" | tail -n 1)
-  passed=$(count 'Test +#[0-9]+: .* Passed' "$log")
-  skipped=$(count '\*\*\*Skipped|\*\*\*Not Run| Not Run ' "$log")
-  if ((${#ctest_exclude[@]} > 0)); then
-    local n
-    n=$(ctest --test-dir "$dir" -N -L "^$label\$" -R TwoDevices 2>/dev/null | grep -c 'Test *#' || true)
-    left_out=", $n two-device tests left out ($gpus GPU)"
+  local name=$1 binary=$2 limit=$3
+  shift 3
+  local filter expected left_out=""
+  filter=$(gtest_filter_for "*")
+  expected=$(gtest_count "$binary" "$filter")
+  run_stage "$name" "$limit" env "$@" "$binary" --gtest_filter="$filter" --gtest_color=no
+  local log="$logs/$name.log" passed failed skipped finished stopped="" problem=""
+  # One line per finished test: "[       OK ] Suite.Name (12 ms)" (FAILED, SKIPPED likewise).
+  passed=$(count '^\[       OK \] .* \([0-9]+ ms\)$' "$log")
+  failed=$(count '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$log")
+  skipped=$(count '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$log")
+  finished=$((${passed:-0} + ${failed:-0} + ${skipped:-0}))
+  if ((finished < expected)); then
+    stopped=$(sed -nE 's/^\[ RUN      \] (.*)/\1/p' "$log" | tail -n 1)
+    problem="stopped"
+  fi
+  if [[ -n $gtest_exclude ]]; then
+    left_out=", $(gtest_count "$binary" "$gtest_exclude") two-device tests left out ($gpus GPU)"
   fi
   gpu_tests_passed=$passed
   gpu_tests_skipped=$skipped
-  local problem=""
+  ((failed > 0)) && problem="failed"
   ((skipped > 0)) && problem="skipped"
-  [[ -z $total || $total == 0 ]] && problem="no tests"
+  ((expected == 0 || passed == 0)) && problem="no tests"
   record "$name" "$(result_of $stage_rc "$problem")" "$stage_time" \
-    "${passed} passed, ${skipped} skipped, of ${total:-0} (ctest -L ^$label\$)$left_out"
+    "${passed} passed, ${failed} failed, ${skipped} skipped, of ${expected} (one process)${stopped:+, stopped in $stopped}$left_out"
   ((skipped > 0)) && skip_total=$((skip_total + skipped))
 }
+
+# memcheck's default: a representative subset of tests/gpu, not all of it. Under the sanitizer
+# every CUDA call and kernel is many times slower, and some tests would break or outlast the
+# stage: StreamGate holds and host-function sleeps (stream-order tests), wall-clock asserts
+# (DeviceHazards.StoreOnAHeldStreamReturnsAtOnce wants < 50 ms), DeviceDifferential (96 stores,
+# each with its device state), the 80 MiB StoreLargerThanOneStagingBufferRunsInRounds, and the
+# capture tests. These, with none of those, still launch every kernel: stores of each input
+# dtype and storage dtype (the staging gather/cast), restores with each implementation (kernel,
+# cub, memcpy; padded outputs), device->device round trips of every dtype pair at an odd width
+# from a misaligned base, single calls against batches (the batch store and restore kernels
+# over odd widths, strides and offsets), every output dtype through the path itself, and a store
+# under pool pressure right after device restores.
+readonly memcheck_filter="*DeviceStoreDTypes.*:*DeviceRestore.*:*DeviceRoundTrip.*:*DeviceBatch.*\
+:DeviceBatchRules.OneLaunchPerStreamAndResultsBitIdenticalToTheHostPathsSingleCalls\
+:DeviceHazards.BatchEqualsSingleCallsBitForBit:DeviceHazards.StoreUnderPressureRightAfterADeviceRestore\
+:DeviceOrdering.RetrieveWritesEveryOutputDTypeToHostAndDevice:DeviceOrdering.NativeBf16RestoredIntoBf16IsBitIdentical\
+:DeviceOrdering.BatchResultsEqualSingleCallsWithOneKeyPassPerTokenList\
+:DevicePathContract.RestoreWritesEveryOutputDType"
 
 stage_sanitizer() {
   local tool=$1 filter=$2 limit=$3
@@ -398,8 +442,14 @@ stage_sanitizer() {
     return
   fi
   filter=$(gtest_filter_for "$filter")
-  run_stage "$tool" "$limit" compute-sanitizer --tool "$tool" --error-exitcode 86 \
-    "$binary" --gtest_filter="$filter" --gtest_brief=0
+  # memcheck: --report-api-errors no (a memcheck option; its default, explicit, reports and counts
+  # every CUDA API call that returns an error). Such errors are the tests' own business, and some
+  # provoke them on purpose (DeviceCapture asks the legacy stream while a blocking stream
+  # captures: cudaErrorStreamCaptureImplicit); memcheck counts the memory errors.
+  local -a tool_options=()
+  [[ $tool == memcheck ]] && tool_options=(--report-api-errors no)
+  run_stage "$tool" "$limit" compute-sanitizer --tool "$tool" "${tool_options[@]}" \
+    --error-exitcode 86 "$binary" --gtest_filter="$filter" --gtest_brief=0 --gtest_color=no
   local log="$logs/$tool.log" errors ran skipped problem=""
   errors=$(sed -nE 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/p' "$log" | tail -n 1)
   ran=$(sed -nE 's/^\[==========\] ([0-9]+) tests? from .* ran\..*/\1/p' "$log" | tail -n 1)
@@ -409,8 +459,11 @@ stage_sanitizer() {
   [[ -n $errors && $errors != 0 ]] && problem="errors"
   [[ -z $ran || $ran == 0 ]] && problem="no tests ran"
   ((skipped > 0)) && problem="skipped" && skip_total=$((skip_total + skipped))
+  # A long filter (memcheck's subset) is in the log's command line, not in the table.
+  local shown=$filter
+  ((${#shown} > 60)) && shown="gtest filter in logs/$tool.log"
   record "$tool" "$(result_of $stage_rc "$problem")" "$stage_time" \
-    "${errors:-?} errors, ${ran:-0} tests, ${skipped} skipped ($filter)"
+    "${errors:-?} errors, ${ran:-0} tests, ${skipped} skipped ($shown)"
 }
 
 # Figures and GPU skips in a bench JSON: "FIGURES SKIPS".
@@ -547,7 +600,9 @@ dry_model_stages() {
   run_stage model_build 900 cmake --build "$model_dir" -j "$jobs" --target hss_gpu_tests
   record model_build "$(result_of $stage_rc)" "$stage_time" "hss_gpu_tests against the model, -j $jobs"
   ((stage_rc == 0)) || return
-  stage_gpu_tests gpu_tests_model gpu-model "$model_dir" 300
+  # The model's environment as ctest gives it (tests/CMakeLists.txt), with one device.
+  stage_gpu_tests gpu_tests_model "$model_dir/tests/hss_gpu_tests" 600 \
+    HSS_CUDA_MODEL_DEVICES=1 HSS_CUDA_MODEL_WATCHDOG_S=30 HSS_LOG_LEVEL=warn
 }
 
 print_summary() {
@@ -652,7 +707,7 @@ cmd_run() {
     stage_build
   fi
   if [[ ${stage_results[-1]} == ok ]]; then
-    stage_gpu_tests gpu_tests gpu "$build_dir" 60
+    stage_gpu_tests gpu_tests "$build_dir/tests/hss_gpu_tests" 120
     stage_bench gpu_store 45 gpu_store
     stage_bench gpu_retrieve 45 gpu_retrieve
     if "$build_dir/bench/hss-bench" --help 2>/dev/null | grep -q '^  gpu_batch:'; then
@@ -660,7 +715,7 @@ cmd_run() {
     else
       record gpu_batch absent 0 "hss-bench has no gpu_batch workload yet"
     fi
-    stage_sanitizer memcheck "${HSS_GPU_MEMCHECK_FILTER:-*}" 45
+    stage_sanitizer memcheck "${HSS_GPU_MEMCHECK_FILTER:-$memcheck_filter}" 90
     stage_bench gpu_store_mapped 25 gpu_store_mapped
     stage_bench gpu_small_overlap 30 gpu_small gpu_overlap
     local sfilter=${HSS_GPU_SANITIZE_FILTER:-*DeviceStoreDTypes*:*DeviceRestore*}
