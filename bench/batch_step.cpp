@@ -1,13 +1,22 @@
 #include "batch_step.hpp"
 
+#include <string>
+
 #include "common.hpp"
 
 namespace hss::bench {
 
-std::shared_ptr<Step> make_step(const void* rows, Device device, const std::vector<void*>& outs) {
+std::shared_ptr<Step> make_step(const void* rows, Device device, const std::vector<void*>& outs,
+                                int64_t chunks) {
+  if (chunks < 1 || chunks > kStepMaxChunks || outs.size() < static_cast<size_t>(kStepItems)) {
+    throw InvalidArgument("make_step: chunks must be 1.." + std::to_string(kStepMaxChunks) +
+                          " and outs hold " + std::to_string(kStepItems) + " buffers, got " +
+                          std::to_string(chunks) + " and " + std::to_string(outs.size()));
+  }
   auto step = std::make_shared<Step>();
+  step->tokens = chunks * kStepChunk;
   for (int r = 0; r < kStepRequests; ++r) {
-    step->prompts32.push_back(make_tokens(kStepTokens, 1000 + static_cast<uint64_t>(r)));
+    step->prompts32.push_back(make_tokens(step->tokens, 1000 + static_cast<uint64_t>(r)));
     step->prompts.emplace_back(step->prompts32.back().begin(), step->prompts32.back().end());
   }
   for (int layer = 0; layer < kStepLayers; ++layer) {
@@ -15,13 +24,13 @@ std::shared_ptr<Step> make_step(const void* rows, Device device, const std::vect
       StoreOptions so;
       so.layer_idx = layer;
       step->stores.push_back({step->prompts[static_cast<size_t>(r)],
-                              {rows, DType::kFloat32, kStepTokens, kStepHidden, 0, device, 0},
+                              {rows, DType::kFloat32, step->tokens, kStepHidden, 0, device, 0},
                               so});
       RetrieveOptions ro;
       ro.layer_idx = layer;
       step->retrieves.push_back(
           {step->prompts[static_cast<size_t>(r)],
-           {outs[step->retrieves.size()], DType::kFloat32, kStepTokens, kStepHidden, 0, device, 0},
+           {outs[step->retrieves.size()], DType::kFloat32, step->tokens, kStepHidden, 0, device, 0},
            ro});
     }
   }
@@ -34,7 +43,7 @@ Config StepStore::config() {
   Config c;
   c.chunk_size = kStepChunk;
   c.enable_hidden_state_cache = true;
-  c.max_hidden_state_cpu_size = 8.0 / 1024;  // 8 MiB: 4x the step's 1536 chunks of 1 KiB
+  c.max_hidden_state_cpu_size = 8.0 / 1024;  // 8 MiB: 4x the two-chunk step.s 1536 chunks of 1 KiB
   c.hidden_state_block_bytes = kStepChunk * kStepHidden * 4;
   return c;
 }

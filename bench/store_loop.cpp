@@ -4,6 +4,7 @@
 //   hss-store-loop store|retrieve|fresh|stream|memcpy [ITERATIONS] [--tokens N] [--hidden N]
 //                  [--copy-threads N] [--alternate]
 //   hss-store-loop batch-store|single-store|batch-retrieve|single-retrieve [ITERATIONS]
+//                  [--chunks 1|2]
 //
 // store: store_hidden_states of N x hidden float32 rows (chunk 256) into an empty pool (its keys
 // dropped, untimed, before every iteration); retrieve: retrieve_hidden_states_into a caller's
@@ -12,7 +13,7 @@
 // bytes. Prints the median time, its p10..p90, the rate, the minor page faults per iteration and
 // the store's host copy strategy. profiling/perf_host_store.sh drives it.
 // batch-* / single-*: `hss-bench batch`'s engine step (batch_step.hpp) as one batch call or as
-// 768 single calls (stores into a pool whose keys were dropped, untimed, before every iteration;
+// 768 single calls, of two-chunk prefixes or (--chunks 1) one-chunk items (stores into a pool whose keys were dropped, untimed, before every iteration;
 // retrieves of the stored step): prints the median per item and the minor page faults per
 // iteration; what a profiler sees of one item, e.g.
 //   valgrind --tool=callgrind --toggle-collect='hss::HiddenStateStore::store_*'
@@ -45,21 +46,21 @@ int usage() {
                "usage: hss-store-loop store|retrieve|fresh|stream|memcpy [ITERATIONS] [--tokens N] "
                "[--hidden N] [--copy-threads N] [--alternate]\n"
                "       hss-store-loop batch-store|single-store|batch-retrieve|single-retrieve "
-               "[ITERATIONS]\n");
+               "[ITERATIONS] [--chunks 1|2]\n");
   return 2;
 }
 
 /// The batch step, one batch call or its single calls per iteration; prints the median per item.
-int run_step(const std::string& mode, int iterations) {
+int run_step(const std::string& mode, int iterations, int64_t chunks) {
   const bool store = mode.ends_with("-store");
   const bool batch = mode.starts_with("batch-");
-  const std::vector<float> rows(static_cast<size_t>(kStepTokens * kStepHidden), 0.5f);
-  std::vector<float> out_rows(static_cast<size_t>(kStepItems * kStepTokens * kStepHidden));
+  const std::vector<float> rows(static_cast<size_t>(kStepMaxTokens * kStepHidden), 0.5f);
+  std::vector<float> out_rows(static_cast<size_t>(kStepItems * kStepMaxTokens * kStepHidden));
   std::vector<void*> outs;
   for (int i = 0; i < kStepItems; ++i)
-    outs.push_back(out_rows.data() + i * kStepTokens * kStepHidden);
+    outs.push_back(out_rows.data() + i * kStepMaxTokens * kStepHidden);
   StepStore s;
-  const auto step = make_step(rows.data(), Device::kHost, outs);
+  const auto step = make_step(rows.data(), Device::kHost, outs, chunks);
   if (!store) (void)s.store.store_batch(step->stores);
   std::vector<double> seconds;
   long faults = 0;
@@ -84,9 +85,9 @@ int run_step(const std::string& mode, int iterations) {
     faults += minor_faults() - faults_before;
   }
   std::sort(seconds.begin(), seconds.end());
-  std::printf("%s: %d iterations of %d items, median %.3f us per item, %.1f minor page faults per "
+  std::printf("%s: %d iterations of %d %lld-chunk items, median %.3f us per item, %.1f minor page faults per "
               "iteration\n",
-              mode.c_str(), iterations, kStepItems, seconds[seconds.size() / 2] / kStepItems * 1e6,
+              mode.c_str(), iterations, kStepItems, static_cast<long long>(chunks), seconds[seconds.size() / 2] / kStepItems * 1e6,
               static_cast<double>(faults) / iterations);
   return 0;
 }
@@ -96,8 +97,21 @@ int run(int argc, char** argv) {
   const std::string mode = argv[1];
   if (mode == "batch-store" || mode == "single-store" || mode == "batch-retrieve" ||
       mode == "single-retrieve") {
-    const int iterations = argc > 2 ? std::atoi(argv[2]) : 20;
-    return iterations > 0 ? run_step(mode, iterations) : usage();
+    int iterations = 20;
+    int64_t chunks = 2;
+    for (int i = 2; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (arg == "--chunks" && i + 1 < argc) {
+        chunks = std::atoll(argv[++i]);
+      } else if (!arg.empty() && arg[0] != '-') {
+        iterations = std::atoi(argv[i]);
+      } else {
+        return usage();
+      }
+    }
+    return iterations > 0 && chunks >= 1 && chunks <= kStepMaxChunks
+               ? run_step(mode, iterations, chunks)
+               : usage();
   }
   if (mode != "store" && mode != "retrieve" && mode != "fresh" && mode != "stream" &&
       mode != "memcpy") {

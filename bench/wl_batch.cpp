@@ -1,6 +1,7 @@
 // Workloads `batch` and `gpu_batch`: the per-item cost of an engine step (batch_step.hpp: 768
 // items) issued as one batch call (store_batch / retrieve_batch_into) against the same items
-// issued as single calls. gpu_batch does the same with device tensors (needs a device).
+// issued as single calls, for one-chunk items (issue 20's targets are for these) and two-chunk
+// prefixes. gpu_batch does the same with device tensors (needs a device).
 
 #include <cstdio>
 #include <functional>
@@ -20,15 +21,23 @@ namespace {
 
 constexpr int64_t kChunk = kStepChunk;
 constexpr int64_t kHidden = kStepHidden;
-constexpr int64_t kTokens = kStepTokens;
+constexpr int64_t kMaxTokens = kStepMaxTokens;
 constexpr int kLayers = kStepLayers;
 constexpr int kItems = kStepItems;
 
+/// "one-chunk items" / "two-chunk items": the case names' shape.
+std::string shape_name(int64_t chunks) {
+  return std::string(chunks == 1 ? "one" : "two") + "-chunk items";
+}
+
 void batch_case(Context& ctx, const std::string& workload, Device device, const void* rows,
-                const std::vector<void*>& outs, const std::function<void()>& sync) {
+                const std::vector<void*>& outs, const std::function<void()>& sync,
+                int64_t chunks) {
   auto hss = std::make_shared<StepStore>();
-  auto step = make_step(rows, device, outs);
-  const double bytes = static_cast<double>(kItems * kTokens * kHidden * 4);
+  auto step = make_step(rows, device, outs, chunks);
+  const int64_t tokens = step->tokens;
+  const std::string shape = shape_name(chunks);
+  const double bytes = static_cast<double>(kItems * tokens * kHidden * 4);
   auto drop_all = [hss, step] { hss->drop_all(*step); };
   auto store_batch = [hss, step, sync] {
     (void)hss->store.store_batch(step->stores);
@@ -43,14 +52,14 @@ void batch_case(Context& ctx, const std::string& workload, Device device, const 
   Params p;
   p.chunk_size = kChunk;
   p.hidden_dim = kHidden;
-  p.tokens = kTokens;
+  p.tokens = tokens;
   p.layers = kLayers;
   p.dtype = "float32";
   p.storage = "float32";
   p.output = device == Device::kCuda ? "device" : "host";
   const Timed singles{"768 single calls", drop_all, store_singles, bytes, 0};
   // Figures are copied: measure() returns a reference into a vector that the next call grows.
-  const Figure store_fig = ctx.report.measure(workload, "store_batch 768 items", p,
+  const Figure store_fig = ctx.report.measure(workload, "store_batch 768 " + shape, p,
                                               {"store_batch", drop_all, store_batch, bytes, 0},
                                               std::span<const Timed>(&singles, 1));
   auto fill = [hss, step, sync] {
@@ -67,7 +76,7 @@ void batch_case(Context& ctx, const std::string& workload, Device device, const 
                            },
                            bytes, 0};
   const Figure read_fig =
-      ctx.report.measure(workload, "retrieve_batch_into 768 items", p,
+      ctx.report.measure(workload, "retrieve_batch_into 768 " + shape, p,
                          {"retrieve_batch_into", fill,
                           [hss, step, sync] {
                             (void)hss->store.retrieve_batch_into(step->retrieves);
@@ -92,9 +101,9 @@ void batch_case(Context& ctx, const std::string& workload, Device device, const 
     const uint64_t batch_read = launches() - before;
     char line[256];
     std::snprintf(line, sizeof line,
-                  "device launches per step of %d items: store_batch %llu vs %llu single calls; "
+                  "device launches per step of %d %s: store_batch %llu vs %llu single calls; "
                   "retrieve_batch_into %llu",
-                  kItems, static_cast<unsigned long long>(batch_store),
+                  kItems, shape.c_str(), static_cast<unsigned long long>(batch_store),
                   static_cast<unsigned long long>(single_store),
                   static_cast<unsigned long long>(batch_read));
     ctx.report.note(workload, line);
@@ -113,12 +122,14 @@ void batch_case(Context& ctx, const std::string& workload, Device device, const 
 }  // namespace
 
 void run_batch(Context& ctx) {
-  const auto rows = random_f32(kTokens * kHidden, 61);
+  const auto rows = random_f32(kMaxTokens * kHidden, 61);
   auto out_store =
-      std::make_shared<std::vector<float>>(static_cast<size_t>(kItems * kTokens * kHidden));
+      std::make_shared<std::vector<float>>(static_cast<size_t>(kItems * kMaxTokens * kHidden));
   std::vector<void*> outs;
-  for (int i = 0; i < kItems; ++i) outs.push_back(out_store->data() + i * kTokens * kHidden);
-  batch_case(ctx, "batch", Device::kHost, rows.data(), outs, [] {});
+  for (int i = 0; i < kItems; ++i) outs.push_back(out_store->data() + i * kMaxTokens * kHidden);
+  for (const int64_t chunks : {int64_t{1}, int64_t{2}}) {
+    batch_case(ctx, "batch", Device::kHost, rows.data(), outs, [] {}, chunks);
+  }
   ctx.report.print_workload("batch");
 }
 
@@ -128,7 +139,7 @@ void run_gpu_batch(Context& ctx) {
     ctx.report.skip("gpu_batch", "all cases", "no CUDA device (" + runtime_info().reason + ")");
     return;
   }
-  const auto host_rows = random_f32(kTokens * kHidden, 61);
+  const auto host_rows = random_f32(kMaxTokens * kHidden, 61);
   void* rows = nullptr;
   void* outs_base = nullptr;
   const size_t row_bytes = host_rows.size() * sizeof(float);
@@ -140,8 +151,10 @@ void run_gpu_batch(Context& ctx) {
   (void)cudaMemcpy(rows, host_rows.data(), row_bytes, cudaMemcpyHostToDevice);
   std::vector<void*> outs;
   for (int i = 0; i < kItems; ++i) outs.push_back(static_cast<char*>(outs_base) + i * row_bytes);
-  batch_case(ctx, "gpu_batch", Device::kCuda, rows, outs,
-             [] { (void)cudaStreamSynchronize(nullptr); });
+  for (const int64_t chunks : {int64_t{1}, int64_t{2}}) {
+    batch_case(ctx, "gpu_batch", Device::kCuda, rows, outs,
+               [] { (void)cudaStreamSynchronize(nullptr); }, chunks);
+  }
   ctx.report.print_workload("gpu_batch");
   (void)cudaFree(rows);
   (void)cudaFree(outs_base);
