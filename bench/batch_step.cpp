@@ -56,4 +56,12 @@ void StepStore::drop_all(const Step& step) {
   for (const auto& p : step.prompts32) drop(p);
 }
 
+void StepStore::bind_kv(const Step& step) {
+  const std::byte one{1};
+  for (const auto& p : step.prompts32) {
+    for (const Chunk& chunk : db.process_tokens(p)) (void)kv.put(chunk.key, {&one, 1});
+  }
+  store.bind_storage_manager(&kv);
+}
+
 }  // namespace hss::bench

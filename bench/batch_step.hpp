@@ -22,7 +22,7 @@ inline constexpr int kStepLayers = 3;
 inline constexpr int kStepItems = kStepRequests * kStepLayers;
 
 struct Step {
-  int64_t tokens = 0;  // per request: chunks x kStepChunk
+  int64_t tokens = 0;                           // per request: chunks x kStepChunk
   std::vector<std::vector<int32_t>> prompts32;  // for StepStore::drop
   std::vector<std::vector<int64_t>> prompts;
   std::vector<StoreItem> stores;
@@ -43,8 +43,12 @@ struct StepStore {
   /// Drops every key of `tokens` (untimed: before each timed store).
   void drop(std::span<const int32_t> tokens);
   void drop_all(const Step& step);
+  /// Binds `kv`, a KV side holding every chunk of the step (one byte each), as an engine's
+  /// LMCache binds its storage manager: every retrieve then asks it contains() per chunk.
+  void bind_kv(const Step& step);
 
   ChunkedTokenDatabase db;
+  LocalCpuBackend kv{1 << 20};  // declared before the store: it outlives the binding
   HiddenStateStore store;
 };
 

@@ -4,7 +4,7 @@
 //   hss-store-loop store|retrieve|fresh|stream|memcpy [ITERATIONS] [--tokens N] [--hidden N]
 //                  [--copy-threads N] [--alternate]
 //   hss-store-loop batch-store|single-store|batch-retrieve|single-retrieve [ITERATIONS]
-//                  [--chunks 1|2]
+//                  [--chunks 1|2] [--kv]
 //
 // store: store_hidden_states of N x hidden float32 rows (chunk 256) into an empty pool (its keys
 // dropped, untimed, before every iteration); retrieve: retrieve_hidden_states_into a caller's
@@ -13,9 +13,10 @@
 // bytes. Prints the median time, its p10..p90, the rate, the minor page faults per iteration and
 // the store's host copy strategy. profiling/perf_host_store.sh drives it.
 // batch-* / single-*: `hss-bench batch`'s engine step (batch_step.hpp) as one batch call or as
-// 768 single calls, of two-chunk prefixes or (--chunks 1) one-chunk items (stores into a pool whose keys were dropped, untimed, before every iteration;
-// retrieves of the stored step): prints the median per item and the minor page faults per
-// iteration; what a profiler sees of one item, e.g.
+// 768 single calls, of two-chunk prefixes or (--chunks 1) one-chunk items, with (--kv) a KV side
+// bound that holds every chunk (stores into a pool whose
+// keys were dropped, untimed, before every iteration; retrieves of the stored step): prints the
+// median per item and the minor page faults per iteration; what a profiler sees of one item, e.g.
 //   valgrind --tool=callgrind --toggle-collect='hss::HiddenStateStore::store_*'
 //       build/bench/hss-store-loop batch-store 30   (one command line)
 
@@ -46,12 +47,12 @@ int usage() {
                "usage: hss-store-loop store|retrieve|fresh|stream|memcpy [ITERATIONS] [--tokens N] "
                "[--hidden N] [--copy-threads N] [--alternate]\n"
                "       hss-store-loop batch-store|single-store|batch-retrieve|single-retrieve "
-               "[ITERATIONS] [--chunks 1|2]\n");
+               "[ITERATIONS] [--chunks 1|2] [--kv]\n");
   return 2;
 }
 
 /// The batch step, one batch call or its single calls per iteration; prints the median per item.
-int run_step(const std::string& mode, int iterations, int64_t chunks) {
+int run_step(const std::string& mode, int iterations, int64_t chunks, bool kv) {
   const bool store = mode.ends_with("-store");
   const bool batch = mode.starts_with("batch-");
   const std::vector<float> rows(static_cast<size_t>(kStepMaxTokens * kStepHidden), 0.5f);
@@ -61,6 +62,7 @@ int run_step(const std::string& mode, int iterations, int64_t chunks) {
     outs.push_back(out_rows.data() + i * kStepMaxTokens * kStepHidden);
   StepStore s;
   const auto step = make_step(rows.data(), Device::kHost, outs, chunks);
+  if (kv) s.bind_kv(*step);
   if (!store) (void)s.store.store_batch(step->stores);
   std::vector<double> seconds;
   long faults = 0;
@@ -85,10 +87,11 @@ int run_step(const std::string& mode, int iterations, int64_t chunks) {
     faults += minor_faults() - faults_before;
   }
   std::sort(seconds.begin(), seconds.end());
-  std::printf("%s: %d iterations of %d %lld-chunk items, median %.3f us per item, %.1f minor page faults per "
-              "iteration\n",
-              mode.c_str(), iterations, kStepItems, static_cast<long long>(chunks), seconds[seconds.size() / 2] / kStepItems * 1e6,
-              static_cast<double>(faults) / iterations);
+  std::printf(
+      "%s: %d iterations of %d %lld-chunk items, median %.3f us per item, %.1f minor page faults "
+      "per iteration\n",
+      mode.c_str(), iterations, kStepItems, static_cast<long long>(chunks),
+      seconds[seconds.size() / 2] / kStepItems * 1e6, static_cast<double>(faults) / iterations);
   return 0;
 }
 
@@ -99,10 +102,13 @@ int run(int argc, char** argv) {
       mode == "single-retrieve") {
     int iterations = 20;
     int64_t chunks = 2;
+    bool kv = false;
     for (int i = 2; i < argc; ++i) {
       const std::string arg = argv[i];
       if (arg == "--chunks" && i + 1 < argc) {
         chunks = std::atoll(argv[++i]);
+      } else if (arg == "--kv") {
+        kv = true;
       } else if (!arg.empty() && arg[0] != '-') {
         iterations = std::atoi(argv[i]);
       } else {
@@ -110,7 +116,7 @@ int run(int argc, char** argv) {
       }
     }
     return iterations > 0 && chunks >= 1 && chunks <= kStepMaxChunks
-               ? run_step(mode, iterations, chunks)
+               ? run_step(mode, iterations, chunks, kv)
                : usage();
   }
   if (mode != "store" && mode != "retrieve" && mode != "fresh" && mode != "stream" &&

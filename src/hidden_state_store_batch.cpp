@@ -13,10 +13,12 @@
 //                       before anything is written -> restores -> one index lock to apply every
 //                       walk (touches, orphan drops) in item order.
 // Results equal the single calls made in item order (a store batch larger than the free pool
-// may evict differently: items of the batch are not evicted by later items of the same batch).
+// may evict differently: items of the batch are not evicted by later items of the same batch;
+// a retrieve batch reads each chunk's KV once per list, as if no KV eviction landed during it).
 //
 // What the items share beyond the lock: the chunks of a token list and one index lookup per
-// chunk of it (detail::RecordLookups, valid until a key is erased), one map reserve and one
+// chunk of it (detail::RecordLookups, valid until a key is erased), on the read side one KV
+// contains() per chunk of it (detail::KvAnswers), one map reserve and one
 // prepared-key map for the batch, one arena for every plan's writes and segments, one touch per
 // key and list on the read side, counters added once. What they cannot share (an entry and its
 // granules per chunk and slot, the slot scan, the copy, the pins) is most of an item's cost:
@@ -196,6 +198,10 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
     list_of[i] = cache.list_of(i, item.token_ids);
   }
   auto& lists = cache.lists();
+  // Each chunk's KV asked once per list of several items (the layers of a request). Made only
+  // while a KV side is bound: a manager bound later in the call is asked once per item.
+  std::vector<detail::KvAnswers> kv_answers;
+  if (storage_manager_.load(std::memory_order_acquire) != nullptr) kv_answers.resize(lists.size());
 
   std::vector<ReadItem> reads(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
@@ -207,6 +213,9 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
                 item.options.row_begin,
                 item.options.stream,
                 &lists[list_of[i]].lookups,
+                // A list of one item asks each chunk once anyway: no answers to keep.
+                !kv_answers.empty() && lists[list_of[i]].items > 1 ? &kv_answers[list_of[i]]
+                                                                   : nullptr,
                 list_of[i]};
   }
   // Host items' pins in one arena for the batch (a walk pins at most min(chunks, 4096) entries

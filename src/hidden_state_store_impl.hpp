@@ -9,6 +9,7 @@
 // Lock order: the index mutex, then the pool's free-stack mutex. Never the reverse, never a KV
 // backend's lock or a copy under the index mutex.
 
+#include <array>
 #include <atomic>
 #include <memory_resource>
 #include <mutex>
@@ -31,6 +32,42 @@
 #include "value_mac.hpp"
 
 namespace hss {
+
+namespace detail {
+
+/// The KV answers for one chunk list, shared by the items of a batch that pass it (the layers of
+/// a request): each chunk's StorageManager::contains() is asked once per call, not once per item
+/// (the KV side is read at one moment for the whole batch; a KV backend's lock, or the GIL for a
+/// Python manager, is taken a third as often for a three-layer step). Asked in the walk's order:
+/// an item asks only the chunks its own walk reaches, and finds the answers an earlier item of
+/// the list got. A manager bound in between is asked afresh. Used by one thread, no lock held.
+class KvAnswers {
+ public:
+  /// Chunk `chunk` (of `chunks`) of the list: KV's answer, asked now unless asked before.
+  [[nodiscard]] bool contains(const StorageManager& kv, size_t chunk, size_t chunks,
+                              const CacheEngineKey& key) {
+    if (&kv != asked_) {  // the list's first question, or another manager: forget the answers
+      asked_ = &kv;
+      if (chunks <= kInline) {
+        inline_.fill(kUnknown);
+      } else {
+        heap_.assign(chunks, kUnknown);  // a long prompt's list: one allocation
+      }
+    }
+    uint8_t& answer = chunks <= kInline ? inline_[chunk] : heap_[chunk];
+    if (answer == kUnknown) answer = kv.contains(key) ? kPresent : kGone;
+    return answer == kPresent;
+  }
+
+ private:
+  static constexpr uint8_t kUnknown = 0, kPresent = 1, kGone = 2;
+  static constexpr size_t kInline = 16;  // a short prompt's chunks: no allocation per list
+  const StorageManager* asked_ = nullptr;
+  std::array<uint8_t, kInline> inline_{};
+  std::vector<uint8_t> heap_;
+};
+
+}  // namespace detail
 
 class HiddenStateStore::Impl {
  public:
@@ -162,7 +199,8 @@ class HiddenStateStore::Impl {
   /// `lookups` (optional): the chunk list's record lookups, shared by the items of a batch.
   void walk_index_locked(Walk& w, std::span<const Chunk> chunks, std::span<const Slot> slots,
                          detail::RecordLookups* lookups = nullptr) const;
-  void walk_finish(Walk& w, PendingCopies pending) const;
+  /// `kv_answers` (optional): the chunk list's KV answers, shared by the items of a batch.
+  void walk_finish(Walk& w, PendingCopies pending, detail::KvAnswers* kv_answers = nullptr) const;
   /// apply_walk with mutex_ held by the caller, and its counting part (no lock).
   /// `touch_from`: the chunks before it are touched again later in the same locked section (a
   /// batch's later item of the same list), so touching them here would not change the order.
@@ -191,6 +229,7 @@ class HiddenStateStore::Impl {
     int64_t row_begin = 0;
     Stream stream = nullptr;
     detail::RecordLookups* lookups = nullptr;  ///< the list's lookups, shared by its reads
+    detail::KvAnswers* kv_answers = nullptr;   ///< the list's KV answers, shared by its reads
     size_t list = 0;  ///< reads of a call passing the same chunk list have the same number
   };
   /// Walk + restore into `outs` (one per slot) + apply; the rows written (0 on a miss).

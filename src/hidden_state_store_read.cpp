@@ -65,7 +65,8 @@ void HiddenStateStore::Impl::walk_index_locked(Walk& w, std::span<const Chunk> c
   w.hits = static_cast<int64_t>(present);
 }
 
-void HiddenStateStore::Impl::walk_finish(Walk& w, PendingCopies pending) const {
+void HiddenStateStore::Impl::walk_finish(Walk& w, PendingCopies pending,
+                                         detail::KvAnswers* kv_answers) const {
   const std::span<const Chunk> chunks = w.chunks;
   const size_t present = static_cast<size_t>(w.hits);
   // KV outside the lock (contains() takes the KV backend's own lock), for every chunk of the
@@ -75,7 +76,9 @@ void HiddenStateStore::Impl::walk_finish(Walk& w, PendingCopies pending) const {
   if (const StorageManager* kv = storage_manager_.load(std::memory_order_acquire)) {
     const size_t asked = std::min(present + 1, chunks.size());
     for (size_t i = 0; i < asked; ++i) {
-      if (!kv->contains(chunks[i].key)) {
+      const bool kv_held = kv_answers ? kv_answers->contains(*kv, i, chunks.size(), chunks[i].key)
+                                      : kv->contains(chunks[i].key);
+      if (!kv_held) {
         w.orphan = i;
         hits = i;
         break;
@@ -292,7 +295,7 @@ int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunk
   HSS_RANGE("retrieve");
   check_outputs(slots, outs, stream);
   // A batch of one, without the per-list lookup cache (each chunk is looked up once anyway).
-  const ReadItem read{chunks, n_tokens, slots, outs, row_begin, stream, nullptr, 0};
+  const ReadItem read{chunks, n_tokens, slots, outs, row_begin, stream, nullptr, nullptr, 0};
   Walk walk;
   int64_t rows = 0;
   retrieve_reads(std::span<const ReadItem>(&read, 1), std::span<Walk>(&walk, 1),
@@ -321,7 +324,8 @@ void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std
     const bool all_device = std::all_of(outs.begin(), outs.end(), [](const MutableTensorView& o) {
       return o.device == Device::kCuda;
     });
-    walk_finish(walks[i], all_device ? PendingCopies::kOrderOnDevice : PendingCopies::kWaitOnHost);
+    walk_finish(walks[i], all_device ? PendingCopies::kOrderOnDevice : PendingCopies::kWaitOnHost,
+                reads[i].kv_answers);
   }
   // Every output against its walk before anything is written.
   for (size_t i = 0; i < reads.size(); ++i) {

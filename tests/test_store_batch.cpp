@@ -301,5 +301,54 @@ TEST_F(BatchVsSingles, RetrieveBatchTouchesEachKeyOnceYetEndsInTheSingleCallsLru
   }
 }
 
+TEST_F(BatchVsSingles, RetrieveBatchAsksKvOncePerChunkOfAListAndMatchesSingles) {
+  make(64);
+  const auto a = wide(make_tokens(3 * kChunk, 60)), b = wide(make_tokens(2 * kChunk, 61));
+  const std::vector<int64_t> a_head(a.begin(), a.begin() + kChunk);
+  // Layers 0 and 1 of both lists on every chunk, layer 2 of a on its first chunk only.
+  (void)store_both({item(a, 0), item(b, 0), item(a, 1), item(b, 1), item(a_head, 2), item(b, 2)});
+  std::vector<std::vector<float>> got(6), want(6);
+  std::vector<RetrieveItem> reads;
+  for (size_t i = 0; i < 6; ++i) {  // layer-major, as an engine step hands them over
+    const auto& t = i % 2 == 0 ? a : b;
+    got[i].assign(t.size() * kCols, -1.0f);
+    RetrieveOptions o;
+    o.layer_idx = static_cast<int64_t>(i / 2);
+    reads.push_back(
+        {t, {got[i].data(), DType::kFloat32, static_cast<int64_t>(t.size()), kCols}, o});
+  }
+  // Each item asks KV for its prefix and the chunk that ended it (a's layer 2: chunks 0 and 1);
+  // singles ask 3 + 3 + 2 for a and 2 x 3 for b, the batch each chunk of a list once.
+  const auto both = [&](int want_batch_calls, int want_single_calls) {
+    for (auto& g : got) std::fill(g.begin(), g.end(), -1.0f);
+    kv_.calls = 0;
+    const auto rows = batch_->retrieve_batch_into(reads);
+    EXPECT_EQ(kv_.calls.load(), want_batch_calls);
+    kv_.calls = 0;
+    for (size_t i = 0; i < reads.size(); ++i) {
+      want[i].assign(got[i].size(), -1.0f);
+      MutableTensorView out = reads[i].out;
+      out.data = want[i].data();
+      EXPECT_EQ(single_->retrieve_hidden_states_into(reads[i].token_ids, out, reads[i].options),
+                rows[i])
+          << i;
+      EXPECT_EQ(got[i], want[i]) << i;
+    }
+    EXPECT_EQ(kv_.calls.load(), want_single_calls);
+    expect_same_state();
+    return rows;
+  };
+  auto rows = both(3 + 2, 3 + 3 + 2 + 2 * 3);
+  EXPECT_EQ(rows, (std::vector<int64_t>{3 * kChunk, 2 * kChunk, 3 * kChunk, 2 * kChunk, kChunk,
+                                        2 * kChunk}));
+  // a's second chunk loses its KV: the first read of a drops the key (one coupled eviction), the
+  // others of its list stop there on the answer it got; singles ask again and find it gone.
+  kv_.evict(db_.process_tokens(std::span<const int64_t>(a))[1].key);
+  rows = both(2 + 2, 2 * 3 + 2 * 3);
+  EXPECT_EQ(rows,
+            (std::vector<int64_t>{kChunk, 2 * kChunk, kChunk, 2 * kChunk, kChunk, 2 * kChunk}));
+  EXPECT_EQ(batch_->stats().coupled_evictions, 1u);
+}
+
 }  // namespace
 }  // namespace hss

@@ -212,7 +212,10 @@ class HiddenStateStore {
   std::vector<StoreResult> store_batch(std::span<const StoreItem> items);
   /// Many retrieve_hidden_states_into calls in one: rows written per item, identical to the
   /// single calls in item order. Validation as store_batch. Device outputs are one launch per
-  /// (device, stream), ordered on the device after the items' pending copies.
+  /// (device, stream), ordered on the device after the items' pending copies. Items passing the
+  /// same token ids share the key pass and the bound StorageManager's answers: contains() is
+  /// asked once per chunk of those ids in the call, not once per item (as if no KV eviction
+  /// landed during the call).
   std::vector<int64_t> retrieve_batch_into(std::span<const RetrieveItem> items);
 
   /// Tokens of the prefix retrieve_layers would return for these chunks and slots (the same walk,

@@ -53,6 +53,37 @@ def test_retrieve_batch_into_equals_single_calls(fix):
         np.testing.assert_array_equal(out[:n], h[row_begin : row_begin + n])
 
 
+def test_retrieve_batch_into_asks_the_storage_manager_once_per_chunk_of_a_token_list(fix):
+    """The layers of a request share KV's answers (a Python manager's contains() takes the GIL);
+    single calls ask per item. Rows and the coupled eviction are those of the single calls."""
+    prompts, items = step(fix, requests=4, layers=3)
+    fix.store.store_batch(items)
+    chunks = [len(p) // CHUNK for p in prompts]  # every chunk held: each read asks all of them
+    fix.sm.present.discard(fix.keys_for(prompts[2])[0])  # request 2's KV is gone at chunk 0
+
+    def reads():
+        outs = [np.full((len(t), DIM), -1.0, dtype=np.float32) for t, _, _ in items]
+        return outs, [(t, out, layer) for (t, _, layer), out in zip(items, outs)]
+
+    outs, batch = reads()
+    fix.sm.calls = 0
+    got = fix.store.retrieve_batch_into(batch)
+    # Request 2 stops at its first chunk; the others ask each chunk once for their three layers.
+    assert fix.sm.calls == sum(c for r, c in enumerate(chunks) if r != 2) + 1
+    assert fix.store.stats()["coupled_evictions"] == 1
+    want_rows = [0 if r == 2 else c * CHUNK for _ in range(3) for r, c in enumerate(chunks)]
+    assert got == want_rows
+    for (t, h, _), out, n in zip(items, outs, got):
+        np.testing.assert_array_equal(out[:n], h[:n])
+        assert (out[n:] == -1.0).all()
+
+    # The same reads as single calls: one question per chunk and item, the same rows.
+    _, singles = reads()
+    fix.sm.calls = 0
+    assert [fix.store.retrieve_hidden_states_into(t, o, layer_idx=layer) for t, o, layer in singles] == got
+    assert fix.sm.calls == 3 * (sum(c for r, c in enumerate(chunks) if r != 2) + 1)
+
+
 def test_items_take_numpy_int32_tokens_kinds_and_offsets(fix):
     tokens = np.arange(3 * CHUNK, dtype=np.int32)
     fix.mark_kv_present(fix.keys_for(tokens.tolist()))
