@@ -41,7 +41,9 @@ constexpr Workload kWorkloads[] = {
     {"gpu_overlap", run_gpu_overlap,
      "store while the caller's stream is busy; restore during another stream's H2D copy"},
     {"remote", run_remote, "Redis tier: read-through restore vs raw GETs, store with tier on/off"},
-    {"batch", run_batch, "768 host items (256 requests x 3 layers) as one batch vs single calls"},
+    {"batch", run_batch,
+     "768 host items (256 requests x 3 layers; one-chunk and two-chunk prefixes) as one batch vs "
+     "single calls; the retrieve also with a KV side bound"},
     {"gpu_batch", run_gpu_batch, "the same with device items (needs a device)"},
     {"mac", run_mac,
      "HMAC-SHA256 and xxHash3 of a 256 MiB payload (remote-value checks) vs memcpy"},

@@ -14,7 +14,8 @@ Workloads (float32 rows, chunk 256):
   tail8     the last 8 rows of the cached prefix (hsstore: row_begin; LMCache: retrieve + [-8:])
   keys      chunk keys of `tokens` token ids (process_tokens)
   batch     an engine step (256 requests x 3 layers, 32 tokens, hidden 16) as store_batch /
-            retrieve_batch_into against the same 768 calls
+            retrieve_batch_into against the same 768 calls; the retrieve again with a Python
+            storage manager bound (and the contains() calls it got per step)
 Every figure is the median (and min/max/p25/p75) over --reps repetitions after one warm-up;
 Python-side references are interleaved with the candidate rep by rep and their ratio is the median
 of per-rep ratios; the C++ reference is timed just before (ratio of medians).
