@@ -353,12 +353,15 @@ def main() -> int:
                            [Timed("768 store_hidden_states calls", timed(store_singles, reset),
                                   step_bytes)])]
     step.store_batch(store_items)
-    figs.append(report.measure("batch", "retrieve_batch_into 768 items (python)",
-                               {"hidden_dim": 16, "tokens": 32},
-                               Timed("python", timed(lambda: step.retrieve_batch_into(read_items)),
-                                     step_bytes),
-                               [Timed("768 retrieve_hidden_states_into calls", timed(read_singles),
-                                      step_bytes)]))
+
+    def measure_reads(name):
+        return report.measure("batch", name, {"hidden_dim": 16, "tokens": 32},
+                              Timed("python", timed(lambda: step.retrieve_batch_into(read_items)),
+                                    step_bytes),
+                              [Timed("768 retrieve_hidden_states_into calls", timed(read_singles),
+                                     step_bytes)])
+
+    figs.append(measure_reads("retrieve_batch_into 768 items (python)"))
     # The same reads with a Python storage manager bound (LMCache's pattern: a set of the keys
     # whose KV is held), as in an engine: contains() re-acquires the GIL for every question.
     kv = KeySet(step_keys)
@@ -369,12 +372,7 @@ def main() -> int:
     kv.calls = 0
     read_singles()
     single_calls = kv.calls
-    figs.append(report.measure("batch", "retrieve_batch_into 768 items, Python KV bound (python)",
-                               {"hidden_dim": 16, "tokens": 32},
-                               Timed("python", timed(lambda: step.retrieve_batch_into(read_items)),
-                                     step_bytes),
-                               [Timed("768 retrieve_hidden_states_into calls", timed(read_singles),
-                                      step_bytes)]))
+    figs.append(measure_reads("retrieve_batch_into 768 items, Python KV bound (python)"))
     step.bind_storage_manager(None)
     kv_text = (f"contains() calls per step with the Python KV bound: {batch_calls} in one batch, "
                f"{single_calls} in the single calls")

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,6 +100,25 @@ class BatchVsSingles : public ::testing::Test {
     }
     expect_same_state();
     return results;
+  }
+  /// Runs `reads` as one batch on batch_ (into `got`) and as single calls on single_ (into
+  /// `want`, filled like `got` first): the rows and the outputs agree. Returns the batch's rows.
+  /// `between` runs after the batch, before the single calls.
+  std::vector<int64_t> retrieve_both(
+      const std::vector<RetrieveItem>& reads, std::vector<std::vector<float>>& got,
+      std::vector<std::vector<float>>& want, const std::function<void()>& between = [] {}) {
+    want = got;
+    const auto rows = batch_->retrieve_batch_into(reads);
+    between();
+    for (size_t i = 0; i < reads.size(); ++i) {
+      MutableTensorView out = reads[i].out;
+      out.data = want[i].data();
+      EXPECT_EQ(single_->retrieve_hidden_states_into(reads[i].token_ids, out, reads[i].options),
+                rows[i])
+          << i;
+      EXPECT_EQ(got[i], want[i]) << i;
+    }
+    return rows;
   }
   void expect_same_state() {
     EXPECT_EQ(batch_->lru_keys(), single_->lru_keys());
@@ -252,22 +272,13 @@ TEST_F(BatchVsSingles, RetrieveBatchWithCoupledEvictionsMatchesSingles) {
   for (size_t i = 0; i < 6; ++i) {
     const auto& t = i % 2 == 0 ? a : b;
     got[i].assign(t.size() * kCols, -1.0f);
-    want[i] = got[i];
     RetrieveOptions o;
     o.layer_idx = static_cast<int64_t>(i / 2);
     o.row_begin = static_cast<int64_t>(i % 3);
     reads.push_back(
         {t, {got[i].data(), DType::kFloat32, static_cast<int64_t>(t.size()), kCols}, o});
   }
-  const auto rows = batch_->retrieve_batch_into(reads);
-  for (size_t i = 0; i < reads.size(); ++i) {
-    MutableTensorView out = reads[i].out;
-    out.data = want[i].data();
-    EXPECT_EQ(single_->retrieve_hidden_states_into(reads[i].token_ids, out, reads[i].options),
-              rows[i])
-        << i;
-    EXPECT_EQ(got[i], want[i]) << i;
-  }
+  const auto rows = retrieve_both(reads, got, want);
   EXPECT_EQ(rows[0], kChunk);
   EXPECT_EQ(rows[1], 2 * kChunk - 1);
   EXPECT_EQ(batch_->stats().coupled_evictions, 1u);
@@ -322,18 +333,9 @@ TEST_F(BatchVsSingles, RetrieveBatchAsksKvOncePerChunkOfAListAndMatchesSingles) 
   const auto both = [&](int want_batch_calls, int want_single_calls) {
     for (auto& g : got) std::fill(g.begin(), g.end(), -1.0f);
     kv_.calls = 0;
-    const auto rows = batch_->retrieve_batch_into(reads);
-    EXPECT_EQ(kv_.calls.load(), want_batch_calls);
-    kv_.calls = 0;
-    for (size_t i = 0; i < reads.size(); ++i) {
-      want[i].assign(got[i].size(), -1.0f);
-      MutableTensorView out = reads[i].out;
-      out.data = want[i].data();
-      EXPECT_EQ(single_->retrieve_hidden_states_into(reads[i].token_ids, out, reads[i].options),
-                rows[i])
-          << i;
-      EXPECT_EQ(got[i], want[i]) << i;
-    }
+    int batch_calls = 0;  // the batch's questions, read before the single calls ask theirs
+    const auto rows = retrieve_both(reads, got, want, [&] { batch_calls = kv_.calls.exchange(0); });
+    EXPECT_EQ(batch_calls, want_batch_calls);
     EXPECT_EQ(kv_.calls.load(), want_single_calls);
     expect_same_state();
     return rows;
