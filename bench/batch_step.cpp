@@ -43,7 +43,7 @@ Config StepStore::config() {
   Config c;
   c.chunk_size = kStepChunk;
   c.enable_hidden_state_cache = true;
-  c.max_hidden_state_cpu_size = 8.0 / 1024;  // 8 MiB: 4x the two-chunk step.s 1536 chunks of 1 KiB
+  c.max_hidden_state_cpu_size = 8.0 / 1024;  // 8 MiB: 4x the two-chunk step's 1536 chunks
   c.hidden_state_block_bytes = kStepChunk * kStepHidden * 4;
   return c;
 }

@@ -14,9 +14,9 @@
 // the store's host copy strategy. profiling/perf_host_store.sh drives it.
 // batch-* / single-*: `hss-bench batch`'s engine step (batch_step.hpp) as one batch call or as
 // 768 single calls, of two-chunk prefixes or (--chunks 1) one-chunk items, with (--kv) a KV side
-// bound that holds every chunk (stores into a pool whose
-// keys were dropped, untimed, before every iteration; retrieves of the stored step): prints the
-// median per item and the minor page faults per iteration; what a profiler sees of one item, e.g.
+// bound that holds every chunk (stores into a pool whose keys were dropped, untimed, before every
+// iteration; retrieves of the stored step): prints the median per item and the minor page faults
+// per iteration; what a profiler sees of one item, e.g.
 //   valgrind --tool=callgrind --toggle-collect='hss::HiddenStateStore::store_*'
 //       build/bench/hss-store-loop batch-store 30   (one command line)
 
