@@ -75,7 +75,7 @@ TensorView host_view(const void* data, DType dtype, int64_t rows, int64_t cols) 
 
 namespace {
 Config store_config(int64_t chunk_size, uint64_t pool_bytes, StorageDType storage,
-                    StoreImpl store_impl, int copy_threads) {
+                    StoreImpl store_impl, std::optional<int64_t> copy_threads) {
   Config c;
   c.chunk_size = chunk_size;
   c.enable_hidden_state_cache = true;
@@ -90,7 +90,7 @@ Config store_config(int64_t chunk_size, uint64_t pool_bytes, StorageDType storag
 }  // namespace
 
 BareStore::BareStore(int64_t chunk_size, uint64_t pool_bytes, StorageDType storage,
-                     StoreImpl store_impl, int copy_threads)
+                     StoreImpl store_impl, std::optional<int64_t> copy_threads)
     : db(chunk_size, false),
       store(store_config(chunk_size, pool_bytes, storage, store_impl, copy_threads), db) {}
 

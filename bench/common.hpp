@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,9 +39,10 @@ struct BareStore {
   HiddenStateStore store;
 
   /// pool_bytes is rounded up to what Config can express; the pool is prefaulted here.
-  /// copy_threads: hidden_state_copy_threads.
+  /// copy_threads: hidden_state_copy_threads (unset: auto, the default).
   BareStore(int64_t chunk_size, uint64_t pool_bytes, StorageDType storage,
-            StoreImpl store_impl = StoreImpl::kStaging, int copy_threads = 1);
+            StoreImpl store_impl = StoreImpl::kStaging,
+            std::optional<int64_t> copy_threads = 1);
   /// Drops every key of `tokens` (untimed resets between reps).
   void drop(std::span<const int32_t> tokens);
 };
@@ -118,6 +120,7 @@ void run_gpu_overlap(Context& ctx);
 void run_remote(Context& ctx);
 void run_batch(Context& ctx);
 void run_gpu_batch(Context& ctx);
+void run_copy_threads(Context& ctx);
 void run_mac(Context& ctx);
 /// The device variants inside `store` and `retrieve` (one case each, or a skip line).
 void run_device_store_variant(Context& ctx);

@@ -45,6 +45,9 @@ constexpr Workload kWorkloads[] = {
      "768 host items (256 requests x 3 layers; one-chunk and two-chunk prefixes) as one batch vs "
      "single calls; the retrieve also with a KV side bound"},
     {"gpu_batch", run_gpu_batch, "the same with device items (needs a device)"},
+    {"copy_threads", run_copy_threads,
+     "16K x 4096 store/retrieve, default (auto) copy threads vs 1, 2, N, 2N and 1-/N-thread "
+     "memcpy; the split crossover from 256 KiB to 64 MiB"},
     {"mac", run_mac,
      "HMAC-SHA256 and xxHash3 of a 256 MiB payload (remote-value checks) vs memcpy"},
 };

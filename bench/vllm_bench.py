@@ -5,10 +5,11 @@ real LMCache 0.5.6, for three setups measured interleaved in one run:
   (b) LMCache + LMCache LMCache restores the cached prefix's KV, LMCache's HiddenStateStore its
                        hidden states; vLLM computes the tail
   (c) LMCache + hsstore the same with hsstore's drop-in as the hidden-state store
+  (d) as (c), 1 copy thread  (c) with HSS_COPY_THREADS=1: what `auto` costs or buys in the step
 
 Each setup runs in a process of its own (LMCache keeps one engine per process), holding one
 in-process engine; round r sends the same prompt (a shared cached prefix, a fresh tail) to (a),
-(b), (c) in turn. Also reported, from hsstore.vllm's counters in the worker: the capture (hook
+(b), (c), (d) in turn. Also reported, from hsstore.vllm's counters in the worker: the capture (hook
 copies) and store time of (c) as a fraction of its prefill steps, and the restore time.
 
     scripts/vllm_venv --python bench/vllm_bench.py [--model tiny|medium] [--rounds 7]
@@ -33,7 +34,8 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "python" / "tests_vllm"))
 
-SETUPS = {"a": "recompute", "b": "LMCache KV + LMCache HS store", "c": "LMCache KV + hsstore"}
+SETUPS = {"a": "recompute", "b": "LMCache KV + LMCache HS store", "c": "LMCache KV + hsstore",
+          "d": "LMCache KV + hsstore, 1 copy thread (HSS_COPY_THREADS=1)"}
 CPU_KV = "hsstore.vllm.testing:install_cpu_kv_connector"
 
 
@@ -44,6 +46,8 @@ def serve(setup: str, model_shape: dict, model_dir: str, layers: list, conn) -> 
     import engines
     import hsstore.vllm
 
+    if setup == "d":  # (c) with the copy threads of the default before `auto`
+        os.environ["HSS_COPY_THREADS"] = "1"
     if setup == "a":
         hs = hsstore.vllm.HiddenStates(layers=layers, lmcache=False)
         context = engines.engine(pathlib.Path(model_dir), hs, prefix_caching=False)
@@ -53,7 +57,8 @@ def serve(setup: str, model_shape: dict, model_dir: str, layers: list, conn) -> 
         config = engines.lmcache_config(kv_gb=1.5, hs_gb=0.5)
         context = engines.engine(pathlib.Path(model_dir), hs, lmcache=config)
     with context as llm:
-        conn.send(("ready",))
+        # What the worker's store chose (its copy threads, in the worker thread that built it).
+        conn.send(("ready", hs.stats()[0].get("store_stats", {}).get("host_copy")))
         while True:
             message = conn.recv()
             if message[0] == "stop":
@@ -99,11 +104,14 @@ def main() -> None:
 
     ctx = mp.get_context("spawn")
     workers = {}
+    host_copy = {}
     for setup in SETUPS:  # one at a time: engine start-up is the heaviest part
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=serve, args=(setup, shape, str(model_dir), layers, child))
         proc.start()
-        assert parent.recv()[0] == "ready"
+        ready = parent.recv()
+        assert ready[0] == "ready"
+        host_copy[setup] = ready[1]
         workers[setup] = (proc, parent)
 
     def ask(setup, prompt, want_rows=False):
@@ -130,6 +138,7 @@ def main() -> None:
 
             arrays = {s: np.frombuffer(b, np.float32) for s, b in rows.items()}
             checks.append({"b_equals_c": bool(np.array_equal(arrays["b"], arrays["c"])),
+                           "d_equals_c": bool(np.array_equal(arrays["d"], arrays["c"])),
                            "max_abs_c_vs_a": float(np.abs(arrays["c"] - arrays["a"]).max())})
     for proc, conn in workers.values():
         conn.send(("stop",))
@@ -156,11 +165,16 @@ def main() -> None:
             entry["capture_ms"] = summary([run["capture_ns"] / 1e6 for run in runs])
             entry["store_ms"] = summary([run["store_ns"] / 1e6 for run in runs])
             entry["restore_ms"] = summary([run["restore_ns"] / 1e6 for run in runs])
+        if host_copy.get(setup):
+            entry["copy_threads"] = {k: host_copy[setup][k] for k in (
+                "copy_threads", "copy_threads_reason", "copy_workers_started", "split_copies")
+                if k in host_copy[setup]}
         report["setups"][setup] = entry
     ratio = [b["s"] / c["s"] for b, c in zip(results["b"], results["c"])]
     speedup = [a["s"] / c["s"] for a, c in zip(results["a"], results["c"])]
     report["b_over_c"] = summary(ratio)
     report["a_over_c"] = summary(speedup)
+    report["d_over_c"] = summary([d["s"] / c["s"] for d, c in zip(results["d"], results["c"])])
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

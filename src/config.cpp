@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "config_env.hpp"
+#include "copy_threads.hpp"
 #include "config_keys.hpp"
 #include "config_yaml.hpp"
 #include "hss/detail/file_reader.hpp"
@@ -305,6 +306,10 @@ std::string Config::to_yaml() const {
     out += "\n";
   }
   return out;
+}
+
+int64_t Config::effective_copy_threads() const {
+  return detail::choose_copy_threads(tuning.copy_threads, detail::this_thread_cpu_budget()).threads;
 }
 
 }  // namespace hss

@@ -63,6 +63,28 @@ constexpr std::array kOverrides = {
                c.tuning.stream_threshold_bytes = scaled(value, 10);
                return true;
              }},
+    Override{"HSS_COPY_THREADS", "hidden_state_copy_threads",
+             [](Config& c, const char* value) {
+               // An engine that builds the store from its own config (the LMCache drop-in)
+               // has no other way to set the key.
+               const std::string_view v(value);
+               if (v == "auto") {
+                 c.tuning.copy_threads.reset();
+                 return true;
+               }
+               char* end = nullptr;
+               const long n = std::strtol(value, &end, 10);
+               if (end != value && *end == '\0' && n >= 1 && n <= 64) {
+                 c.tuning.copy_threads = n;
+                 return true;
+               }
+               log(LogLevel::kWarn,
+                   "HSS_COPY_THREADS=" + std::string(v) +
+                       " is neither auto nor 1..64; using the config's " +
+                       (c.tuning.copy_threads ? std::to_string(*c.tuning.copy_threads)
+                                              : std::string("auto")));
+               return false;
+             }},
     Override{"HSS_LOG_LEVEL", "hidden_state_log_level",
              [](Config& c, const char* value) {
                c.hidden_state_log_level = level_of(value);

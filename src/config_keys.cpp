@@ -219,6 +219,7 @@ void check_range(int64_t value, const KeyCheck& check, std::string_view problem)
 }
 
 constexpr int64_t kMaxCopyThreads = 64;
+constexpr int64_t kMinCopySplitBytes = 4096;
 constexpr int64_t kMaxLaunchSlots = 4096;
 constexpr int64_t kMaxDeviceIndex = 1023;
 // Bounded so the timeout fits a timeval and a stuck server cannot hold a caller for long.
@@ -430,13 +431,26 @@ constexpr std::array kKeys = {
         "non-temporal stores. `auto`: chosen for the machine (calibration or CPU rule, "
         "`stats().host_copy`, `hss info`; "
         "[docs/perf.md](docs/perf.md#host-copy-strategy-issue-22))"),
-    key<IntCodec>("hidden_state_copy_threads", HSS_MEMBER(tuning.copy_threads),
+    key<AutoIntCodec>("hidden_state_copy_threads", HSS_MEMBER(tuning.copy_threads),
         [](const Config& c, const KeyCheck& k) {
-          check_range<1, kMaxCopyThreads>(c.tuning.copy_threads, k,
-                                          "must be in 1..64 (threads per host copy)");
+          if (c.tuning.copy_threads) {
+            check_range<1, kMaxCopyThreads>(*c.tuning.copy_threads, k,
+                                            "must be in 1..64 (threads per host copy) or auto");
+          }
         },
         "threads one large host store or restore may be split over (the caller's plus workers "
-        "the store starts; 1..64)"),
+        "the store starts on its first large copy; 1..64). `auto`: the CPUs the constructing "
+        "thread may run on (affinity mask, cgroup quota), at most 8 (`stats().host_copy`, "
+        "`hss info`; [docs/design.md](docs/design.md#copy-threads))"),
+    key<AutoIntCodec>("hidden_state_copy_split_bytes", HSS_MEMBER(tuning.copy_split_bytes),
+        [](const Config& c, const KeyCheck& k) {
+          if (c.tuning.copy_split_bytes && *c.tuning.copy_split_bytes < kMinCopySplitBytes) {
+            k.fail("must be >= 4096 (bytes per part of a split host copy) or auto");
+          }
+        },
+        "the smallest part a host copy is split into over the copy threads (calls writing less "
+        "than twice this stay on the calling thread). `auto`: the CPU family's measured "
+        "crossover ([docs/perf.md](docs/perf.md#copy-threads))"),
     key<LogLevelCodec>("hidden_state_log_level", HSS_MEMBER(hidden_state_log_level), nullptr,
         "stderr log threshold, process-wide: `debug`, `info`, `warn`, `error`, `off`; a store "
         "applies it when constructed. `auto`: left as it is (`HSS_LOG_LEVEL`, else `info`)"),

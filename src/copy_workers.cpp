@@ -3,19 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <system_error>
+
+#include "log.hpp"
 
 namespace hss::detail {
 
-CopyWorkers::CopyWorkers(int threads) : owner_(static_cast<int>(getpid())) {
-  const size_t workers = threads > 1 ? static_cast<size_t>(threads - 1) : 0;
-  workers_.reserve(workers);
-  try {
-    for (size_t i = 1; i <= workers; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
-  } catch (...) {
-    stop();
-    throw;
-  }
-}
+CopyWorkers::CopyWorkers(int threads)
+    : threads_(std::max(threads, 1)), owner_(static_cast<int>(getpid())) {}
 
 CopyWorkers::~CopyWorkers() { stop(); }
 
@@ -30,14 +25,38 @@ void CopyWorkers::stop() noexcept {
   }
 }
 
+bool CopyWorkers::ensure_started() {
+  // Only the caller holding busy_ gets here, so start_tried_ and workers_ have one writer; the
+  // acquire/release of busy_ orders them for the next holder.
+  if (start_tried_) return started_.load(std::memory_order_relaxed) > 0;
+  start_tried_ = true;
+  const auto wanted = static_cast<size_t>(threads_ - 1);
+  try {
+    workers_.reserve(wanted);
+    for (size_t i = 1; i <= wanted; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  } catch (const std::exception& e) {  // std::system_error (no thread) or std::bad_alloc
+    log(LogLevel::kWarn, "hidden_state_copy_threads: started " + std::to_string(workers_.size()) +
+                             " of " + std::to_string(wanted) + " copy workers (" + e.what() +
+                             "); the rest of each copy runs on the calling thread");
+  }
+  started_.store(static_cast<int>(workers_.size()), std::memory_order_release);
+  return !workers_.empty();
+}
+
 void CopyWorkers::run_parts(size_t parts, PartFn fn, void* ctx) {
   // A forked child has none of the workers (fork copies the calling thread only): it copies alone.
-  if (parts <= 1 || workers_.empty() || getpid() != owner_ ||
+  if (parts <= 1 || threads_ <= 1 || getpid() != owner_ ||
       busy_.exchange(true, std::memory_order_acquire)) {
     for (size_t i = 0; i < parts; ++i) fn(ctx, i);
     return;
   }
-  const size_t shared = std::min(parts, workers_.size() + 1);  // parts the workers take part in
+  if (!ensure_started()) {
+    busy_.store(false, std::memory_order_release);
+    for (size_t i = 0; i < parts; ++i) fn(ctx, i);
+    return;
+  }
+  // Parts the workers take part in.
+  const size_t shared = std::min(parts, static_cast<size_t>(started()) + 1);
   {
     std::lock_guard lock(mutex_);
     fn_ = fn;

@@ -1,12 +1,17 @@
 #pragma once
 // The threads that split one large host copy (hidden_state_copy_threads,
-// Config::tuning.copy_threads).
+// Config::tuning.copy_threads), and how many a store gets when the key says `auto`.
 //
 // Why: one core drives a fraction of a server socket's memory bandwidth (a 256 MiB restore takes
 // ~25 ms on one thread of the CI VMs). A host store or restore of at least two
-// kMinBytesPerCopyThread is cut into up to threads() contiguous parts: the calling thread copies
-// the first, the workers the others, and the call returns once every part is done. The default is
-// one thread (no workers): an engine's cores are its own.
+// min_bytes_per_thread is cut into up to threads() contiguous parts: the calling thread copies
+// the first, the workers the others, and the call returns once every part is done.
+//
+// How many threads a store gets (`auto`): copy_threads.hpp.
+//
+// Workers start lazily: the first call that splits starts them (on the thread that makes it, so
+// they inherit that thread's affinity mask). A store whose calls all stay below the split size
+// starts none. A worker that cannot start leaves the copies on the calling thread (logged once).
 //
 // Thread safety: run() may be called from many threads. One call at a time uses the workers; a
 // call that finds them busy runs every part on its own thread rather than wait for another
@@ -23,24 +28,28 @@
 
 namespace hss::detail {
 
-/// The smallest part worth waking a thread for (a wake-up costs 10-50 us on a VM; 4 MiB take
-/// ~300 us to copy from DRAM). HostCopyContext::min_split_bytes defaults to it.
-inline constexpr uint64_t kMinBytesPerCopyThread = uint64_t{4} << 20;
+/// The smallest part worth waking a thread for when the CPU family has no measured figure (a
+/// wake-up costs 10-50 us on a VM; 4 MiB take ~300 us to copy from DRAM). The rules of
+/// host_copy.cpp give each family its own (HostCopyStats::min_bytes_per_copy_thread).
+inline constexpr uint64_t kMinBytesPerCopyThread = uint64_t{16} << 20;
 
 class CopyWorkers {
  public:
-  /// Starts threads - 1 workers (threads >= 2). Throws std::system_error when one cannot start;
-  /// the ones already started are joined first.
+  /// Up to threads - 1 workers (threads >= 2), started by the first call that splits.
   explicit CopyWorkers(int threads);
   ~CopyWorkers();
   CopyWorkers(const CopyWorkers&) = delete;
   CopyWorkers& operator=(const CopyWorkers&) = delete;
 
-  [[nodiscard]] int threads() const { return static_cast<int>(workers_.size()) + 1; }
+  /// The threads a call may be split over (the caller's and the workers, started or not).
+  [[nodiscard]] int threads() const { return threads_; }
+  /// Workers running now (0 until the first split call).
+  [[nodiscard]] int started() const { return started_.load(std::memory_order_acquire); }
 
   /// Calls part(i) once for every i in [0, parts): part 0 (and any beyond threads()) on the
   /// calling thread, the others on the workers; all on the calling thread when the workers are
-  /// busy with another call. Returns when every part has returned; `part` must not throw.
+  /// busy with another call or cannot start. Returns when every part has returned; `part` must
+  /// not throw.
   template <typename Fn>
   void run(size_t parts, Fn& part) {
     run_parts(
@@ -53,9 +62,12 @@ class CopyWorkers {
  private:
   using PartFn = void (*)(void*, size_t);
   void run_parts(size_t parts, PartFn fn, void* ctx);
+  /// Starts the workers once; false when none could start (the call then copies alone).
+  bool ensure_started();
   void worker_loop(size_t index);
   void stop() noexcept;
 
+  const int threads_;
   std::mutex mutex_;  // guards everything below up to workers_
   std::condition_variable work_;
   std::condition_variable done_;
@@ -65,9 +77,11 @@ class CopyWorkers {
   PartFn fn_ = nullptr;
   void* ctx_ = nullptr;
   bool stopping_ = false;
+  bool start_tried_ = false;
+  std::atomic<int> started_{0};
   std::atomic<bool> busy_{false};  // a call holds the workers
   std::atomic<uint64_t> split_runs_{0};
-  const int owner_;  // the process that started the workers (getpid)
+  const int owner_;  // the process that made this object (getpid)
   std::vector<std::thread> workers_;
 };
 

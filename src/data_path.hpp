@@ -36,7 +36,7 @@ class CopyWorkers;
 struct HostCopyContext {
   const HostCopy* strategy = nullptr;
   CopyWorkers* workers = nullptr;
-  uint64_t min_split_bytes = uint64_t{4} << 20;  // kMinBytesPerCopyThread
+  uint64_t min_split_bytes = uint64_t{16} << 20;  // kMinBytesPerCopyThread
 };
 
 /// Host path: converts and copies synchronously, on the calling thread (and the context's

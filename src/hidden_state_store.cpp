@@ -50,10 +50,12 @@ HiddenStateStore::Impl::Impl(const Config& config, const TokenDatabase& token_da
       // The pool is empty: the calibration may overwrite it.
       host_copy_(detail::choose_host_copy(
           config_, std::span<std::byte>(pool_.block_address(0), pool_.capacity_bytes()))),
-      copy_workers_(
-          config_.tuning.copy_threads > 1
-              ? std::make_unique<detail::CopyWorkers>(static_cast<int>(config_.tuning.copy_threads))
-              : nullptr),
+      copy_threads_(detail::choose_copy_threads(config_.tuning.copy_threads,
+                                                detail::this_thread_cpu_budget())),
+      // Cheap: the workers start on the first split copy.
+      copy_workers_(copy_threads_.threads > 1
+                        ? std::make_unique<detail::CopyWorkers>(copy_threads_.threads)
+                        : nullptr),
       device_path_(detail::DevicePath::create(config_)),
       mac_(detail::ValueMac::from_config(config_)),
       // Queued writes may keep half the pool from eviction; beyond that they copy.
@@ -290,7 +292,11 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
   }
   s.remote = remote_.stats();
   s.host_copy = host_copy_.info;
-  s.host_copy.copy_threads = copy_workers_ ? copy_workers_->threads() : 1;
+  s.host_copy.copy_threads = copy_threads_.threads;
+  s.host_copy.copy_threads_auto = copy_threads_.automatic;
+  s.host_copy.copy_threads_reason = copy_threads_.reason;
+  s.host_copy.copy_workers_started = copy_workers_ ? copy_workers_->started() : 0;
+  s.host_copy.min_bytes_per_copy_thread = host_copy_context().min_split_bytes;
   s.host_copy.split_copies = copy_workers_ ? copy_workers_->split_runs() : 0;
   const detail::LeaseTable::Counts leases = leases_.counts();
   const TransferCounters& t = transfer_counters_;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "block_pool.hpp"
+#include "copy_threads.hpp"
 #include "copy_workers.hpp"
 #include "data_path.hpp"
 #include "deferred_release.hpp"
@@ -318,7 +319,10 @@ class HiddenStateStore::Impl {
   void check_open_locked() const;
   /// How this store's host copies run (strategy and workers).
   [[nodiscard]] detail::HostCopyContext host_copy_context() const {
-    return {&host_copy_, copy_workers_.get()};
+    return {&host_copy_, copy_workers_.get(),
+            config_.tuning.copy_split_bytes
+                ? static_cast<uint64_t>(*config_.tuning.copy_split_bytes)
+                : host_copy_.info.min_bytes_per_copy_thread};
   }
   /// Outside the index lock, before eviction decisions: refresh fence flags, release finished
   /// restores' pins and granules whose copies landed (none of it waits).
@@ -346,6 +350,7 @@ class HiddenStateStore::Impl {
   // Host copies: the strategy chosen for this machine (calibrated on the empty pool, once per
   // process) and the workers that split large copies (none with hidden_state_copy_threads 1).
   const detail::HostCopy host_copy_;
+  detail::CopyThreadsChoice copy_threads_;
   std::unique_ptr<detail::CopyWorkers> copy_workers_;
   std::unique_ptr<detail::DevicePath> device_path_;
   std::atomic<const StorageManager*> storage_manager_{nullptr};

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 
+#include "copy_workers.hpp"
 #include "hss/kernels/convert.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -30,14 +31,19 @@ struct CpuRule {
   uint32_t family_min, family_max;
   HostStores copies, widening;
   const char* reason;
+  /// Parts of a split copy are at least this large (the family's crossover / 2, docs/perf.md
+  /// "Copy threads"): below 2x it a call stays on the calling thread.
+  uint64_t min_bytes_per_copy_thread;
 };
 
 constexpr CpuRule kCpuRules[] = {
     {"AuthenticAMD", 0x17, 0xff, HostStores::kStreaming, HostStores::kStreaming,
      "AMD Zen: streaming stores skip the read-for-ownership of each destination line "
-     "(EPYC Zen 3 measured, docs/perf.md)"},
+     "(EPYC Zen 3 measured, docs/perf.md)",
+     kMinBytesPerCopyThread},
     {"GenuineIntel", 0x6, 0x6, HostStores::kRegular, HostStores::kRegular,
-     "Intel family 6: memcpy (rep movsb) beat streaming stores on Sapphire Rapids (issue 22)"},
+     "Intel family 6: memcpy (rep movsb) beat streaming stores on Sapphire Rapids (issue 22)",
+     kMinBytesPerCopyThread},
 };
 constexpr CpuRule kUnknownCpu = {
     "",
@@ -45,7 +51,8 @@ constexpr CpuRule kUnknownCpu = {
     0,
     HostStores::kRegular,
     HostStores::kRegular,
-    "no rule for this CPU: regular stores, glibc memcpy streams above its own threshold"};
+    "no rule for this CPU: regular stores, glibc memcpy streams above its own threshold",
+    kMinBytesPerCopyThread};
 
 std::string hex(uint32_t v) {
   char buf[16];
@@ -121,6 +128,7 @@ HostCopy fixed(uint64_t threshold, HostCopySource source, const char* why) {
   h.isa = isa_of(this_cpu());
   if (h.isa != CopyIsa::kPortable) h.info.copies = h.info.widening = HostStores::kStreaming;
   h.info.stream_threshold_bytes = threshold;
+  h.info.min_bytes_per_copy_thread = rule_for(this_cpu()).info.min_bytes_per_copy_thread;
   h.info.chosen_by = source;
   h.info.cpu = describe_cpu(this_cpu(), h.isa);
   h.info.summary = describe_choice(h.info, why);
@@ -275,6 +283,7 @@ HostCopy rule_for(const CpuIdentity& cpu) {
     h.info.widening = rule->widening;
   }
   h.info.stream_threshold_bytes = kDefaultStreamThresholdBytes;
+  h.info.min_bytes_per_copy_thread = rule->min_bytes_per_copy_thread;
   h.info.chosen_by = HostCopySource::kCpuRule;
   h.info.cpu = describe_cpu(cpu, h.isa);
   h.info.summary = describe_choice(h.info, rule->reason);

@@ -37,7 +37,7 @@ TEST(ConfigDevice, Defaults) {
   EXPECT_EQ(c.tuning.staging_bytes, int64_t{1} << 30);
   EXPECT_EQ(c.tuning.output_cache_bytes, int64_t{2048} << 20);
   EXPECT_EQ(c.tuning.stream_threshold_bytes, std::nullopt);  // chosen for the machine
-  EXPECT_EQ(c.tuning.copy_threads, 1);
+  EXPECT_EQ(c.tuning.copy_threads, std::nullopt);  // auto: chosen for the CPUs of the process
   EXPECT_NO_THROW(c.validate());
 }
 
@@ -119,6 +119,22 @@ TEST(ConfigDevice, CopyThreadsAreBounded) {
   Config c;
   c.tuning.copy_threads = -1;
   EXPECT_THROW(c.validate(), ConfigError);
+  // auto (or null) is the default, and round-trips as auto.
+  EXPECT_EQ(Config::from_yaml("hidden_state_copy_threads: auto\n").tuning.copy_threads,
+            std::nullopt);
+  EXPECT_EQ(Config::from_yaml("hidden_state_copy_threads: AUTO\n").tuning.copy_threads,
+            std::nullopt);
+  EXPECT_EQ(Config::from_yaml("hidden_state_copy_threads: null\n").tuning.copy_threads,
+            std::nullopt);
+  EXPECT_NE(Config().to_yaml().find("hidden_state_copy_threads: auto\n"), std::string::npos);
+  expect_mentions(error_of("hidden_state_copy_threads: automatic\n"),
+                  {"hidden_state_copy_threads", "automatic", "auto"});
+  // What a store built here with the config gets.
+  Config three;
+  three.tuning.copy_threads = 3;
+  EXPECT_EQ(three.effective_copy_threads(), 3);
+  EXPECT_GE(Config().effective_copy_threads(), 1);
+  EXPECT_LE(Config().effective_copy_threads(), 8);
 }
 
 TEST(ConfigDevice, TheStoresDeviceParsesAndIsBounded) {

@@ -33,8 +33,33 @@ struct NoDebugVars {
   EnvVar restore{"HSS_RESTORE_IMPL", std::nullopt};
   EnvVar output{"HSS_OUTPUT_CACHE_MB", std::nullopt};
   EnvVar stream{"HSS_STREAM_THRESHOLD_KB", std::nullopt};
+  EnvVar copy_threads{"HSS_COPY_THREADS", std::nullopt};
   EnvVar log{"HSS_LOG_LEVEL", std::nullopt};
 };
+
+TEST(ConfigEnvOverrides, CopyThreadsTakesAutoOrACountAndIgnoresTheRest) {
+  const NoDebugVars none;
+  Config c;
+  c.tuning.copy_threads = 3;
+  {
+    const EnvVar set("HSS_COPY_THREADS", "1");
+    const Config o = c.with_env_overrides();
+    EXPECT_EQ(o.tuning.copy_threads, 1);
+    EXPECT_EQ(o.env_overrides, std::vector<std::string>{"HSS_COPY_THREADS"});
+    EXPECT_NE(o.to_yaml().find("hidden_state_copy_threads: 1  # HSS_COPY_THREADS\n"),
+              std::string::npos);
+  }
+  {
+    const EnvVar set("HSS_COPY_THREADS", "auto");
+    EXPECT_EQ(c.with_env_overrides().tuning.copy_threads, std::nullopt);
+  }
+  for (const char* bad : {"0", "65", "two", "", "2x"}) {
+    const EnvVar set("HSS_COPY_THREADS", bad);
+    const Config o = c.with_env_overrides();
+    EXPECT_EQ(o.tuning.copy_threads, 3) << bad;
+    EXPECT_TRUE(o.env_overrides.empty()) << bad;
+  }
+}
 
 struct ReadmeRow {
   std::string name, default_text, meaning;

@@ -393,7 +393,8 @@ TEST(HostCopyRule, ConfiguredThresholdOverridesCalibrationAndRule) {
 // ---- the store
 
 TEST(HostCopyStore, StatsReportTheStrategyAndTheCopyThreads) {
-  Config config = test::store_config(256, 2048, 12);
+  // Room for the largest call below (its chunk count depends on the CPU family's part size).
+  Config config = test::store_config(256, 2048, 64);
   config.tuning.copy_threads = 3;
   ChunkedTokenDatabase db(256, false);
   HiddenStateStore store(config, db);
@@ -408,20 +409,37 @@ TEST(HostCopyStore, StatsReportTheStrategyAndTheCopyThreads) {
     EXPECT_TRUE(s.host_copy.chosen_by == HostCopySource::kCpuRule ||
                 s.host_copy.chosen_by == HostCopySource::kCalibration);
   }
-  // 10 chunks x 2 MiB: one call of 20 MiB, split over the three threads each way.
-  const auto tokens = test::make_tokens(2560, 5);
+  // No copy yet: no worker started.
+  EXPECT_EQ(s.host_copy.copy_workers_started, 0);
+  EXPECT_FALSE(s.host_copy.copy_threads_auto);
+  EXPECT_EQ(s.host_copy.copy_threads_reason, "hidden_state_copy_threads 3");
+  const uint64_t part = s.host_copy.min_bytes_per_copy_thread;
+  ASSERT_GT(part, 0u);
+  // A call below two parts stays on the calling thread and starts nothing.
+  const auto few = test::make_tokens(256, 4);
+  const auto few_rows = test::make_rows(few, 0, 0, 2048);
+  ASSERT_EQ(store.store_hidden_states(few, test::view_of(few_rows, 2048)).written, 1);
+  EXPECT_EQ(store.stats().host_copy.split_copies, 0u);
+  EXPECT_EQ(store.stats().host_copy.copy_workers_started, 0);
+  // Chunks of 2 MiB making one call of at least three parts: split over the three threads each
+  // way, the workers started by the first split.
+  const int64_t chunks = static_cast<int64_t>(3 * part / (uint64_t{2} << 20)) + 1;
+  const auto tokens = test::make_tokens(256 * chunks, 5);
   const auto rows = test::make_rows(tokens, 0, 0, 2048);
-  ASSERT_EQ(store.store_hidden_states(tokens, test::view_of(rows, 2048)).written, 10);
+  ASSERT_EQ(store.store_hidden_states(tokens, test::view_of(rows, 2048)).written, chunks);
   auto out = store.retrieve_hidden_states(tokens);
   ASSERT_TRUE(out);
   ASSERT_EQ(0, std::memcmp(out->data(), rows.data(), rows.size() * sizeof(float)));
   EXPECT_EQ(store.stats().host_copy.split_copies, 2u);
-  // One thread (the default): never split.
-  Config single = test::store_config(256, 2048, 12);
+  EXPECT_EQ(store.stats().host_copy.copy_workers_started, 2);
+  // One thread: never split.
+  Config single = test::store_config(256, 2048, chunks + 2);
+  single.tuning.copy_threads = 1;
   HiddenStateStore one(single, db);
-  ASSERT_EQ(one.store_hidden_states(tokens, test::view_of(rows, 2048)).written, 10);
+  ASSERT_EQ(one.store_hidden_states(tokens, test::view_of(rows, 2048)).written, chunks);
   EXPECT_EQ(one.stats().host_copy.copy_threads, 1);
   EXPECT_EQ(one.stats().host_copy.split_copies, 0u);
+  EXPECT_EQ(one.stats().host_copy.copy_workers_started, 0);
 }
 
 TEST(HostCopyStore, ConfiguredThresholdIsWhatStatsReport) {
@@ -448,6 +466,8 @@ void expect_round_trip(StoreDtypes d, int threads, std::optional<int64_t> thresh
   Config config = test::store_config(kChunk, kCols, 6);
   config.hidden_state_storage_dtype = d.storage;
   config.tuning.copy_threads = threads;
+  // Parts of 4 MiB, so this 10 MiB prefix splits whatever the CPU family's crossover.
+  config.tuning.copy_split_bytes = int64_t{4} << 20;
   config.tuning.stream_threshold_bytes = threshold;
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore store(config, db);

@@ -112,9 +112,15 @@ struct Config {
     /// (stats().host_copy, docs/perf.md). HSS_STREAM_THRESHOLD_KB overrides both (debugging aid).
     std::optional<int64_t> stream_threshold_bytes;
     /// Threads one large host store or restore may be split over (the caller's and
-    /// copy_threads - 1 workers the store starts). 1..64; default 1: an engine's cores are its
-    /// own.
-    int64_t copy_threads = 1;
+    /// copy_threads - 1 workers the store starts on its first split copy). 1..64. Unset
+    /// (default; `auto` or null in YAML): the CPUs the constructing thread may run on (affinity
+    /// mask, cgroup CPU quota), at most 8; stats().host_copy says what was chosen and why
+    /// (docs/design.md, "Copy threads").
+    std::optional<int64_t> copy_threads;
+    /// The smallest part a host copy is split into: calls writing less than twice this stay on
+    /// the calling thread. >= 4096. Unset (default; `auto`): the CPU family's measured crossover
+    /// (stats().host_copy.min_bytes_per_copy_thread; docs/perf.md, "Copy threads").
+    std::optional<int64_t> copy_split_bytes;
   };
   Tuning tuning;
 
@@ -174,6 +180,10 @@ struct Config {
   /// True when layer_idx passes the hidden_state_layers allowlist (always, when unset). Layer
   /// indices are storage labels compared literally: -1 is "the final state" by convention only.
   [[nodiscard]] bool layer_allowed(int64_t layer_idx) const;
+  /// The copy threads a store built with this config on the calling thread gets:
+  /// hidden_state_copy_threads, or what `auto` chooses here (the thread's affinity mask, the
+  /// cgroup CPU quota, at most 8). A store reports its own in stats().host_copy.
+  [[nodiscard]] int64_t effective_copy_threads() const;
   /// True when both allowlists (hidden_state_kinds, hidden_state_layers) pass the slot.
   [[nodiscard]] bool slot_allowed(ActivationKind kind, int64_t layer_idx) const;
 

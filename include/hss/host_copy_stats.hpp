@@ -35,7 +35,17 @@ struct HostCopyStats {
   /// The calibration's throughput of each candidate in GB/s (0 when none ran).
   double regular_copy_gbps = 0, streaming_copy_gbps = 0;
   double regular_widen_gbps = 0, streaming_widen_gbps = 0;
-  int64_t copy_threads = 1;   ///< hidden_state_copy_threads
+  /// Threads a large host copy may be split over (hidden_state_copy_threads, or what `auto`
+  /// chose), whether `auto` chose it, and the reason in one line.
+  int64_t copy_threads = 1;
+  bool copy_threads_auto = false;
+  std::string copy_threads_reason;
+  /// Copy workers running now: they start on the first split copy, so a store whose calls all
+  /// stay below 2 x min_bytes_per_copy_thread has none.
+  int64_t copy_workers_started = 0;
+  /// A call is split only into parts of at least this many bytes (the CPU family's measured
+  /// crossover, docs/perf.md "Copy threads"): smaller copies stay on the calling thread.
+  uint64_t min_bytes_per_copy_thread = 0;
   uint64_t split_copies = 0;  ///< host copies that ran on more than one thread
 };
 

@@ -137,6 +137,9 @@ void bind_config(nb::module_& m) {
               "The effective value of every key, as a dict (Config(config.to_dict()) equals it).")
           .def("to_yaml", &hss::Config::to_yaml)
           .def("layer_allowed", &hss::Config::layer_allowed, nb::arg("layer_idx"))
+          .def_prop_ro("effective_copy_threads", &hss::Config::effective_copy_threads,
+                       "The copy threads a store built with this config on this thread gets: "
+                       "hidden_state_copy_threads, or what `auto` (None) chooses here.")
           .def("__repr__", [](const hss::Config& c) {
             return "hsstore.Config(\"\"\"\n" + c.to_yaml() + "\"\"\")";
           });

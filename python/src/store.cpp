@@ -154,6 +154,10 @@ nb::dict host_copy_stats_dict(const hss::HostCopyStats& h) {
   d["regular_widen_gbps"] = h.regular_widen_gbps;
   d["streaming_widen_gbps"] = h.streaming_widen_gbps;
   d["copy_threads"] = h.copy_threads;
+  d["copy_threads_auto"] = h.copy_threads_auto;
+  d["copy_threads_reason"] = h.copy_threads_reason;
+  d["copy_workers_started"] = h.copy_workers_started;
+  d["min_bytes_per_copy_thread"] = h.min_bytes_per_copy_thread;
   d["split_copies"] = h.split_copies;
   return d;
 }

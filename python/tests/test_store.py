@@ -1,6 +1,8 @@
 """hsstore.HiddenStateStore through its LMCache-compatible API: the counterparts of LMCache's
 own HiddenStateStore tests, with NumPy inputs, plus the C++ API's extras."""
 
+import math
+import os
 import threading
 
 import numpy as np
@@ -182,6 +184,30 @@ def test_token_id_forms(fix):
         np.testing.assert_array_equal(fix.store.retrieve_hidden_states(form, like="numpy"), data)
 
 
+def expected_auto_copy_threads() -> int:
+    """What hidden_state_copy_threads: auto should choose here, read independently."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except OSError:
+        pass
+    return min(cpus, 8)
+
+
+def test_copy_threads_default_and_explicit():
+    assert hsstore.Config({}).hidden_state_copy_threads is None  # auto
+    assert hsstore.Config({}).effective_copy_threads == expected_auto_copy_threads()
+    assert hsstore.Config({"hidden_state_copy_threads": "auto"}).hidden_state_copy_threads is None
+    three = hsstore.Config({"hidden_state_copy_threads": 3})
+    assert three.hidden_state_copy_threads == 3 and three.effective_copy_threads == 3
+    assert hsstore.Config(hsstore.Config({}).to_dict()).hidden_state_copy_threads is None
+    with pytest.raises(ValueError, match="hidden_state_copy_threads"):
+        hsstore.Config({"hidden_state_copy_threads": 0})
+
+
 def test_stats_and_context_manager():
     with Fixture().store as store:
         assert store.stats()["entries_held"] == 0
@@ -189,7 +215,12 @@ def test_stats_and_context_manager():
         assert host_copy["copies"] in ("regular", "streaming")
         assert host_copy["widening"] in ("regular", "streaming")
         assert host_copy["chosen_by"] in ("calibration", "cpu rule", "config", "environment")
-        assert host_copy["copy_threads"] == 1
+        # auto, the default: this thread's CPUs lowered by the cgroup quota, at most 8.
+        assert host_copy["copy_threads"] == expected_auto_copy_threads()
+        assert host_copy["copy_threads_auto"] is True
+        assert host_copy["copy_threads_reason"].startswith("auto: ")
+        assert host_copy["copy_workers_started"] == 0  # no copy large enough to split yet
+        assert host_copy["min_bytes_per_copy_thread"] >= 4096
         assert host_copy["split_copies"] == 0
         assert host_copy["summary"] and host_copy["cpu"]
     with pytest.raises(hsstore.Error, match="closed"):

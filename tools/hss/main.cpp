@@ -201,8 +201,10 @@ void print_host_copy(const std::string& file) {
     const hss::HiddenStateStore store(config, db);
     const hss::HostCopyStats copy = store.stats().host_copy;
     std::printf("host copies: %s\n", copy.summary.c_str());
-    std::printf("  cpu: %s; copy threads: %lld\n", copy.cpu.c_str(),
-                static_cast<long long>(copy.copy_threads));
+    std::printf("  cpu: %s\n", copy.cpu.c_str());
+    std::printf("  copy threads: %lld (%s); a copy splits into parts of >= %llu KiB\n",
+                static_cast<long long>(copy.copy_threads), copy.copy_threads_reason.c_str(),
+                static_cast<unsigned long long>(copy.min_bytes_per_copy_thread >> 10));
   } catch (const hss::Error& e) {
     std::printf("host copies: not probed (%s)\n", e.what());
   }

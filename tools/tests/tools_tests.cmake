@@ -31,10 +31,10 @@ hss_expect(cli_info 0 "hsstore [0-9]+\\.[0-9]+\\.[0-9]+.*build: CUDA (on|off).*N
 hss_expect(cli_info_extra_argument 2 "info takes no arguments" ${_hss} info --verbose)
 # The host copy strategy chosen for this machine, and a config's override of it.
 hss_expect(cli_info_host_copy 0
-           "host copies: .*(regular|streaming).*\\((calibration|cpu rule): .*cpu: .* loops; copy threads: 1"
+           "host copies: .*(regular|streaming).*\\((calibration|cpu rule): .*cpu: .* loops.*copy threads: [1-8] \\(auto: [0-9]+ CPUs in the affinity mask.*parts of >= [0-9]+ KiB"
            ${_hss} info)
 hss_expect(cli_info_host_copy_config 0
-           "host copies: .*calls >= 1 MiB.*\\(config: hidden_state_stream_threshold_bytes\\).*copy threads: 2"
+           "host copies: .*calls >= 1 MiB.*\\(config: hidden_state_stream_threshold_bytes\\).*copy threads: 2 \\(hidden_state_copy_threads 2\\)"
            ${_hss} info --config ${_data}/host_copy.yaml)
 hss_expect(cli_config_no_subcommand 2 "config needs a subcommand" ${_hss} config)
 hss_expect(cli_config_unknown_subcommand 2 "unknown config subcommand 'lint'" ${_hss} config lint)
