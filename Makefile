@@ -47,7 +47,7 @@ test-model: bootstrap
 	cmake --build $(MODEL_DIR) -j $(JOBS)
 	ctest --test-dir $(MODEL_DIR) --output-on-failure -j $(JOBS)
 
-# Line coverage of src/cuda/*.cpp on the model (gcov; docs/reliability.md).
+# Line coverage of src/datapath/cuda/*.cpp on the model (gcov; docs/reliability.md).
 coverage: bootstrap
 	cmake --preset model-coverage
 	cmake --build $(COVERAGE_DIR) -j $(JOBS)

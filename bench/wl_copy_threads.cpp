@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "common.hpp"
-#include "copy_threads.hpp"
-#include "copy_workers.hpp"
-#include "data_path.hpp"
-#include "host_copy.hpp"
+#include "config/copy_threads.hpp"
+#include "datapath/data_path.hpp"
+#include "datapath/host/copy_workers.hpp"
+#include "datapath/host/host_copy.hpp"
 
 namespace hss::bench {
 namespace {

@@ -1,5 +1,5 @@
 // Workload `mac`: what authenticating a remote value costs per byte. HMAC-SHA256 (the keyed MAC
-// of both remote paths, src/value_mac.hpp) and xxHash3 (the checksum every value carries) over
+// of both remote paths, src/format/value_mac.hpp) and xxHash3 (the checksum every value carries) over
 // a 256 MiB payload in 64 KiB pool granules, against memcpy of the same bytes in the same run.
 // The cost per GB is 1 / (GB/s): docs/perf.md sets it beside the transfer it protects.
 
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common.hpp"
-#include "remote_codec.hpp"
-#include "value_mac.hpp"
+#include "format/value_codec.hpp"
+#include "format/value_mac.hpp"
 
 namespace hss::bench {
 namespace {

@@ -27,9 +27,9 @@
 #include <stdexcept>
 #include <thread>
 
-#include "redis_url.hpp"
-#include "remote_codec.hpp"
-#include "remote_tier.hpp"
+#include "config/redis_url.hpp"
+#include "format/value_codec.hpp"
+#include "tiers/remote/remote_tier.hpp"
 
 namespace hss::bench {
 namespace {

@@ -4,8 +4,8 @@
 // launch). One block per tile. The per-element work is store_tile (hss/kernels/tiling.hpp); the
 // dispatch rules are hss/kernels/dispatch.hpp (shared with the host twins of the CUDA model).
 
-#include "cuda/cuda_check.hpp"
 #include "hss/error.hpp"
+#include "hss/kernels/cuda_check.hpp"
 #include "hss/kernels/dispatch.hpp"
 #include "hss/kernels/launch.hpp"
 #include "hss/kernels/tiling.hpp"

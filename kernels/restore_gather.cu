@@ -4,8 +4,8 @@
 
 #include <cub/device/device_memcpy.cuh>
 
-#include "cuda/cuda_check.hpp"
 #include "hss/error.hpp"
+#include "hss/kernels/cuda_check.hpp"
 #include "hss/kernels/dispatch.hpp"
 #include "hss/kernels/launch.hpp"
 #include "hss/kernels/tiling.hpp"

@@ -32,7 +32,7 @@ enum class RestoreImpl { kKernel, kCopyEngine, kCub };
 /// staging before a device-to-host copy; `mapped` runs the store kernel that writes every row,
 /// cast or not, straight into the device-mapped pool (zero-copy writes, no staging, one launch).
 /// A batch's (device, stream) of several items takes the mapped kernel (one launch); one item is
-/// a single store (src/launch_groups.hpp). The default is `staging` until
+/// a single store (src/datapath/launch_groups.hpp). The default is `staging` until
 /// a GPU measurement picks one (docs/perf.md).
 enum class StoreImpl { kStaging, kMapped };
 
@@ -190,7 +190,7 @@ struct Config {
   /// The effective values as YAML (round-trips through from_yaml).
   [[nodiscard]] std::string to_yaml() const;
 
-  /// Every key hsstore reads, in the order of the one table of config keys (src/config_keys.cpp)
+  /// Every key hsstore reads, in the order of the one table of config keys (src/config/config_keys.cpp)
   /// that drives from_yaml, from_env, validate, to_yaml and the Python attributes; README's key
   /// table is checked against it.
   [[nodiscard]] static std::span<const std::string_view> keys();

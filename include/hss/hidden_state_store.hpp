@@ -9,7 +9,7 @@
 // only, never KV.
 //
 // How it works (pool, pins, eviction, device fences, the remote tier): docs/design.md. The entry
-// state machine is drawn once, in src/store_index.hpp above `Entry`.
+// state machine is drawn once, in src/index/store_index.hpp above `Entry`.
 //
 // Failure (exactly what holds, per call and cause: docs/design.md, "Failure model"): bad
 // arguments throw InvalidArgument naming the argument and its value, with nothing changed, stats
@@ -265,7 +265,7 @@ class HiddenStateStore {
   [[nodiscard]] const Config& config() const;
 
  private:
-  class Impl;  // src/hidden_state_store_impl.hpp
+  class Impl;  // src/store/hidden_state_store_impl.hpp
   // hss/pool_transfer.hpp: the export, lease and import primitives work on the pool directly.
   friend class PoolTransfer;
   friend class Reservation;

@@ -24,8 +24,16 @@ using Stream = CUstream_st*;
 enum class DType { kFloat32, kFloat16, kBFloat16 };
 enum class Device { kHost, kCuda };
 
+/// Bytes of one element; 0 for a value outside the enum (views are checked with is_valid first).
 [[nodiscard]] constexpr size_t element_size(DType dtype) {
-  return dtype == DType::kFloat32 ? 4 : 2;
+  switch (dtype) {
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
+  }
+  return 0;
 }
 /// True for the enumerators (a cast integer may be anything; views are validated with these).
 [[nodiscard]] constexpr bool is_valid(DType dtype) {

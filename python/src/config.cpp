@@ -143,7 +143,7 @@ void bind_config(nb::module_& m) {
           .def("__repr__", [](const hss::Config& c) {
             return "hsstore.Config(\"\"\"\n" + c.to_yaml() + "\"\"\")";
           });
-  // One read-only attribute per row of the key table (src/config_keys.cpp), named as the key,
+  // One read-only attribute per row of the key table (src/config/config_keys.cpp), named as the key,
   // with its doc line: a key added there is an attribute here (python/hsstore/_hsstore.pyi lists
   // them; test_stubs checks that it does). The names are string literals of the table, so they
   // outlive the module.

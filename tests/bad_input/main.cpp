@@ -26,7 +26,7 @@
 namespace hss::bad_input {
 namespace {
 
-// Known failures in src/hidden_state_store*.cpp and src/block_pool.* (issue 14; not this test's
+// Known failures in src/store/hidden_state_store*.cpp and src/pool/block_pool.* (issue 14; not this test's
 // files). Keep this list short and dated; docs/reliability.md lists them too.
 // Empty since the store fixes landed (block_bytes ConfigError, coverage's chunk checks, has_chunk's
 // kind check); a new known failure goes here, named as the case is.

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/device_path.hpp"
+#include "datapath/cuda/device_path.hpp"
 #include "cuda_model.hpp"
 #include "gpu/gpu_test_util.hpp"
 #include "hss/error.hpp"

@@ -1,4 +1,4 @@
-// The DevicePath contract (src/data_path.hpp) of the CUDA path itself, below the store: stream
+// The DevicePath contract (src/datapath/data_path.hpp) of the CUDA path itself, below the store: stream
 // order, no host waits, independence of caller streams, the staging budget, keep-alive lifetimes,
 // fences, output dtypes and teardown with work in flight. On a GPU (label gpu) and on the CUDA
 // runtime model (label gpu-model). The "pool" here is page-locked device-mapped memory, as the
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "data_path.hpp"
+#include "datapath/data_path.hpp"
 #include "gpu_test_util.hpp"
 #include "hss/error.hpp"
 #include "hss/kernels/convert.hpp"

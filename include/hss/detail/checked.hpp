@@ -29,6 +29,9 @@ inline constexpr int64_t kMaxRows = int64_t{1} << 31;
 inline constexpr int64_t kMaxRowStride = int64_t{1} << 32;
 /// Largest byte span of one view: beyond any address space (the kernels' layout relies on it).
 inline constexpr int64_t kMaxViewBytes = int64_t{1} << 48;
+/// Pool granules (hidden_state_block_bytes): multiples of the smallest, at most the largest.
+inline constexpr uint64_t kMinGranuleBytes = 64;
+inline constexpr uint64_t kMaxGranuleBytes = uint64_t{64} << 20;
 
 }  // namespace hss::limits
 

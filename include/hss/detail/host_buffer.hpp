@@ -1,6 +1,6 @@
 #pragma once
 // Move-only handle to a host buffer owned by the process-wide output recycler
-// (src/host_buffer_pool.cpp). Thread-safe: buffers may be acquired and released on any thread.
+// (src/pool/host_buffer_pool.cpp). Thread-safe: buffers may be acquired and released on any thread.
 
 #include <cstddef>
 #include <utility>

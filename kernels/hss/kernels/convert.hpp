@@ -11,12 +11,30 @@
 namespace hss::kernels {
 
 /// The element types the pool stores and the kernels read. hss::DType names the same three; they
-/// convert only through src/dtype_codes.hpp (switches, not ordinals), which also owns the wire
+/// convert only through src/format/dtype_codes.hpp (switches, not ordinals), which also owns the wire
 /// codes.
-enum class ElemType : uint8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+enum class ElemType : uint8_t {
+  kFloat32 = 0,
+  kFloat16 = 1,
+  kBFloat16 = 2,
+#ifdef HSS_ELEM_TYPE_PROBE  // tests/format/element_types_exhaustive.cmake: a type nothing handles
+  kProbe = 255,
+#endif
+};
 
+/// Every switch over ElemType lists every type with no default arm, and src/ and kernels/ build
+/// with -Wswitch-enum as an error: a type added to the enum is a compile error in every place that
+/// must learn it. A value outside the enum cannot be made (ElemType comes from DType through
+/// src/format/dtype_codes.hpp's switches); reaching one is undefined (UBSan builds trap).
 HSS_HOST_DEVICE constexpr uint32_t elem_bytes(ElemType t) {
-  return t == ElemType::kFloat32 ? 4u : 2u;
+  switch (t) {
+    case ElemType::kFloat32:
+      return 4u;
+    case ElemType::kFloat16:
+    case ElemType::kBFloat16:
+      return 2u;
+  }
+  __builtin_unreachable();
 }
 
 HSS_HOST_DEVICE float bits_to_float(uint32_t bits) {
@@ -110,12 +128,26 @@ HSS_HOST_DEVICE uint16_t float_to_f16(float f) {
 /// float32 -> element type `t` (exact for float32, nearest-even for the 16-bit types).
 template <ElemType T>
 HSS_HOST_DEVICE auto narrow_from_float(float f) {
+  static_assert(T == ElemType::kFloat32 || T == ElemType::kFloat16 || T == ElemType::kBFloat16,
+                "narrow_from_float: a new element type needs its conversion here");
   if constexpr (T == ElemType::kFloat32) {
     return f;
   } else if constexpr (T == ElemType::kFloat16) {
     return float_to_f16(f);
   } else {
     return float_to_bf16(f);
+  }
+}
+
+/// A 16-bit element of type S widened to float32 (exact).
+template <ElemType S>
+HSS_HOST_DEVICE float half_to_float(uint16_t h) {
+  static_assert(S == ElemType::kFloat16 || S == ElemType::kBFloat16,
+                "half_to_float: the 16-bit element types; a new one needs its conversion here");
+  if constexpr (S == ElemType::kFloat16) {
+    return f16_to_float(h);
+  } else {
+    return bf16_to_float(h);
   }
 }
 
@@ -128,10 +160,11 @@ HSS_HOST_DEVICE float load_as_float(const void* row, int64_t index, ElemType t) 
     case ElemType::kFloat16:
       HSS_DEVICE_ACCESS(static_cast<const uint16_t*>(row) + index, 2, false);
       return f16_to_float(static_cast<const uint16_t*>(row)[index]);
-    default:
+    case ElemType::kBFloat16:
       HSS_DEVICE_ACCESS(static_cast<const uint16_t*>(row) + index, 2, false);
       return bf16_to_float(static_cast<const uint16_t*>(row)[index]);
   }
+  __builtin_unreachable();
 }
 
 /// Writes `value` as element `index` of a row of type `t` (rounded to nearest-even for 16 bits).
@@ -145,7 +178,7 @@ HSS_HOST_DEVICE void store_from_float(void* row, int64_t index, ElemType t, floa
       HSS_DEVICE_ACCESS(static_cast<uint16_t*>(row) + index, 2, true);
       static_cast<uint16_t*>(row)[index] = float_to_f16(value);
       break;
-    default:
+    case ElemType::kBFloat16:
       HSS_DEVICE_ACCESS(static_cast<uint16_t*>(row) + index, 2, true);
       static_cast<uint16_t*>(row)[index] = float_to_bf16(value);
       break;

@@ -61,9 +61,10 @@ inline const char* short_name(ElemType t) {
       return "f32";
     case ElemType::kFloat16:
       return "f16";
-    default:
+    case ElemType::kBFloat16:
       return "bf16";
   }
+  return "?";  // not an ElemType
 }
 
 }  // namespace hss::kernels

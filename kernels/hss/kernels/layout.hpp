@@ -1,7 +1,7 @@
 #pragma once
 // Where a hidden-state entry's elements live and how rows map between the caller's tensors, the
 // pool and the restored prefix. Shared by the kernels (kernels/*.cu) and the host path
-// (src/host_data_path.cpp).
+// (src/datapath/host/host_data_path.cpp).
 //
 // An entry is `rows x cols` elements of its storage type, row-major, laid over a list of pool
 // blocks of `block_bytes` each: entry element e lives in block (e * esize) / block_bytes at byte
@@ -103,14 +103,19 @@ HSS_HOST_DEVICE void* output_address(const OutputView& o, int64_t flat) {
 HSS_HOST_DEVICE void store_element(const SourceView& s, int64_t row0, int64_t flat, void* dst,
                                    int64_t i, ElemType dst_type) {
   const void* src = source_address(s, row0, flat);
-  if (dst_type == ElemType::kFloat32) {
-    const float value = load_as_float(src, 0, s.type);
-    HSS_DEVICE_ACCESS(static_cast<float*>(dst) + i, 4, true);
-    static_cast<float*>(dst)[i] = value;
-  } else {  // native 16-bit storage keeps the caller's bits
-    HSS_DEVICE_ACCESS(src, 2, false);
-    HSS_DEVICE_ACCESS(static_cast<uint16_t*>(dst) + i, 2, true);
-    static_cast<uint16_t*>(dst)[i] = *static_cast<const uint16_t*>(src);
+  switch (dst_type) {
+    case ElemType::kFloat32: {
+      const float value = load_as_float(src, 0, s.type);
+      HSS_DEVICE_ACCESS(static_cast<float*>(dst) + i, 4, true);
+      static_cast<float*>(dst)[i] = value;
+      return;
+    }
+    case ElemType::kFloat16:
+    case ElemType::kBFloat16:  // native 16-bit storage keeps the caller's bits
+      HSS_DEVICE_ACCESS(src, 2, false);
+      HSS_DEVICE_ACCESS(static_cast<uint16_t*>(dst) + i, 2, true);
+      static_cast<uint16_t*>(dst)[i] = *static_cast<const uint16_t*>(src);
+      return;
   }
 }
 
@@ -120,16 +125,19 @@ HSS_HOST_DEVICE void store_element(const SourceView& s, int64_t row0, int64_t fl
 HSS_HOST_DEVICE void restore_element(const GatherSegment& seg, int64_t i, const OutputView& out) {
   void* dst = output_address(out, seg.dst_elem + i);
   if (seg.src_type == out.type) {
-    if (out.type == ElemType::kFloat32) {
-      HSS_DEVICE_ACCESS(static_cast<const float*>(seg.src) + i, 4, false);
-      HSS_DEVICE_ACCESS(dst, 4, true);
-      *static_cast<float*>(dst) = static_cast<const float*>(seg.src)[i];
-    } else {
-      HSS_DEVICE_ACCESS(static_cast<const uint16_t*>(seg.src) + i, 2, false);
-      HSS_DEVICE_ACCESS(dst, 2, true);
-      *static_cast<uint16_t*>(dst) = static_cast<const uint16_t*>(seg.src)[i];
+    switch (out.type) {
+      case ElemType::kFloat32:
+        HSS_DEVICE_ACCESS(static_cast<const float*>(seg.src) + i, 4, false);
+        HSS_DEVICE_ACCESS(dst, 4, true);
+        *static_cast<float*>(dst) = static_cast<const float*>(seg.src)[i];
+        return;
+      case ElemType::kFloat16:
+      case ElemType::kBFloat16:
+        HSS_DEVICE_ACCESS(static_cast<const uint16_t*>(seg.src) + i, 2, false);
+        HSS_DEVICE_ACCESS(dst, 2, true);
+        *static_cast<uint16_t*>(dst) = static_cast<const uint16_t*>(seg.src)[i];
+        return;
     }
-    return;
   }
   store_from_float(dst, 0, out.type, load_as_float(seg.src, i, seg.src_type));
 }

@@ -1,7 +1,7 @@
 #pragma once
 // How the CUDA kernels split the store's and the restore's segments into per-block tiles, and the
 // per-tile copy loop they run. Everything here is HSS_HOST_DEVICE so the CPU tests run the exact
-// loop a thread block runs (tests/test_kernel_logic.cpp emulates the lanes of a block).
+// loop a thread block runs (tests/kernels/test_kernel_logic.cpp emulates the lanes of a block).
 //
 // A tile is a GatherSegment (restore) or a WriteSegment (store) no longer than kTileBytes of
 // source that, when rows are strided, stays inside one row: its source and destination are then
@@ -153,7 +153,7 @@ HSS_HOST_DEVICE void convert_store_vec16(const Vec16& in, void* dst) {
 #endif
     for (int k = 0; k < 8; ++k) {
       const uint16_t h = half_of(in, k);
-      const float f = S == ElemType::kFloat16 ? f16_to_float(h) : bf16_to_float(h);
+      const float f = half_to_float<S>(h);
       out[k / 4].w[k % 4] = float_to_bits(f);
     }
     store_vec16(dst, out[0]);
@@ -174,7 +174,7 @@ HSS_HOST_DEVICE void convert_store_vec16(const Vec16& in, void* dst) {
       uint32_t pair = 0;
       for (int j = 0; j < 2; ++j) {
         const uint16_t h = half_of(in, 2 * k + j);
-        const float f = S == ElemType::kFloat16 ? f16_to_float(h) : bf16_to_float(h);
+        const float f = half_to_float<S>(h);
         pair |= static_cast<uint32_t>(narrow_from_float<D>(f)) << (16 * j);
       }
       out.w[k] = pair;
@@ -235,7 +235,7 @@ HSS_HOST_DEVICE void store_tile(const SourceView& src, const WriteSegment& tile,
 
 /// Dispatches a store tile on its source and storage types (block-uniform; elem_visit.hpp): an
 /// unsupported pair writes nothing (the store checks the pair before any tile exists). The
-/// batched store kernel and its host twin (src/batch_tiles.cpp) both run exactly this.
+/// batched store kernel and its host twin (src/datapath/batch_tiles.cpp) both run exactly this.
 HSS_HOST_DEVICE void store_tile_any(const SourceView& src, const WriteSegment& tile, int lane,
                                     int lanes) {
   (void)visit_store_pair(src.type, tile.dst_type, [&]<ElemType S, ElemType D>() {

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <string>
 
-#include "cuda/cuda_check.hpp"
+#include "hss/kernels/cuda_check.hpp"
 #include "hss/kernels/dispatch.hpp"
 #include "hss/kernels/launch.hpp"
 #include "hss/kernels/tiling.hpp"

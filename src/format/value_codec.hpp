@@ -1,0 +1,96 @@
+#pragma once
+// The byte format of one hidden-state chunk in the remote tier, and its key. Pure functions, no
+// I/O: safe from any thread.
+//
+// Value = 32-byte header + payload (rows x cols elements of the storage dtype, row-major):
+//   offset  0: magic "HSSR"            offset 16: cols (int64)
+//   offset  4: format version (u16)    offset 24: xxHash3-64 of the payload (u64)
+//   offset  6: storage dtype (u8, hss::DType)
+//   offset  7: flags (u8): bit 0 = a 32-byte keyed MAC follows the header (src/format/value_mac.hpp);
+//              other bits 0
+//   offset  8: rows (int64)
+// With the MAC flag the value is header + MAC + payload. All integers little-endian. A value that
+// fails any check is never returned: decoding reports why (a foreign value, another version, a
+// truncated or over-long one, another shape, a bad checksum, a missing or bad MAC when the reader
+// has a key), and the tier counts it as a miss. A reader without a key ignores a MAC.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "hss/cache_key.hpp"
+#include "hss/tensor.hpp"
+#include "format/value_mac.hpp"
+
+namespace hss::detail {
+
+inline constexpr size_t kRemoteHeaderBytes = 32;
+inline constexpr uint16_t kRemoteFormatVersion = 1;
+/// Header flag: a keyed MAC (kMacBytes) follows the header.
+inline constexpr uint8_t kRemoteFlagMac = 1;
+/// Every key of this format starts with this, so a format change never reads old values.
+inline constexpr std::string_view kRemoteKeyPrefix = "hss:v1:";
+
+/// "hss:v1:<CacheEngineKey::to_string()>:<kind>:<layer>".
+[[nodiscard]] std::string remote_key(const CacheEngineKey& key, std::string_view kind,
+                                     int64_t layer);
+
+struct RemoteHeader {
+  DType dtype = DType::kFloat32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  uint64_t payload_hash = 0;
+  uint8_t flags = 0;  ///< kRemoteFlagMac when a MAC follows
+};
+
+/// Payload bytes of a rows x cols chunk; throws InvalidArgument on negative sizes or overflow.
+[[nodiscard]] size_t remote_payload_bytes(DType dtype, int64_t rows, int64_t cols);
+
+/// xxHash3-64 (no seed) of the concatenation of `pieces`.
+[[nodiscard]] uint64_t hash_pieces(std::span<const std::span<const std::byte>> pieces);
+
+/// Writes the header into the first kRemoteHeaderBytes of `out`.
+void encode_remote_header(const RemoteHeader& header, std::span<std::byte, kRemoteHeaderBytes> out);
+
+/// Reads a header (no MAC or payload checks): nullopt unless magic, version, dtype, flags and a
+/// non-negative shape are valid.
+[[nodiscard]] std::optional<RemoteHeader> decode_remote_header(std::span<const std::byte> bytes);
+
+/// Header + payload as one value (header + MAC + payload with `mac`, the MAC taken over `name`,
+/// the value's remote key). The pieces' total size must match the shape (InvalidArgument).
+[[nodiscard]] std::string encode_remote_value(DType dtype, int64_t rows, int64_t cols,
+                                              std::span<const std::span<const std::byte>> pieces,
+                                              const ValueMac* mac = nullptr,
+                                              std::string_view name = {});
+
+enum class DecodeStatus {
+  kOk,
+  kForeign,             ///< too short for a header, or no magic: not ours
+  kUnsupportedVersion,  ///< ours, another format version
+  kBadHeader,           ///< unknown dtype, negative or overflowing shape
+  kWrongShape,          ///< not the rows/cols the caller expects
+  kTruncated,           ///< fewer payload bytes than the header's shape needs
+  kOverlong,            ///< more payload bytes than the header's shape needs
+  kBadChecksum,         ///< payload does not hash to the header's checksum
+  kUnauthenticated,     ///< the reader has a MAC key and the value's MAC is missing or wrong
+};
+[[nodiscard]] std::string_view to_string(DecodeStatus status);
+
+struct DecodedValue {
+  DecodeStatus status = DecodeStatus::kForeign;
+  RemoteHeader header;
+  std::span<const std::byte> payload;  ///< points into the decoded value
+};
+
+/// Checks and splits a value. expected_rows/expected_cols of 0 accept any. With `mac`, the value
+/// must carry a MAC that verifies over `name` (its remote key), else kUnauthenticated.
+[[nodiscard]] DecodedValue decode_remote_value(std::span<const std::byte> value,
+                                               int64_t expected_rows, int64_t expected_cols,
+                                               const ValueMac* mac = nullptr,
+                                               std::string_view name = {});
+
+}  // namespace hss::detail

@@ -1,8 +1,0 @@
-// Host-only build: there is no CUDA device path.
-#include "data_path.hpp"
-
-namespace hss::detail {
-
-std::unique_ptr<DevicePath> create_platform_device_path(const Config&) { return nullptr; }
-
-}  // namespace hss::detail

@@ -1,0 +1,527 @@
+// The read path. Every read (retrieve, retrieve_into, retrieve_layers, coverage) is one walk:
+//   plan_walk:  slot presence under the index lock (pinning what it finds), then KV presence per
+//               chunk outside it, asked before the slot as LMCache does, then fence waits;
+//   checks:     the caller's output against what the walk found;
+//   apply_walk: drop the orphan key, touch the prefix in reverse order, count.
+// So a retrieve that fails its checks changes nothing, and coverage is the walk without apply.
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "base/log.hpp"
+#include "base/nvtx.hpp"
+#include "datapath/launch_groups.hpp"
+#include "hss/error.hpp"
+#include "store/hidden_state_store_impl.hpp"
+#include "store/store_validation.hpp"
+
+namespace hss {
+
+using detail::EntryRef;
+
+HiddenStateStore::Impl::Walk HiddenStateStore::Impl::plan_walk(std::span<const Chunk> chunks,
+                                                               std::span<const Slot> slots,
+                                                               PendingCopies pending) const {
+  HSS_RANGE("retrieve/walk");
+  Walk w;
+  {
+    std::lock_guard lock(mutex_);
+    check_open_locked();
+    walk_index_locked(w, chunks, slots);
+  }
+  walk_finish(w, pending);
+  return w;
+}
+
+void HiddenStateStore::Impl::walk_index_locked(Walk& w, std::span<const Chunk> chunks,
+                                               std::span<const Slot> slots,
+                                               detail::RecordLookups* lookups) const {
+  w.chunks = chunks;
+  w.slots = slots.size();
+  size_t present = 0;  // chunks whose every slot is held, READY and of a consistent shape
+  w.pinned.reserve(std::min<size_t>(chunks.size(), 4096) * slots.size());
+  for (; present < chunks.size(); ++present) {
+    const Chunk& chunk = chunks[present];
+    const detail::KeyRecord* record =
+        lookups ? lookups->find(index_, present, chunk.key) : index_.find(chunk.key);
+    if (record == nullptr) break;
+    // Each slot is found once and pinned; a chunk that misses any slot unpins its slots again.
+    const size_t chunk_pins = w.pinned.size();
+    size_t s = 0;
+    for (; s < slots.size(); ++s) {
+      const EntryRef* entry = record->find(slots[s]);
+      if (entry == nullptr || !(*entry)->ready() || (*entry)->rows != chunk.size()) break;
+      // A hidden dim that changes part-way (a caller bug) ends the prefix there.
+      if (present > 0 && (*entry)->cols != w.pinned[s]->cols) break;
+      w.any_fence = w.any_fence || (*entry)->fence != nullptr;
+      w.pinned.push_back(*entry);
+    }
+    if (s != slots.size()) {
+      w.pinned.resize(chunk_pins);  // the index still holds them: no entry dies under the lock
+      break;
+    }
+  }
+  w.hits = static_cast<int64_t>(present);
+}
+
+void HiddenStateStore::Impl::walk_finish(Walk& w, PendingCopies pending,
+                                         detail::KvAnswers* kv_answers) const {
+  const std::span<const Chunk> chunks = w.chunks;
+  const size_t present = static_cast<size_t>(w.hits);
+  // KV outside the lock (contains() takes the KV backend's own lock), for every chunk of the
+  // prefix and the chunk that ended it: LMCache asks KV first, so a chunk with KV gone is an
+  // orphan even when the slot is missing there.
+  size_t hits = present;
+  if (const StorageManager* kv = storage_manager_.load(std::memory_order_acquire)) {
+    const size_t asked = std::min(present + 1, chunks.size());
+    for (size_t i = 0; i < asked; ++i) {
+      const bool kv_held = kv_answers ? kv_answers->contains(*kv, i, chunks.size(), chunks[i].key)
+                                      : kv->contains(chunks[i].key);
+      if (!kv_held) {
+        w.orphan = i;
+        hits = i;
+        break;
+      }
+    }
+  }
+  // Device-path entries: the rows are there once their copy landed; a copy that failed ends the
+  // prefix and its chunk is dropped (apply_walk), never served. A device-output restore never
+  // waits here: it drops what the fences' cached flags say failed (DevicePath::poll() refreshed
+  // them before the walk) and orders itself after the distinct fences still pending.
+  // Host-path entries carry no fence: their rows are there, nothing to wait for or order after.
+  if (w.any_fence) {
+    const auto drop_failed = [&](size_t i, const detail::Entry& entry) {
+      detail::log(detail::LogLevel::kError,
+                  "hidden-state copy failed, dropping chunk: " + entry.fence->error());
+      w.failed_copy = i;
+      hits = i;
+    };
+    for (size_t i = 0; i < hits; ++i) {
+      for (size_t s = 0; s < w.slots; ++s) {
+        const detail::Entry& entry = *w.pinned[i * w.slots + s];
+        bool failed = false;
+        switch (pending) {
+          case PendingCopies::kWaitOnHost:
+            failed = entry.fence && !entry.fence->wait();
+            break;
+          case PendingCopies::kOrderOnDevice:
+            failed = entry.copy_failed();
+            break;
+          case PendingCopies::kQuery:
+            failed = entry.fence && entry.fence->ready() && entry.fence->failed();
+            break;
+        }
+        if (failed) {
+          drop_failed(i, entry);
+          break;
+        }
+      }
+    }
+    if (pending == PendingCopies::kOrderOnDevice) {
+      for (size_t i = 0; i < hits * w.slots; ++i) {
+        const detail::FenceRef& fence = w.pinned[i]->fence;
+        if (fence && !fence->settled() && (w.fences.empty() || w.fences.back() != fence)) {
+          w.fences.push_back(fence);
+        }
+      }
+      std::sort(w.fences.begin(), w.fences.end());
+      w.fences.erase(std::unique(w.fences.begin(), w.fences.end()), w.fences.end());
+    }
+  }
+  w.pinned.resize(hits * w.slots);
+  w.hits = static_cast<int64_t>(hits);
+  w.prefix_tokens = hits > 0 ? chunks[hits - 1].end : 0;
+}
+
+void HiddenStateStore::Impl::apply_walk(const Walk& w, int64_t n_tokens) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    apply_walk_locked(w);
+  }
+  count_walk(w, n_tokens);
+}
+
+void HiddenStateStore::Impl::apply_walk_locked(const Walk& w, detail::RecordLookups* lookups,
+                                               int64_t touch_from) noexcept {
+  if (w.orphan) {
+    // KV evicted => hidden states evicted (every slot of the key).
+    if (index_.find(w.chunks[*w.orphan].key) != nullptr) {
+      (void)index_.erase(w.chunks[*w.orphan].key);
+      counters_.coupled_evictions.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  if (w.failed_copy && index_.erase(w.chunks[*w.failed_copy].key) > 0) {
+    counters_.copy_failures.fetch_add(1, std::memory_order_relaxed);  // dropped, never served
+  }
+  // Reverse order: chunk 0 ends most recent, so pressure evicts the suffix first.
+  for (int64_t i = w.hits - 1; i >= touch_from; --i) {
+    const auto chunk = static_cast<size_t>(i);
+    const CacheEngineKey& key = w.chunks[chunk].key;
+    if (detail::KeyRecord* record =
+            lookups ? lookups->find(index_, chunk, key) : index_.find(key)) {
+      index_.touch(*record);
+    }
+  }
+}
+
+void HiddenStateStore::Impl::count_walk(const Walk& w, int64_t n_tokens) noexcept {
+  counters_.retrieves.fetch_add(1, std::memory_order_relaxed);
+  counters_.hit_tokens.fetch_add(static_cast<uint64_t>(w.prefix_tokens), std::memory_order_relaxed);
+  counters_.miss_tokens.fetch_add(static_cast<uint64_t>(n_tokens - w.prefix_tokens),
+                                  std::memory_order_relaxed);
+}
+
+void HiddenStateStore::Impl::plan_restore(const Walk& w, size_t slot, int64_t row_begin,
+                                          std::vector<kernels::GatherSegment>& segments) const {
+  segments.clear();
+  const int64_t cols = w.cols(slot);
+  const auto granule = static_cast<int64_t>(pool_.granule_bytes());
+  for (int64_t i = 0; i < w.hits; ++i) {
+    const Chunk& chunk = w.chunks[static_cast<size_t>(i)];
+    if (chunk.end <= row_begin) continue;
+    const detail::Entry& entry = w.entry(i, slot);
+    const int64_t first_row = std::max<int64_t>(0, row_begin - chunk.start);
+    const auto esize = static_cast<int64_t>(kernels::elem_bytes(entry.storage));
+    kernels::for_each_block_piece(
+        first_row * cols, (chunk.size() - first_row) * cols, esize, granule,
+        [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
+          const std::byte* src =
+              pool_.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+          const int64_t dst_elem = chunk.start * cols + first - row_begin * cols;
+          // Adjacent granules (and adjacent entries) read as one run.
+          if (!segments.empty()) {
+            kernels::GatherSegment& last = segments.back();
+            if (last.src_type == entry.storage &&
+                static_cast<const std::byte*>(last.src) + last.count * esize == src &&
+                last.dst_elem + last.count == dst_elem) {
+              last.count += count;
+              return;
+            }
+          }
+          segments.push_back({src, dst_elem, count, entry.storage});
+        });
+  }
+}
+
+template <typename Token>
+std::vector<HostTensor> HiddenStateStore::Impl::retrieve_tokens(std::span<const Token> token_ids,
+                                                                std::span<const Slot> slots,
+                                                                int64_t row_begin) {
+  // Arguments are checked by retrieve_chunk_list, before anything changes.
+  const std::vector<Chunk> chunks = token_database_.process_tokens(token_ids);
+  return retrieve_chunk_list(chunks, static_cast<int64_t>(token_ids.size()), slots, row_begin);
+}
+
+std::vector<HostTensor> HiddenStateStore::Impl::retrieve_chunk_list(std::span<const Chunk> chunks,
+                                                                    int64_t n_tokens,
+                                                                    std::span<const Slot> slots,
+                                                                    int64_t row_begin) {
+  HSS_RANGE("retrieve");
+  if (row_begin < 0)
+    throw InvalidArgument("row_begin = " + std::to_string(row_begin) + " is negative");
+  detail::check_slots(slots);
+  (void)read_through(chunks, slots);  // remote tier: fills the pool where the walk would stop
+  const Walk w = plan_walk(chunks, slots);
+  std::vector<HostTensor> out;
+  if (row_begin < w.prefix_tokens) {
+    HSS_RANGE("retrieve/assemble");
+    out.reserve(slots.size());
+    std::vector<kernels::GatherSegment> host_segments;
+    for (size_t s = 0; s < slots.size(); ++s) {
+      const int64_t cols = w.cols(s);
+      HostTensor tensor(w.prefix_tokens - row_begin, cols);
+      plan_restore(w, s, row_begin, host_segments);
+      detail::host_restore(host_segments, {tensor.data(), cols, cols}, host_copy_context());
+      out.push_back(std::move(tensor));
+    }
+  }
+  apply_walk(w, n_tokens);
+  return out;
+}
+
+template <typename Token>
+int64_t HiddenStateStore::Impl::retrieve_tokens_into(std::span<const Token> token_ids,
+                                                     const MutableTensorView& out,
+                                                     const RetrieveOptions& opt) {
+  HSS_RANGE("retrieve");
+  detail::check_retrieve_options(opt);
+  const std::vector<Chunk> chunks = token_database_.process_tokens(token_ids);
+  return retrieve_chunk_list_into(chunks, static_cast<int64_t>(token_ids.size()), out, opt);
+}
+
+int64_t HiddenStateStore::Impl::retrieve_chunk_list_into(std::span<const Chunk> chunks,
+                                                         int64_t n_tokens,
+                                                         const MutableTensorView& out,
+                                                         const RetrieveOptions& opt) {
+  // The public entry points checked opt (once); retrieve_slots_into checks the output.
+  const Slot slot{opt.kind, opt.layer_idx};
+  return retrieve_slots_into(chunks, n_tokens, std::span<const Slot>(&slot, 1),
+                             std::span<const MutableTensorView>(&out, 1), opt.row_begin,
+                             opt.stream);
+}
+
+void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
+                                           std::span<const MutableTensorView> outs,
+                                           Stream stream) const {
+  detail::check_slots(slots);
+  if (outs.size() != slots.size()) {
+    throw InvalidArgument("outs has " + std::to_string(outs.size()) + " views for " +
+                          std::to_string(slots.size()) + " slots");
+  }
+  const auto check_one = [&](const MutableTensorView& out, const char* name) {
+    detail::check_view(out.as_const(), name, device_path_ != nullptr);
+    check_pointer(out.data, out.device, out.device_index, name);
+  };
+  if (outs.size() == 1) {
+    check_one(outs[0], "out");  // the common, hot case: no name to spell out
+  } else {
+    for (size_t s = 0; s < outs.size(); ++s) {
+      check_one(outs[s], ("outs[" + std::to_string(s) + "]").c_str());
+    }
+  }
+  for (const MutableTensorView& out : outs) {
+    if (out.device == Device::kCuda) {
+      check_stream(out.device, stream);
+      break;
+    }
+  }
+}
+
+int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunks, int64_t n_tokens,
+                                                    std::span<const Slot> slots,
+                                                    std::span<const MutableTensorView> outs,
+                                                    int64_t row_begin, Stream stream) {
+  HSS_RANGE("retrieve");
+  check_outputs(slots, outs, stream);
+  // A batch of one, without the per-list lookup cache (each chunk is looked up once anyway).
+  const ReadItem read{chunks, n_tokens, slots, outs, row_begin, stream, nullptr, nullptr, 0};
+  Walk walk;
+  int64_t rows = 0;
+  retrieve_reads(std::span<const ReadItem>(&read, 1), std::span<Walk>(&walk, 1),
+                 std::span<int64_t>(&rows, 1), /*name_items=*/false);
+  return rows;
+}
+
+void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std::span<Walk> walks,
+                                            std::span<int64_t> rows, bool name_items) {
+  // The remote tier fills the pool where a walk would stop (no-op without one), before the lock.
+  if (remote_.enabled()) {
+    for (const ReadItem& read : reads) (void)read_through(read.chunks, read.slots);
+  }
+  // One lock for every walk's index part; KV checks and fence waits outside it.
+  {
+    HSS_RANGE("retrieve/walk");
+    std::lock_guard lock(mutex_);
+    check_open_locked();
+    for (size_t i = 0; i < reads.size(); ++i) {
+      walk_index_locked(walks[i], reads[i].chunks, reads[i].slots, reads[i].lookups);
+    }
+  }
+  for (size_t i = 0; i < reads.size(); ++i) {
+    // Host outputs need the rows now; device outputs only order themselves after the copies.
+    const auto& outs = reads[i].outs;
+    const bool all_device = std::all_of(outs.begin(), outs.end(), [](const MutableTensorView& o) {
+      return o.device == Device::kCuda;
+    });
+    walk_finish(walks[i], all_device ? PendingCopies::kOrderOnDevice : PendingCopies::kWaitOnHost,
+                reads[i].kv_answers);
+  }
+  // Every output against its walk before anything is written.
+  for (size_t i = 0; i < reads.size(); ++i) {
+    check_walk_outputs(walks[i], reads[i].outs, reads[i].row_begin,
+                       name_items ? std::optional<size_t>(i) : std::nullopt);
+  }
+  restore_walks(walks, reads, rows);
+  // One touch per key and list: the LRU order after a run of touches depends only on each
+  // key's last touch, so an item skips the chunks a later item of its list touches again (a
+  // key erased in between is gone either way).
+  // (A single read touches every chunk: nothing to compute, nothing allocated.)
+  std::vector<int64_t> touch_from;
+  if (reads.size() > 1) {
+    touch_from.assign(reads.size(), 0);
+    std::vector<int64_t> later_hits;
+    for (size_t i = reads.size(); i-- > 0;) {
+      if (reads[i].list >= later_hits.size()) later_hits.resize(reads[i].list + 1, 0);
+      int64_t& later = later_hits[reads[i].list];
+      touch_from[i] = std::min(later, walks[i].hits);
+      later = std::max(later, walks[i].hits);
+    }
+  }
+  {
+    // The lookups of the walks stay valid unless a key was erased meanwhile (they look again).
+    std::lock_guard lock(mutex_);
+    for (size_t i = 0; i < reads.size(); ++i) {
+      apply_walk_locked(walks[i], reads[i].lookups, touch_from.empty() ? 0 : touch_from[i]);
+    }
+  }
+  uint64_t hit_tokens = 0, miss_tokens = 0;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    hit_tokens += static_cast<uint64_t>(walks[i].prefix_tokens);
+    miss_tokens += static_cast<uint64_t>(reads[i].n_tokens - walks[i].prefix_tokens);
+  }
+  counters_.retrieves.fetch_add(reads.size(), std::memory_order_relaxed);
+  counters_.hit_tokens.fetch_add(hit_tokens, std::memory_order_relaxed);
+  counters_.miss_tokens.fetch_add(miss_tokens, std::memory_order_relaxed);
+}
+
+void HiddenStateStore::Impl::check_walk_outputs(const Walk& w,
+                                                std::span<const MutableTensorView> outs,
+                                                int64_t row_begin,
+                                                std::optional<size_t> item) const {
+  if (row_begin >= w.prefix_tokens) return;
+  const int64_t rows = w.prefix_tokens - row_begin;
+  // Checked before anything changes: a bad output view drops nothing and counts nothing.
+  for (size_t s = 0; s < outs.size(); ++s) {
+    if (outs[s].cols == w.cols(s) && outs[s].rows >= rows) continue;
+    const std::string name = (item ? "items[" + std::to_string(*item) + "]: " : std::string()) +
+                             (outs.size() == 1 ? "out" : "outs[" + std::to_string(s) + "]");
+    if (outs[s].cols != w.cols(s)) {
+      throw InvalidArgument(name + ".cols = " + std::to_string(outs[s].cols) +
+                            " but the cached hidden dim is " + std::to_string(w.cols(s)));
+    }
+    if (outs[s].rows < rows) {
+      throw InvalidArgument(name + ".rows = " + std::to_string(outs[s].rows) +
+                            " is too small for the " + std::to_string(rows) +
+                            " rows of the cached prefix");
+    }
+  }
+}
+
+void HiddenStateStore::Impl::restore_walks(std::span<Walk> walks, std::span<const ReadItem> reads,
+                                           std::span<int64_t> rows) {
+  HSS_RANGE("retrieve/assemble");
+  // Host outputs now; device outputs grouped per (device, stream), one launch per group after
+  // the union of its walks' fences, holding its walks' pins until it has read the pool.
+  detail::LaunchGroups<detail::RestoreJob> groups;
+  // Device jobs' segments (jobs hold spans of them: their buffers do not move with the list).
+  std::vector<std::vector<kernels::GatherSegment>> segments;
+  // Host outputs' segments: one buffer for every host output of the call, reused.
+  std::vector<kernels::GatherSegment> host_segments;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    Walk& w = walks[i];
+    const int64_t row_begin = reads[i].row_begin;
+    rows[i] = 0;
+    if (row_begin >= w.prefix_tokens) continue;  // nothing to restore
+    rows[i] = w.prefix_tokens - row_begin;
+    for (size_t s = 0; s < reads[i].outs.size(); ++s) {
+      const MutableTensorView& out = reads[i].outs[s];
+      // Any output dtype: same-type copies are bit-identical, narrowing rounds to nearest-even.
+      const kernels::OutputView view{out.data, w.cols(s), out.stride(),
+                                     detail::to_elem_type(out.dtype)};
+      if (out.device == Device::kCuda) {
+        plan_restore(w, s, row_begin, segments.emplace_back());
+        groups.add(out.device_index, reads[i].stream, {segments.back(), view}, i);
+      } else {
+        plan_restore(w, s, row_begin, host_segments);
+        detail::host_restore(host_segments, view, host_copy_context());
+      }
+    }
+  }
+  // The pins of a walk whose jobs are all in one group move into it; groups sharing a walk (its
+  // outputs on several devices) or holding several walks share or copy them.
+  // Pins on the heap move; pins in a batch's arena are copied out (the arena dies with the call).
+  std::pmr::memory_resource* const heap = std::pmr::new_delete_resource();
+  std::vector<std::shared_ptr<Walk::Pins>> walk_pins(walks.size());
+  const auto pins_of = [&](size_t i) {
+    if (!walk_pins[i]) {
+      Walk::Pins& own = walks[i].pinned;
+      walk_pins[i] = own.get_allocator().resource() == heap
+                         ? std::make_shared<Walk::Pins>(std::move(own))
+                         : std::make_shared<Walk::Pins>(own.begin(), own.end(), heap);
+    }
+    return walk_pins[i];
+  };
+  for (auto& group : groups) {
+    const bool one_walk = std::all_of(group.items.begin(), group.items.end(),
+                                      [&](size_t i) { return i == group.items.front(); });
+    std::vector<detail::FenceRef> fences;
+    std::shared_ptr<Walk::Pins> pins;
+    if (one_walk) {
+      fences = walks[group.items.front()].fences;  // distinct already
+      pins = pins_of(group.items.front());
+    } else {
+      pins = std::make_shared<Walk::Pins>(heap);
+      size_t last = SIZE_MAX;
+      for (const size_t i : group.items) {
+        if (i == last) continue;
+        last = i;
+        const Walk& w = walks[i];
+        fences.insert(fences.end(), w.fences.begin(), w.fences.end());
+        const std::span<const EntryRef> held = walk_pins[i]
+                                                   ? std::span<const EntryRef>(*walk_pins[i])
+                                                   : std::span<const EntryRef>(w.pinned);
+        pins->insert(pins->end(), held.begin(), held.end());
+      }
+      std::sort(fences.begin(), fences.end());
+      fences.erase(std::unique(fences.begin(), fences.end()), fences.end());
+    }
+    if (group.jobs.size() == 1) {
+      // One device output: restore(), which honours hidden_state_restore_impl.
+      const detail::RestoreJob& job = group.jobs.front();
+      device_path_->restore(job.segments, job.out, group.device_index, group.stream, fences,
+                            std::move(pins));
+    } else {
+      device_path_->restore_batch(group.jobs, group.device_index, group.stream, fences,
+                                  std::move(pins));
+    }
+  }
+  for (Walk& w : walks) w.pinned.clear();  // the walks' own pins drop; device restores hold theirs
+}
+
+int64_t HiddenStateStore::Impl::retrieve_chunk_layers_into(std::span<const Chunk> chunks,
+                                                           int64_t n_tokens,
+                                                           std::span<const Slot> slots,
+                                                           std::span<const MutableTensorView> outs,
+                                                           const RetrieveLayersOptions& opt) {
+  HSS_RANGE("retrieve");
+  if (opt.row_begin < 0) {
+    throw InvalidArgument("row_begin = " + std::to_string(opt.row_begin) + " is negative");
+  }
+  return retrieve_slots_into(chunks, n_tokens, slots, outs, opt.row_begin, opt.stream);
+}
+
+template <typename Token>
+int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const Token> token_ids,
+                                                     std::span<const Slot> slots,
+                                                     std::span<const MutableTensorView> outs,
+                                                     const RetrieveLayersOptions& opt) {
+  const std::vector<Chunk> chunks = token_database_.process_tokens(token_ids);
+  return retrieve_chunk_layers_into(chunks, static_cast<int64_t>(token_ids.size()), slots, outs,
+                                    opt);
+}
+
+template int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const int32_t>,
+                                                              std::span<const Slot>,
+                                                              std::span<const MutableTensorView>,
+                                                              const RetrieveLayersOptions&);
+template int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const int64_t>,
+                                                              std::span<const Slot>,
+                                                              std::span<const MutableTensorView>,
+                                                              const RetrieveLayersOptions&);
+
+int64_t HiddenStateStore::Impl::coverage(std::span<const Chunk> chunks,
+                                         std::span<const Slot> slots) const {
+  // The checks retrieve_chunks applies, so coverage never answers for input retrieve rejects.
+  check_chunks(chunks);
+  detail::check_slots(slots);
+  // Never a host wait: a copy in flight counts (a device restore orders itself after it, a host
+  // restore waits for it); one a non-blocking query sees failed ends the prefix, as a restore
+  // would.
+  return plan_walk(chunks, slots, PendingCopies::kQuery).prefix_tokens;
+}
+
+template std::vector<HostTensor> HiddenStateStore::Impl::retrieve_tokens(std::span<const int32_t>,
+                                                                         std::span<const Slot>,
+                                                                         int64_t);
+template std::vector<HostTensor> HiddenStateStore::Impl::retrieve_tokens(std::span<const int64_t>,
+                                                                         std::span<const Slot>,
+                                                                         int64_t);
+template int64_t HiddenStateStore::Impl::retrieve_tokens_into(std::span<const int32_t>,
+                                                              const MutableTensorView&,
+                                                              const RetrieveOptions&);
+template int64_t HiddenStateStore::Impl::retrieve_tokens_into(std::span<const int64_t>,
+                                                              const MutableTensorView&,
+                                                              const RetrieveOptions&);
+
+}  // namespace hss

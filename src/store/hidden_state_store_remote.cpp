@@ -1,0 +1,138 @@
+// The store's read side of the remote tier: read-through before a retrieve's walk, and coverage
+// counting remote values. (Write-behind is one call at the end of the store path.)
+//
+// Locks: the index mutex is never held across a fetch. Values arrive in the tier's callback,
+// under that server's read lock; inserting one takes the index mutex briefly (lock order: server
+// read lock, then index mutex, then the pool's free-stack mutex).
+
+#include <algorithm>
+#include <string>
+
+#include "base/nvtx.hpp"
+#include "store/hidden_state_store_impl.hpp"
+
+namespace hss {
+
+using detail::EntryRef;
+
+namespace {
+
+bool held_ready(const detail::KeyRecord* record, Slot slot, int64_t rows) {
+  const EntryRef* entry = record != nullptr ? record->find(slot) : nullptr;
+  return entry != nullptr && (*entry)->ready() && (*entry)->rows == rows;
+}
+
+}  // namespace
+
+size_t HiddenStateStore::Impl::kv_prefix_end(std::span<const Chunk> chunks, size_t from) const {
+  const StorageManager* kv = storage_manager_.load(std::memory_order_acquire);
+  if (kv == nullptr) return chunks.size();  // no KV side bound: KV counts as present
+  for (size_t i = from; i < chunks.size(); ++i) {
+    if (!kv->contains(chunks[i].key)) return i;
+  }
+  return chunks.size();
+}
+
+size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
+                                            std::span<const Slot> slots) {
+  if (!remote_.enabled() || chunks.empty()) return 0;
+  HSS_RANGE("retrieve/read_through");
+  struct Missing {
+    size_t chunk;
+    Slot slot;
+  };
+  std::vector<Missing> missing;
+  size_t from = chunks.size();  // where the walk would stop locally
+  uint64_t guard = 0;
+  {
+    std::lock_guard lock(mutex_);
+    check_open_locked();
+    guard = ++next_guard_;  // this prefix's keys are off limits to its own inserts' evictions
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      detail::KeyRecord* record = index_.find(chunks[i].key);
+      if (record != nullptr) record->guard = guard;
+      for (const Slot& slot : slots) {
+        if (held_ready(record, slot, chunks[i].size())) continue;
+        from = std::min(from, i);
+        if (config_.slot_allowed(slot.kind, slot.layer_idx)) missing.push_back({i, slot});
+      }
+    }
+  }
+  if (missing.empty() || missing.front().chunk != from) return 0;  // nothing to extend with
+  // Only chunks whose KV is present can extend the prefix (KV presence decides, per chunk).
+  const size_t end = kv_prefix_end(chunks, from);
+  std::erase_if(missing, [&](const Missing& m) { return m.chunk >= end; });
+  if (missing.empty()) return 0;
+
+  std::vector<detail::RemoteRequest> requests;
+  requests.reserve(missing.size());
+  for (const Missing& m : missing) {
+    const Chunk& chunk = chunks[m.chunk];
+    requests.push_back({chunk.key, std::string(to_string(m.slot.kind)), m.slot.layer_idx,
+                        chunk.size(), /*cols: any*/ 0});
+  }
+  // Each value goes into the pool as its reply arrives (no reply is held longer than its copy).
+  // A value past a chunk missing elsewhere is kept too: the walk, not the fetch, ends the prefix.
+  size_t inserted = 0;
+  remote_.fetch_each(requests, [&](size_t i, const detail::RemoteValue& value) {
+    if (insert_fetched(chunks[missing[i].chunk], missing[i].slot, value, guard) ==
+        InsertResult::kInserted) {
+      ++inserted;
+    }
+  });
+  remote_.count_read_through(inserted);
+  return inserted;
+}
+
+HiddenStateStore::Impl::InsertResult HiddenStateStore::Impl::insert_fetched(
+    const Chunk& chunk, Slot slot, const detail::RemoteValue& value, uint64_t guard) {
+  const auto storage = detail::to_elem_type(value.dtype);
+  auto entry = entries_.make(pool_, value.rows, value.cols, storage, slot);
+  entry->blocks.reserve(pool_.blocks_for(entry->payload_bytes()));
+  {
+    std::lock_guard lock(mutex_);
+    if (closed_) return InsertResult::kNoRoom;
+    const detail::KeyRecord* record = index_.find(chunk.key);
+    if (record != nullptr && record->find(slot) != nullptr) return InsertResult::kPresent;
+    // PENDING: invisible and not evictable while its bytes are copied in below.
+    if (!add_one_pending_locked(chunk.key, entry, guard, nullptr)) return InsertResult::kNoRoom;
+  }
+  detail::fill_entry(*entry, pool_, value.payload);  // no lock: a copy
+  std::lock_guard lock(mutex_);
+  (void)index_.publish(chunk.key, *entry);  // unless dropped meanwhile (close, drop_key)
+  return InsertResult::kInserted;
+}
+
+int64_t HiddenStateStore::Impl::coverage_with_remote(std::span<const Chunk> chunks,
+                                                     std::span<const Slot> slots) const {
+  const int64_t local = coverage(chunks, slots);
+  if (!remote_.enabled()) return local;
+  size_t from = 0;
+  while (from < chunks.size() && chunks[from].end <= local) ++from;
+  const size_t end = kv_prefix_end(chunks, from);
+  std::vector<detail::RemoteRequest> requests;
+  std::vector<size_t> chunk_of;
+  {
+    std::lock_guard lock(mutex_);
+    for (size_t i = from; i < end; ++i) {
+      const detail::KeyRecord* record = index_.find(chunks[i].key);
+      for (const Slot& slot : slots) {
+        if (held_ready(record, slot, chunks[i].size())) continue;
+        requests.push_back({chunks[i].key, std::string(to_string(slot.kind)), slot.layer_idx,
+                            chunks[i].size(), 0});
+        chunk_of.push_back(i);
+      }
+    }
+  }
+  const std::vector<bool> present = remote_.contains(requests);
+  size_t stop = end;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    if (!present[r]) {
+      stop = chunk_of[r];
+      break;
+    }
+  }
+  return stop == 0 ? 0 : std::max(local, chunks[stop - 1].end);
+}
+
+}  // namespace hss

@@ -1,0 +1,573 @@
+#include "tiers/remote/remote_tier.hpp"
+
+#include "config/redis_url.hpp"
+#include "hss/error.hpp"
+
+#if HSS_HAVE_REMOTE
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "base/log.hpp"
+#include "format/value_codec.hpp"
+#include "format/value_mac.hpp"
+#include "tiers/remote/redis_connection.hpp"
+#include "tiers/remote/remote_shard.hpp"
+
+namespace hss::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kBackoffMin{50};
+constexpr milliseconds kBackoffMax{2000};
+// One pipelined batch of the writer: bounded so a drop-oldest can still act on most of a burst.
+constexpr size_t kMaxBatchWrites = 256;
+constexpr uint64_t kMaxBatchBytes = 32ULL << 20;
+constexpr int kWriterNice = 10;
+
+struct PendingWrite {
+  std::string key;
+  size_t shard = 0;
+  RemoteHeader header;
+  uint64_t bytes = 0;
+  std::string copied;                                // the payload, when it was copied at enqueue
+  std::vector<std::span<const std::byte>> borrowed;  // the payload, when `owner` keeps it alive
+  std::shared_ptr<const void> owner;
+  std::function<bool()> ready;
+};
+
+struct Shard {
+  Shard(RedisEndpoint ep, milliseconds timeout)
+      : endpoint(std::move(ep)), writer(endpoint, timeout), reader(endpoint, timeout) {}
+
+  RedisEndpoint endpoint;
+  RedisConnection writer;  // background thread only
+
+  std::mutex reader_mutex;  // serialises fetches on `reader`
+  RedisConnection reader;
+  std::atomic<bool> reader_up{false};
+  // The server refused a SET with NOPERM: the ACL user may only read. Writes for this server are
+  // dropped (counted as denied) without being queued until the writer reconnects.
+  std::atomic<bool> writes_denied{false};
+
+  // Reconnect state: background thread (and the constructor before it starts) only.
+  milliseconds backoff = kBackoffMin;
+  Clock::time_point next_attempt{};
+  bool outage_logged = false;
+};
+
+class RedisRemoteTier final : public RemoteTier {
+ public:
+  explicit RedisRemoteTier(const Config& config)
+      : ttl_s_(config.hidden_state_remote_ttl_s),
+        timeout_(config.hidden_state_remote_timeout_ms),
+        queue_budget_(static_cast<uint64_t>(config.hidden_state_remote_queue_bytes)),
+        sharding_(server_ids(config)),
+        mac_(ValueMac::from_config(config)) {
+    for (RedisEndpoint& ep : parse_redis_urls(config.hidden_state_remote_url)) {
+      shards_.push_back(std::make_unique<Shard>(std::move(ep), timeout_));
+    }
+    (void)maintain_connections(/*initial=*/true, /*force=*/true);
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~RedisRemoteTier() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    work_cv_.notify_all();
+    thread_.join();
+  }
+
+  bool enqueue_write(const RemoteWrite& write, std::span<const std::span<const std::byte>> pieces,
+                     std::shared_ptr<const void> owner, std::function<bool()> ready) override;
+  std::vector<bool> contains(std::span<const RemoteRequest> requests) override;
+  std::vector<std::optional<RemoteValue>> fetch(std::span<const RemoteRequest> requests) override;
+  void fetch_each(std::span<const RemoteRequest> requests,
+                  const std::function<void(size_t, const RemoteValue&)>& on_value) override;
+  void count_dropped(uint64_t writes) override {
+    counters_.dropped.fetch_add(writes, std::memory_order_relaxed);
+  }
+  void flush() override {
+    std::unique_lock lock(mutex_);
+    idle_cv_.wait(lock, [&] { return queue_.empty() && !in_flight_; });
+  }
+  RemoteStats stats() const override;
+  std::string last_error() const override {
+    std::lock_guard lock(error_mutex_);
+    return last_error_;
+  }
+  void reconnect_now() override {
+    {
+      std::lock_guard lock(mutex_);
+      force_reconnect_ = true;
+    }
+    work_cv_.notify_all();
+  }
+  size_t shard_of(const CacheEngineKey& key) const override {
+    return sharding_.shard_of(key.to_string());
+  }
+
+ private:
+  static std::vector<std::string> server_ids(const Config& config) {
+    std::vector<std::string> ids;
+    for (const RedisEndpoint& ep : parse_redis_urls(config.hidden_state_remote_url)) {
+      ids.push_back(ep.display());
+    }
+    return ids;
+  }
+
+  void set_error(std::string text) {
+    std::lock_guard lock(error_mutex_);
+    last_error_ = std::move(text);
+  }
+  void wake() {
+    {
+      std::lock_guard lock(mutex_);
+      wake_ = true;
+    }
+    work_cv_.notify_all();
+  }
+
+  /// Connects what is down and due. Returns the earliest time a down server is due again.
+  std::optional<Clock::time_point> maintain_connections(bool initial, bool force);
+  void run();
+  void send(std::vector<PendingWrite>& batch);
+  /// One `verb key` command per request on the reader of its server, pipelined per server;
+  /// on_reply(request index, reply) for each reply received. A server that is down or fails
+  /// answers nothing for its requests.
+  void on_readers(std::span<const RemoteRequest> requests, std::string_view verb,
+                  const std::function<void(size_t, const RedisReply&)>& on_reply);
+  void send_to(Shard& shard, std::vector<PendingWrite*>& writes);
+
+  const int64_t ttl_s_;
+  const milliseconds timeout_;
+  const uint64_t queue_budget_;
+  const RendezvousSharding sharding_;
+  const std::shared_ptr<const ValueMac> mac_;  // null: values unauthenticated (xxHash3 only)
+  std::vector<std::unique_ptr<Shard>> shards_;
+
+  mutable std::mutex mutex_;  // guards the queue and the flags below
+  std::condition_variable work_cv_;
+  std::condition_variable idle_cv_;
+  std::deque<PendingWrite> queue_;
+  uint64_t queue_bytes_ = 0;
+  bool in_flight_ = false;
+  bool stopping_ = false;
+  bool wake_ = false;
+  bool force_reconnect_ = false;
+
+  mutable std::mutex error_mutex_;
+  std::string last_error_;
+
+  struct Counters {
+    std::atomic<uint64_t> hits{0}, misses{0}, corrupt{0}, bytes_read{0}, enqueued{0}, sent{0},
+        bytes_written{0}, dropped{0}, reconnects{0}, errors{0}, unauthenticated{0}, denied{0};
+  };
+  Counters counters_;
+  std::thread thread_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// connections
+
+std::optional<Clock::time_point> RedisRemoteTier::maintain_connections(bool initial, bool force) {
+  std::optional<Clock::time_point> next_due;
+  const auto now = Clock::now();
+  for (auto& shard_ptr : shards_) {
+    Shard& shard = *shard_ptr;
+    const bool writer_down = !shard.writer.connected();
+    const bool reader_down = !shard.reader_up.load(std::memory_order_acquire);
+    if (!writer_down && !reader_down) continue;
+    if (!force && now < shard.next_attempt) {
+      next_due = next_due ? std::min(*next_due, shard.next_attempt) : shard.next_attempt;
+      continue;
+    }
+    std::optional<std::string> error;
+    if (writer_down) error = shard.writer.connect();
+    if (!error && reader_down) {
+      // Connect a fresh one outside the reader lock, so fetches never wait on a connect.
+      RedisConnection fresh(shard.endpoint, timeout_);
+      error = fresh.connect();
+      if (!error) {
+        std::lock_guard lock(shard.reader_mutex);
+        shard.reader = std::move(fresh);
+        shard.reader_up.store(true, std::memory_order_release);
+      }
+    }
+    if (!error) {
+      if (writer_down)
+        shard.writes_denied.store(false, std::memory_order_relaxed);  // ACL may change
+      if (!initial) {
+        counters_.reconnects.fetch_add(1, std::memory_order_relaxed);
+        log(LogLevel::kInfo, "remote tier: connected to " + shard.endpoint.display());
+      }
+      shard.backoff = kBackoffMin;
+      shard.outage_logged = false;
+      continue;
+    }
+    counters_.errors.fetch_add(1, std::memory_order_relaxed);
+    set_error(*error);
+    if (!shard.outage_logged) {
+      log(LogLevel::kWarn, "remote tier: " + *error + (initial ? "; running without it" : "") +
+                               "; reconnecting in the background");
+      shard.outage_logged = true;
+    }
+    shard.next_attempt = Clock::now() + shard.backoff;
+    shard.backoff = std::min(kBackoffMax, shard.backoff * 2);
+    next_due = next_due ? std::min(*next_due, shard.next_attempt) : shard.next_attempt;
+  }
+  return next_due;
+}
+
+// ---------------------------------------------------------------------------------------------
+// write-behind
+
+bool RedisRemoteTier::enqueue_write(const RemoteWrite& write,
+                                    std::span<const std::span<const std::byte>> pieces,
+                                    std::shared_ptr<const void> owner,
+                                    std::function<bool()> ready) {
+  const size_t bytes = remote_payload_bytes(write.dtype, write.rows, write.cols);
+  size_t given = 0;
+  for (const auto piece : pieces) given += piece.size();
+  if (given != bytes || write.rows <= 0 || write.cols <= 0) {
+    throw InvalidArgument("remote write of " + std::to_string(given) + " bytes for rows = " +
+                          std::to_string(write.rows) + ", cols = " + std::to_string(write.cols) +
+                          " of " + std::string(to_string(write.dtype)) + " (needs " +
+                          std::to_string(bytes) + ", rows and cols > 0)");
+  }
+  if (bytes > queue_budget_) {
+    counters_.dropped.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  PendingWrite pending;
+  pending.shard = sharding_.shard_of(write.key.to_string());
+  if (shards_[pending.shard]->writes_denied.load(std::memory_order_relaxed)) {
+    counters_.denied.fetch_add(1, std::memory_order_relaxed);
+    return false;  // a read-only ACL user: nothing queued, nothing pinned
+  }
+  pending.key = remote_key(write.key, write.kind, write.layer);
+  pending.header = RemoteHeader{write.dtype, write.rows, write.cols, 0};
+  pending.bytes = bytes;
+  if (owner) {
+    pending.borrowed.assign(pieces.begin(), pieces.end());
+    pending.owner = std::move(owner);
+  } else {
+    pending.copied.reserve(bytes);
+    for (const auto piece : pieces) {
+      pending.copied.append(reinterpret_cast<const char*>(piece.data()), piece.size());
+    }
+  }
+  pending.ready = std::move(ready);
+
+  std::vector<PendingWrite> dropped;  // released after the lock: owners may free pool blocks
+  bool writer_idle = false;
+  {
+    std::lock_guard lock(mutex_);
+    // A busy writer finds this write when its batch is done: waking it per write would only
+    // make it contend with the storing thread.
+    writer_idle = queue_.empty() && !in_flight_;
+    while (!queue_.empty() && queue_bytes_ + bytes > queue_budget_) {
+      queue_bytes_ -= queue_.front().bytes;
+      dropped.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    queue_bytes_ += bytes;
+    queue_.push_back(std::move(pending));
+  }
+  counters_.dropped.fetch_add(dropped.size(), std::memory_order_relaxed);
+  counters_.enqueued.fetch_add(1, std::memory_order_relaxed);
+  if (writer_idle) work_cv_.notify_one();
+  return true;
+}
+
+void RedisRemoteTier::run() {
+  // Background work: on a busy machine it yields the CPU to the threads that store and
+  // retrieve (Linux applies a nice value per thread). Failure only loses that preference.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
+  std::unique_lock lock(mutex_);
+  while (true) {
+    const bool force = std::exchange(force_reconnect_, false);
+    wake_ = false;
+    const bool stopping = stopping_;
+    lock.unlock();
+    std::optional<Clock::time_point> due;
+    if (!stopping) due = maintain_connections(/*initial=*/false, force);
+    lock.lock();
+    if (queue_.empty()) {
+      idle_cv_.notify_all();
+      if (stopping_) break;
+      const auto woken = [&] { return stopping_ || wake_ || force_reconnect_ || !queue_.empty(); };
+      if (due) {
+        work_cv_.wait_until(lock, *due, woken);
+      } else {
+        work_cv_.wait(lock, woken);
+      }
+      continue;
+    }
+    std::vector<PendingWrite> batch;
+    uint64_t batch_bytes = 0;
+    while (!queue_.empty() && batch.size() < kMaxBatchWrites &&
+           (batch.empty() || batch_bytes + queue_.front().bytes <= kMaxBatchBytes)) {
+      batch_bytes += queue_.front().bytes;
+      queue_bytes_ -= queue_.front().bytes;
+      batch.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    in_flight_ = true;
+    lock.unlock();
+    send(batch);
+    batch.clear();  // owners released outside the lock
+    lock.lock();
+    in_flight_ = false;
+  }
+}
+
+void RedisRemoteTier::send(std::vector<PendingWrite>& batch) {
+  std::vector<std::vector<PendingWrite*>> by_shard(shards_.size());
+  for (PendingWrite& w : batch) by_shard[w.shard].push_back(&w);
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (!by_shard[s].empty()) send_to(*shards_[s], by_shard[s]);
+  }
+}
+
+void RedisRemoteTier::send_to(Shard& shard, std::vector<PendingWrite*>& writes) {
+  if (shard.writes_denied.load(std::memory_order_relaxed)) {
+    counters_.denied.fetch_add(writes.size(), std::memory_order_relaxed);
+    return;
+  }
+  if (!shard.writer.connected()) {
+    counters_.dropped.fetch_add(writes.size(), std::memory_order_relaxed);
+    return;
+  }
+  std::vector<RespCommand> commands;
+  std::vector<const PendingWrite*> sent;
+  commands.reserve(writes.size());
+  const std::string ttl = std::to_string(ttl_s_);
+  for (PendingWrite* w : writes) {
+    if (w->ready && !w->ready()) {
+      counters_.dropped.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    std::vector<std::span<const std::byte>> payload = w->borrowed;
+    if (!w->owner) payload = {std::as_bytes(std::span(w->copied.data(), w->copied.size()))};
+    RemoteHeader header = w->header;
+    header.payload_hash = hash_pieces(payload);
+    header.flags = mac_ ? kRemoteFlagMac : 0;
+    std::array<std::byte, kRemoteHeaderBytes> header_bytes{};
+    encode_remote_header(header, header_bytes);
+    Mac tag{};
+    if (mac_) tag = mac_->compute(w->key, header_bytes, payload);
+    std::vector<std::span<const std::byte>> value;
+    value.reserve(payload.size() + 2);
+    value.emplace_back(header_bytes);
+    if (mac_) value.emplace_back(tag);
+    value.insert(value.end(), payload.begin(), payload.end());
+    RespCommand& command =
+        commands.emplace_back(ttl_s_ > 0 ? 5 : 3, w->bytes + w->key.size() + kMacBytes);
+    command.arg("SET").arg(w->key).arg(value);
+    if (ttl_s_ > 0) command.arg("EX").arg(ttl);
+    sent.push_back(w);
+  }
+  if (commands.empty()) return;
+  const auto result = shard.writer.pipeline(commands);
+  for (size_t i = 0; i < result.replies.size(); ++i) {
+    if (result.replies[i].type() == RedisReply::Type::kStatus) {
+      counters_.sent.fetch_add(1, std::memory_order_relaxed);
+      counters_.bytes_written.fetch_add(sent[i]->bytes, std::memory_order_relaxed);
+    } else if (result.replies[i].text().starts_with("NOPERM")) {
+      // The ACL user may not write: a read-only tier, not a fault. Counted, logged once.
+      counters_.denied.fetch_add(1, std::memory_order_relaxed);
+      if (!shard.writes_denied.exchange(true, std::memory_order_relaxed)) {
+        set_error("SET on " + shard.endpoint.display() + ": " +
+                  std::string(result.replies[i].text()));
+        log(LogLevel::kWarn, "remote tier: " + shard.endpoint.display() +
+                                 " refuses writes for this user (" +
+                                 std::string(result.replies[i].text()) +
+                                 "); reading only, writes to it are dropped and counted");
+      }
+    } else {
+      counters_.errors.fetch_add(1, std::memory_order_relaxed);
+      counters_.dropped.fetch_add(1, std::memory_order_relaxed);
+      set_error("SET on " + shard.endpoint.display() + ": " +
+                std::string(result.replies[i].text()));
+    }
+  }
+  if (!result.error.empty()) {
+    counters_.errors.fetch_add(1, std::memory_order_relaxed);
+    counters_.dropped.fetch_add(commands.size() - result.replies.size(), std::memory_order_relaxed);
+    set_error("write to " + shard.endpoint.display() + ": " + result.error);
+    if (!shard.outage_logged) {
+      log(LogLevel::kWarn, "remote tier: lost " + shard.endpoint.display() + " (" + result.error +
+                               "); its writes are dropped until it is back");
+      shard.outage_logged = true;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// read-through
+
+void RedisRemoteTier::on_readers(std::span<const RemoteRequest> requests, std::string_view verb,
+                                 const std::function<void(size_t, const RedisReply&)>& on_reply) {
+  std::vector<std::vector<size_t>> by_shard(shards_.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    by_shard[sharding_.shard_of(requests[i].key.to_string())].push_back(i);
+  }
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    const std::vector<size_t>& mine = by_shard[s];
+    if (mine.empty()) continue;
+    Shard& shard = *shards_[s];
+    if (!shard.reader_up.load(std::memory_order_acquire)) continue;  // down: no reply, no wait
+    std::vector<RespCommand> commands;
+    commands.reserve(mine.size());
+    for (const size_t i : mine) {
+      const RemoteRequest& r = requests[i];
+      commands.emplace_back(2).arg(verb).arg(remote_key(r.key, r.kind, r.layer));
+    }
+    std::lock_guard lock(shard.reader_mutex);
+    if (!shard.reader.connected()) continue;
+    // Replies are handed on as they arrive, under the reader lock: a fetch of many large values
+    // never holds them all at once.
+    size_t delivered = 0;
+    const auto deliver = [&](size_t j, RedisReply&& reply) {
+      ++delivered;
+      if (reply.type() == RedisReply::Type::kError) {
+        counters_.errors.fetch_add(1, std::memory_order_relaxed);
+      }
+      on_reply(mine[j], reply);
+    };
+    auto result = shard.reader.pipeline(commands, deliver);
+    if (!result.error.empty() && delivered == 0) {
+      // An idle connection the server dropped (a restart) fails on its first use, before any
+      // reply: one fresh connect and one retry, each bounded by the timeout (a server that is
+      // really down refuses the connect at once), before the shard counts as down.
+      RedisConnection fresh(shard.endpoint, timeout_);
+      if (!fresh.connect()) {
+        shard.reader = std::move(fresh);
+        counters_.reconnects.fetch_add(1, std::memory_order_relaxed);
+        result = shard.reader.pipeline(commands, deliver);
+      }
+    }
+    if (!result.error.empty()) {
+      shard.reader_up.store(false, std::memory_order_release);
+      counters_.errors.fetch_add(1, std::memory_order_relaxed);
+      set_error("read from " + shard.endpoint.display() + ": " + result.error);
+      log(LogLevel::kWarn, "remote tier: read from " + shard.endpoint.display() + " failed (" +
+                               result.error + "); its chunks miss until it is back");
+      wake();
+    }
+  }
+}
+
+std::vector<bool> RedisRemoteTier::contains(std::span<const RemoteRequest> requests) {
+  std::vector<bool> present(requests.size(), false);
+  on_readers(requests, "EXISTS", [&](size_t i, const RedisReply& reply) {
+    present[i] = reply.type() == RedisReply::Type::kInteger && reply.integer() > 0;
+  });
+  return present;
+}
+
+void RedisRemoteTier::fetch_each(std::span<const RemoteRequest> requests,
+                                 const std::function<void(size_t, const RemoteValue&)>& on_value) {
+  uint64_t hits = 0, corrupt = 0, bytes = 0, unauthenticated = 0;
+  on_readers(requests, "GET", [&](size_t i, const RedisReply& reply) {
+    if (reply.type() != RedisReply::Type::kString) return;  // nil (absent) or an error reply
+    const RemoteRequest& r = requests[i];
+    const std::string name = mac_ ? remote_key(r.key, r.kind, r.layer) : std::string();
+    const DecodedValue decoded =
+        decode_remote_value(reply.bytes(), r.rows, r.cols, mac_.get(), name);
+    if (decoded.status != DecodeStatus::kOk) {
+      ++corrupt;
+      if (decoded.status == DecodeStatus::kUnauthenticated) ++unauthenticated;
+      if (log_enabled(LogLevel::kDebug)) {
+        log(LogLevel::kDebug, "remote tier: value of " + remote_key(r.key, r.kind, r.layer) +
+                                  " rejected: " + std::string(to_string(decoded.status)));
+      }
+      return;
+    }
+    ++hits;
+    bytes += decoded.payload.size();
+    on_value(i, RemoteValue{decoded.header.dtype, decoded.header.rows, decoded.header.cols,
+                            decoded.payload, reply.owner()});
+  });
+  counters_.hits.fetch_add(hits, std::memory_order_relaxed);
+  counters_.misses.fetch_add(requests.size() - hits, std::memory_order_relaxed);
+  counters_.corrupt.fetch_add(corrupt, std::memory_order_relaxed);
+  counters_.unauthenticated.fetch_add(unauthenticated, std::memory_order_relaxed);
+  counters_.bytes_read.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+std::vector<std::optional<RemoteValue>> RedisRemoteTier::fetch(
+    std::span<const RemoteRequest> requests) {
+  std::vector<std::optional<RemoteValue>> results(requests.size());
+  fetch_each(requests, [&](size_t i, const RemoteValue& value) { results[i] = value; });
+  return results;
+}
+
+RemoteStats RedisRemoteTier::stats() const {
+  RemoteStats s;
+  s.enabled = true;
+  s.servers = shards_.size();
+  for (const auto& shard : shards_) {
+    if (shard->reader_up.load(std::memory_order_acquire)) ++s.servers_connected;
+  }
+  s.hits = counters_.hits.load();
+  s.misses = counters_.misses.load();
+  s.corrupt_values = counters_.corrupt.load();
+  s.bytes_read = counters_.bytes_read.load();
+  s.writes_enqueued = counters_.enqueued.load();
+  s.writes_sent = counters_.sent.load();
+  s.bytes_written = counters_.bytes_written.load();
+  s.dropped_writes = counters_.dropped.load();
+  s.reconnects = counters_.reconnects.load();
+  s.errors = counters_.errors.load();
+  s.unauthenticated_values = counters_.unauthenticated.load();
+  s.writes_denied = counters_.denied.load();
+  {
+    std::lock_guard lock(mutex_);
+    s.queue_bytes = queue_bytes_;
+  }
+  return s;
+}
+
+}  // namespace
+
+bool remote_tier_available() { return true; }
+
+std::unique_ptr<RemoteTier> RemoteTier::create(const Config& config) {
+  if (config.hidden_state_remote_url.empty()) return nullptr;
+  return std::make_unique<RedisRemoteTier>(config);
+}
+
+}  // namespace hss::detail
+
+#else  // !HSS_HAVE_REMOTE
+
+namespace hss::detail {
+
+bool remote_tier_available() { return false; }
+
+std::unique_ptr<RemoteTier> RemoteTier::create(const Config& config) {
+  if (config.hidden_state_remote_url.empty()) return nullptr;
+  throw ConfigError(
+      "config key 'hidden_state_remote_url': this build has no remote tier "
+      "(hiredis was not found when it was built), got '" +
+      mask_redis_url(config.hidden_state_remote_url.front()) + "'");
+}
+
+}  // namespace hss::detail
+
+#endif  // HSS_HAVE_REMOTE
