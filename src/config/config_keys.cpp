@@ -251,9 +251,12 @@ constexpr std::array kKeys = {
     key<GiBCodec>("max_hidden_state_cpu_size", HSS_MEMBER(max_hidden_state_cpu_size),
         [](const Config& c, const KeyCheck& k) {
           check_gib(c.max_hidden_state_cpu_size, k);
-          if (!c.enable_hidden_state_cache || c.hidden_state_pool_bytes() != 0) return;
+          if (!c.enable_hidden_state_cache ||
+              c.hidden_state_pool_bytes() >= limits::kMinGranuleBytes) {
+            return;
+          }
           constexpr std::string_view kProblem =
-              "must be > 0 (at least one byte) when enable_hidden_state_cache is true";
+              "must hold at least one 64-byte granule when enable_hidden_state_cache is true";
           if (k.given(k.key())) k.fail(kProblem);
           // The size was left at its default; then the switch is what to point at.
           std::string where = "not set";

@@ -17,25 +17,13 @@ using detail::EntryRef;
 
 namespace {
 
+/// The pool's size once the key table (config_keys.cpp, the one place keys are checked) accepts
+/// the config as a store's: a store is the hidden-state cache enabled, whatever the switch says.
 uint64_t checked_pool_bytes(const Config& config) {
-  // The granule override is a config value: a bad one is a ConfigError, like from_yaml says.
-  const int64_t granule = config.hidden_state_block_bytes;
-  if (granule < 0 || granule % static_cast<int64_t>(detail::BlockPool::kMinGranuleBytes) != 0 ||
-      granule > static_cast<int64_t>(detail::BlockPool::kMaxGranuleBytes)) {
-    throw ConfigError("hidden_state_block_bytes = " + std::to_string(granule) +
-                      " must be 0 (automatic granule) or a positive multiple of 64 up to 64 MiB");
-  }
-  if (!(config.max_hidden_state_cpu_size > 0)) {
-    throw ConfigError("max_hidden_state_cpu_size must be > 0 for the hidden-state store, got " +
-                      std::to_string(config.max_hidden_state_cpu_size));
-  }
-  const uint64_t bytes = config.hidden_state_pool_bytes();
-  if (bytes < detail::BlockPool::kMinGranuleBytes) {
-    throw ConfigError(
-        "max_hidden_state_cpu_size = " + std::to_string(config.max_hidden_state_cpu_size) +
-        " GiB is smaller than one 64-byte granule");
-  }
-  return bytes;
+  Config as_store = config;
+  as_store.enable_hidden_state_cache = true;
+  as_store.validate();
+  return as_store.hidden_state_pool_bytes();
 }
 
 }  // namespace

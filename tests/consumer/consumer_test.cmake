@@ -12,6 +12,9 @@ if(MODE STREQUAL "install")
 else()
   set(configure_args -DHSS_SOURCE_DIR=${SOURCE_DIR})
 endif()
+if(CONSUMER_CUDA)
+  list(APPEND configure_args -DHSS_CONSUMER_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
+endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK}/build -G Ninja
                         -DCMAKE_BUILD_TYPE=Release ${configure_args}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
@@ -22,6 +25,20 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK}/build -j 2
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "building the consumer failed:\n${out}")
+endif()
+# One CUDA runtime on the consumer's link line: hsstore's libcudart.so, never CMake's static one
+# beside it (two runtimes in one process keep two sets of contexts, streams and errors).
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK}/build -- -t commands consumer
+                RESULT_VARIABLE rc OUTPUT_VARIABLE commands ERROR_VARIABLE commands)
+string(REGEX MATCH "[^\n]*-o consumer [^\n]*" link_line "${commands}")
+if(NOT link_line)
+  message(FATAL_ERROR "no link command for the consumer in:\n${commands}")
+endif()
+if(link_line MATCHES "cudart_static")
+  message(FATAL_ERROR "the consumer links a second (static) CUDA runtime:\n${link_line}")
+endif()
+if(CONSUMER_CUDA AND NOT link_line MATCHES "libcudart\\.so|-lcudart")
+  message(FATAL_ERROR "the consumer links no shared CUDA runtime:\n${link_line}")
 endif()
 execute_process(COMMAND ${WORK}/build/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out)
 message(STATUS "${out}")

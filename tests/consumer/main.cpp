@@ -5,7 +5,15 @@
 #include <cstring>
 #include <vector>
 
+#if defined(HSS_CONSUMER_CUDA)
+int consumer_device_count();  // scale.cu
+#endif
+
 int main() {
+#if defined(HSS_CONSUMER_CUDA)
+  std::printf("consumer: %d CUDA device(s) seen by the consumer's own code\n",
+              consumer_device_count());
+#endif
   hss::Config config;
   config.chunk_size = 16;
   config.enable_hidden_state_cache = true;
