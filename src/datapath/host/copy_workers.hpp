@@ -1,6 +1,6 @@
 #pragma once
 // The threads that split one large host copy (hidden_state_copy_threads,
-// Config::tuning.copy_threads), and how many a store gets when the key says `auto`.
+// Config::tuning.copy_threads).
 //
 // Why: one core drives a fraction of a server socket's memory bandwidth (a 256 MiB restore takes
 // ~25 ms on one thread of the CI VMs). A host store or restore of at least two
@@ -28,9 +28,10 @@
 
 namespace hss::detail {
 
-/// The smallest part worth waking a thread for when the CPU family has no measured figure (a
-/// wake-up costs 10-50 us on a VM; 4 MiB take ~300 us to copy from DRAM). The rules of
-/// host_copy.cpp give each family its own (HostCopyStats::min_bytes_per_copy_thread).
+/// The smallest part worth waking a thread for, the split size of the CPU rules in host_copy.cpp
+/// (HostCopyStats::min_bytes_per_copy_thread): on AMD EPYC two threads lost below 16 MiB calls,
+/// broke even at 16 MiB and won from 32 MiB (a wake-up costs tens to hundreds of microseconds on
+/// a VM; docs/perf.md, "Copy threads"). Families not measured yet take the same.
 inline constexpr uint64_t kMinBytesPerCopyThread = uint64_t{16} << 20;
 
 class CopyWorkers {
