@@ -233,7 +233,7 @@ void run_remote(Context& ctx) {
   Config tier_cfg = remote_store_config(chunk, pool, url);
   std::shared_ptr<detail::RemoteTier> tier = detail::RemoteTier::create(tier_cfg);
   auto requests = std::make_shared<std::vector<detail::RemoteRequest>>();
-  for (const Chunk& c : *chunks) requests->push_back({c.key, "hidden", 0, chunk, hidden});
+  for (const Chunk& c : *chunks) requests->push_back({c.key, Slot{ActivationKind::kHidden, 0}, chunk, hidden});
   Timed fetch;
   fetch.name = "tier fetch";
   fetch.run = [tier, requests] {

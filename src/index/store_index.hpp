@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "datapath/data_path.hpp"
+#include "format/row_format.hpp"
 #include "hss/activation.hpp"
 #include "hss/cache_key.hpp"
 #include "index/node_pool.hpp"
@@ -74,12 +75,15 @@ namespace hss::detail {
 enum class EntryState : uint8_t { kPending, kReady, kDetached };
 // clang-format on
 
-/// One (key, kind, layer) of activations: rows x cols of `storage` over pool granules. Shared
-/// ownership is the pin: the index holds one reference, each retrieve copying it holds another,
-/// and the granules return to the pool with the last reference (after any copy into them landed).
+/// One (key, kind, layer) of activations: rows x cols in `format` over granules of `home`.
+/// Shared ownership is the pin: the index holds one reference, each retrieve copying it holds
+/// another, and the granules return to their home with the last reference (after any copy into
+/// them landed). Where the bytes are is the home's residency(); how they are encoded is
+/// `format` (element type, scales): nothing about an entry assumes the host pool or a 16/32-bit
+/// float.
 struct Entry {
-  Entry(BlockPool& pool_, int64_t rows_, int64_t cols_, kernels::ElemType storage_, Slot slot_)
-      : pool(pool_), rows(rows_), cols(cols_), storage(storage_), slot(slot_) {}
+  Entry(GranuleHome& home_, int64_t rows_, int64_t cols_, RowFormat format_, Slot slot_)
+      : home(home_), rows(rows_), cols(cols_), format(format_), slot(slot_) {}
   /// Never waits for a copy still landing in the blocks: they go to `deferred` and return to the
   /// pool once the fence is seen landed (only the cached flag is read here: this may run under
   /// the index lock). Without `deferred` (or out of memory) it waits, as a last resort.
@@ -88,24 +92,23 @@ struct Entry {
       if (deferred != nullptr && deferred->defer(blocks, fence)) return;
       (void)fence->wait();  // never hand back blocks a DMA may still write
     }
-    pool.release(blocks);
+    home.release(blocks);
   }
   Entry(const Entry&) = delete;
   Entry& operator=(const Entry&) = delete;
 
-  [[nodiscard]] uint64_t payload_bytes() const {
-    return static_cast<uint64_t>(rows * cols) * kernels::elem_bytes(storage);
-  }
+  [[nodiscard]] uint64_t payload_bytes() const { return format.payload_bytes(rows, cols); }
+  [[nodiscard]] Residency residency() const noexcept { return home.residency(); }
   /// True while a device-to-host copy into the blocks may still be in flight, as last seen (the
   /// cached flag: no device query under the index lock; DevicePath::poll() refreshes it).
   [[nodiscard]] bool copy_in_flight() const { return fence && !fence->settled(); }
   /// True when the copy into the blocks failed, as last seen: the rows must never be served.
   [[nodiscard]] bool copy_failed() const { return fence && fence->failed(); }
 
-  BlockPool& pool;
-  BlockList blocks;  ///< empty until the pool granted them (so a dropped plan releases nothing)
+  GranuleHome& home;  ///< the pool that lent the granules and takes them back
+  BlockList blocks;   ///< empty until the home granted them (so a dropped plan releases nothing)
   const int64_t rows, cols;
-  const kernels::ElemType storage;
+  const RowFormat format;
   const Slot slot;
   std::shared_ptr<CopyFence> fence;     ///< set by device-path stores
   DeferredRelease* deferred = nullptr;  ///< where blocks wait for an in-flight copy (device path)

@@ -25,6 +25,8 @@
 
 #include "hss/detail/checked.hpp"
 
+#include "pool/granule_home.hpp"
+
 namespace hss::detail {
 
 /// The granule ids of one entry: up to kInline of them inline (an entry of a chunk or less under
@@ -86,7 +88,7 @@ class BlockList {
   size_t capacity_ = kInline;
 };
 
-class BlockPool {
+class BlockPool final : public GranuleHome {
  public:
   static constexpr uint64_t kDefaultGranuleBytes = uint64_t{64} << 10;
   static constexpr uint64_t kMinGranuleBytes = limits::kMinGranuleBytes;
@@ -120,7 +122,8 @@ class BlockPool {
   }
   /// Fills `out` with out.size() granule ids, or returns false and takes nothing. Never throws.
   [[nodiscard]] bool allocate(std::span<uint32_t> out) noexcept;
-  void release(std::span<const uint32_t> blocks) noexcept;
+  void release(std::span<const uint32_t> blocks) noexcept override;
+  [[nodiscard]] Residency residency() const noexcept override { return Residency::kHostPool; }
   [[nodiscard]] std::byte* block_address(uint32_t id) const {
     return base_ + static_cast<uint64_t>(id) * granule_bytes_;
   }

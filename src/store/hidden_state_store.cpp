@@ -8,6 +8,7 @@
 #include "datapath/cuda_runtime.hpp"
 #include "hss/detail/host_buffer.hpp"
 #include "hss/error.hpp"
+#include "store/backing_tiers.hpp"
 #include "store/hidden_state_store_impl.hpp"
 #include "store/store_validation.hpp"
 
@@ -47,7 +48,7 @@ HiddenStateStore::Impl::Impl(const Config& config, const TokenDatabase& token_da
       device_path_(detail::DevicePath::create(config_)),
       mac_(detail::ValueMac::from_config(config_)),
       // Queued writes may keep half the pool from eviction; beyond that they copy.
-      remote_(config_, pool_.capacity_bytes() / 2) {
+      tiers_(detail::make_backing_tiers(config_), pool_.capacity_bytes() / 2) {
   // Process-wide: the recycler of restore outputs, and the log threshold when the config sets one.
   detail::host_buffer_pool_set_limit(static_cast<size_t>(config_.tuning.output_cache_bytes));
   if (config_.hidden_state_log_level) detail::set_log_level(*config_.hidden_state_log_level);
@@ -151,7 +152,7 @@ void HiddenStateStore::Impl::flush() {
     device_path_->flush();
     reclaim_device_resources();
   }
-  remote_.flush();
+  tiers_.flush();
 }
 
 void HiddenStateStore::Impl::close() {
@@ -163,6 +164,7 @@ void HiddenStateStore::Impl::close() {
     closed_ = true;
   }
   flush();
+  tiers_.close();   // the tiers take no more writes (a closed store stores nothing anyway)
   leases_.clear();  // a closed store exports nothing: its consumers' releases answer false
   std::lock_guard lock(mutex_);
   index_.clear();
@@ -278,7 +280,7 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
   for (size_t k = 0; k < s.per_kind.size(); ++k) {
     s.per_kind[k].chunks_written = counters_.kind_chunks_written[k].load();
   }
-  s.remote = remote_.stats();
+  s.remote = detail::remote_stats_of(tiers_);
   s.host_copy = host_copy_.info;
   s.host_copy.copy_threads = copy_threads_.threads;
   s.host_copy.copy_threads_auto = copy_threads_.automatic;
@@ -393,7 +395,7 @@ int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks, std::span<cons
 int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks, std::span<const Slot> slots,
                                    CoverageScope scope) const {
   return scope == CoverageScope::kLocal ? impl_->coverage(chunks, slots)
-                                        : impl_->coverage_with_remote(chunks, slots);
+                                        : impl_->coverage_with_tiers(chunks, slots);
 }
 
 int64_t HiddenStateStore::retrieve_layers_into(TokenIds t, std::span<const Slot> slots,

@@ -3,7 +3,7 @@
 //   hidden_state_store.cpp        construction, queries, maintenance, the public surface
 //   hidden_state_store_write.cpp  the store path (plan under the lock, copy outside it, publish)
 //   hidden_state_store_read.cpp   the prefix walk shared by retrieve, retrieve_into, coverage
-//   hidden_state_store_remote.cpp read-through and remote coverage (the remote tier)
+//   hidden_state_store_tiers.cpp  read-through and coverage over the backing tiers
 //   hidden_state_store_transfer.cpp exports with leases, imports (hss/pool_transfer.hpp)
 //
 // Lock order: the index mutex, then the pool's free-stack mutex. Never the reverse, never a KV
@@ -31,7 +31,7 @@
 #include "index/store_index.hpp"
 #include "pool/block_pool.hpp"
 #include "pool/deferred_release.hpp"
-#include "tiers/remote/store_remote.hpp"
+#include "tiers/tier_chain.hpp"
 
 namespace hss {
 
@@ -126,13 +126,14 @@ class HiddenStateStore::Impl {
   void close();
   HiddenStateStats stats() const;
 
-  // ---- remote tier (hidden_state_remote.cpp); no-ops without hidden_state_remote_url
+  // ---- backing tiers (hidden_state_store_tiers.cpp); no-ops without a tier
   /// Read-through: from the first chunk whose slots are not all local, up to the first chunk
-  /// without KV, fetches the missing (chunk, slot) values in one pipelined round trip per server
-  /// and inserts each into the pool as it arrives. The walk that follows decides the prefix.
-  /// Returns the entries inserted.
+  /// without KV, fetches the missing (chunk, slot) values from the tiers in order (each tier
+  /// asked once, for what the tiers before it did not have) and inserts each into the pool as
+  /// it arrives. The walk that follows decides the prefix. Returns the entries inserted.
   size_t read_through(std::span<const Chunk> chunks, std::span<const Slot> slots);
-  int64_t coverage_with_remote(std::span<const Chunk> chunks, std::span<const Slot> slots) const;
+  /// coverage() extended by the values some tier holds (CoverageScope::kLocalAndRemote).
+  int64_t coverage_with_tiers(std::span<const Chunk> chunks, std::span<const Slot> slots) const;
   /// The first chunk at or after `from` whose KV is gone (chunks.size() when none is, or when no
   /// KV side is bound). Asks the storage manager outside every lock.
   size_t kv_prefix_end(std::span<const Chunk> chunks, size_t from) const;
@@ -209,6 +210,9 @@ class HiddenStateStore::Impl {
   void apply_walk_locked(const Walk& w, detail::RecordLookups* lookups = nullptr,
                          int64_t touch_from = 0) noexcept;
   void count_walk(const Walk& w, int64_t n_tokens) noexcept;
+  /// After a walk was applied (no lock held): the backing tiers may drop the orphan's values
+  /// (its KV is gone; tiers/backing_tier.hpp, discard).
+  void discard_orphan(const Walk& w) noexcept;
   /// The checks of `outs` against what the walk found (InvalidArgument, nothing changed).
   /// `item`: the batch index to name in a message (none for a single call).
   void check_walk_outputs(const Walk& w, std::span<const MutableTensorView> outs, int64_t row_begin,
@@ -335,7 +339,7 @@ class HiddenStateStore::Impl {
 
   enum class InsertResult { kInserted, kPresent, kNoRoom };
   /// One fetched value as a READY entry, evicting LRU keys not guarded by `guard` for space.
-  InsertResult insert_fetched(const Chunk& chunk, Slot slot, const detail::RemoteValue& value,
+  InsertResult insert_fetched(const Chunk& chunk, Slot slot, const detail::TierValue& value,
                               uint64_t guard);
 
   const Config config_;
@@ -377,9 +381,10 @@ class HiddenStateStore::Impl {
         imported{0}, imported_bytes{0}, rejected{0}, unauthenticated{0}, abandoned{0};
   };
   mutable TransferCounters transfer_counters_;
-  // Last: destroyed first, so the entries its write-behind queue still holds go back to a live
-  // pool; constructed last, so a ConfigError here (no hiredis) leaves nothing behind.
-  mutable detail::StoreRemote remote_;
+  // The backing tiers (store/backing_tiers.cpp makes them). Last: destroyed first, so the
+  // entries their write-behind queues still hold go back to a live pool; constructed last, so a
+  // ConfigError here (no hiredis) leaves nothing behind.
+  mutable detail::TierChain tiers_;
 };
 
 // The store phases' plan, shared by the single and batch store paths.

@@ -139,7 +139,14 @@ void HiddenStateStore::Impl::apply_walk(const Walk& w, int64_t n_tokens) noexcep
     std::lock_guard lock(mutex_);
     apply_walk_locked(w);
   }
+  discard_orphan(w);
   count_walk(w, n_tokens);
+}
+
+void HiddenStateStore::Impl::discard_orphan(const Walk& w) noexcept {
+  if (w.orphan && !tiers_.empty()) {
+    tiers_.discard(std::span<const CacheEngineKey>(&w.chunks[*w.orphan].key, 1));
+  }
 }
 
 void HiddenStateStore::Impl::apply_walk_locked(const Walk& w, detail::RecordLookups* lookups,
@@ -182,7 +189,7 @@ void HiddenStateStore::Impl::plan_restore(const Walk& w, size_t slot, int64_t ro
     if (chunk.end <= row_begin) continue;
     const detail::Entry& entry = w.entry(i, slot);
     const int64_t first_row = std::max<int64_t>(0, row_begin - chunk.start);
-    const auto esize = static_cast<int64_t>(kernels::elem_bytes(entry.storage));
+    const auto esize = static_cast<int64_t>(kernels::elem_bytes(entry.format.elem));
     kernels::for_each_block_piece(
         first_row * cols, (chunk.size() - first_row) * cols, esize, granule,
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
@@ -192,14 +199,14 @@ void HiddenStateStore::Impl::plan_restore(const Walk& w, size_t slot, int64_t ro
           // Adjacent granules (and adjacent entries) read as one run.
           if (!segments.empty()) {
             kernels::GatherSegment& last = segments.back();
-            if (last.src_type == entry.storage &&
+            if (last.src_type == entry.format.elem &&
                 static_cast<const std::byte*>(last.src) + last.count * esize == src &&
                 last.dst_elem + last.count == dst_elem) {
               last.count += count;
               return;
             }
           }
-          segments.push_back({src, dst_elem, count, entry.storage});
+          segments.push_back({src, dst_elem, count, entry.format.elem});
         });
   }
 }
@@ -221,7 +228,7 @@ std::vector<HostTensor> HiddenStateStore::Impl::retrieve_chunk_list(std::span<co
   if (row_begin < 0)
     throw InvalidArgument("row_begin = " + std::to_string(row_begin) + " is negative");
   detail::check_slots(slots);
-  (void)read_through(chunks, slots);  // remote tier: fills the pool where the walk would stop
+  (void)read_through(chunks, slots);  // backing tiers: fill the pool where the walk would stop
   const Walk w = plan_walk(chunks, slots);
   std::vector<HostTensor> out;
   if (row_begin < w.prefix_tokens) {
@@ -305,8 +312,8 @@ int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunk
 
 void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std::span<Walk> walks,
                                             std::span<int64_t> rows, bool name_items) {
-  // The remote tier fills the pool where a walk would stop (no-op without one), before the lock.
-  if (remote_.enabled()) {
+  // The backing tiers fill the pool where a walk would stop (no-op without one), before the lock.
+  if (!tiers_.empty()) {
     for (const ReadItem& read : reads) (void)read_through(read.chunks, read.slots);
   }
   // One lock for every walk's index part; KV checks and fence waits outside it.
@@ -355,6 +362,7 @@ void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std
       apply_walk_locked(walks[i], reads[i].lookups, touch_from.empty() ? 0 : touch_from[i]);
     }
   }
+  for (const Walk& w : walks) discard_orphan(w);
   uint64_t hit_tokens = 0, miss_tokens = 0;
   for (size_t i = 0; i < reads.size(); ++i) {
     hit_tokens += static_cast<uint64_t>(walks[i].prefix_tokens);

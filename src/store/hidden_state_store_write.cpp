@@ -138,12 +138,12 @@ void HiddenStateStore::Impl::store_plans(std::span<StorePlan> plans, size_t new_
     std::lock_guard lock(mutex_);
     for (StorePlan& plan : plans) publish_locked(plan);
   }
-  // Write-behind: the remote tier borrows each written entry (its fence included) and never
-  // makes this call wait for the network.
-  if (remote_.enabled()) {
+  // Write-behind: the backing tiers borrow each written entry (its fence included) and never
+  // make this call wait for their I/O.
+  if (!tiers_.empty()) {
     for (const StorePlan& plan : plans) {
       for (const Write& w : plan.writes)
-        remote_.write_behind(plan.chunks[w.chunk].key, w.entry, pool_);
+        tiers_.write_behind(plan.chunks[w.chunk].key, w.entry, pool_);
     }
   }
   // Counters added once per counter.
@@ -243,14 +243,14 @@ void HiddenStateStore::Impl::plan_writes_locked(const TensorView& hidden, const 
     // Held with this chunk's shape: cached. Another shape (hidden dim, storage dtype, or a row
     // count a caller's chunk list gives the key anew, which no walk would serve) is replaced.
     if (held && (*held)->rows == chunk.size() && (*held)->cols == hidden.cols &&
-        (*held)->storage == storage) {
+        (*held)->format == detail::RowFormat{storage}) {
       continue;
     }
     const detail::Entry* replaces = held ? held->get() : nullptr;  // before slots may move
     const auto bytes = static_cast<uint64_t>(
         detail::mul_or_throw(detail::mul_or_throw(chunk.size(), hidden.cols, "chunk elements"),
                              plan.esize, "chunk bytes"));
-    auto entry = entries_.make(pool_, chunk.size(), hidden.cols, storage, slot);
+    auto entry = entries_.make(pool_, chunk.size(), hidden.cols, detail::RowFormat{storage}, slot);
     const size_t need = pool_.blocks_for(bytes);
     entry->blocks.reserve(need);
     max_segments += need;
@@ -423,7 +423,7 @@ kernels::SourceView HiddenStateStore::Impl::plan_segments(StorePlan& plan, const
               return;
             }
           }
-          segments.push_back({dst, src_row0, first, count, entry.storage});
+          segments.push_back({dst, src_row0, first, count, entry.format.elem});
         });
   }
   return {hidden.data, detail::to_elem_type(hidden.dtype), hidden.cols, hidden.stride()};

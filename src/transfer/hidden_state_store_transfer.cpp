@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "index/entry_bytes.hpp"
 #include "store/hidden_state_store_impl.hpp"
 #include "hss/detail/checked.hpp"
 #include "hss/error.hpp"
@@ -81,6 +82,7 @@ ChunkExport HiddenStateStore::Impl::export_chunks(std::span<const Chunk> chunks,
     std::lock_guard lock(mutex_);
     apply_walk_locked(w);  // drops an orphan (KV gone here), touches the prefix; no retrieve
   }
+  discard_orphan(w);
   ChunkExport out;
   out.prefix_tokens = w.prefix_tokens;
   out.lease_ms = static_cast<uint32_t>(lease.count());
@@ -100,7 +102,7 @@ ChunkExport HiddenStateStore::Impl::export_chunks(std::span<const Chunk> chunks,
         const auto pieces = detail::entry_pieces(*entry, pool_);
         entry->digest.hash = detail::hash_pieces(pieces);
         if (mac_) {
-          detail::RemoteHeader header{detail::to_dtype(entry->storage), entry->rows, entry->cols,
+          detail::RemoteHeader header{detail::to_dtype(entry->format.elem), entry->rows, entry->cols,
                                       entry->digest.hash, detail::kRemoteFlagMac};
           std::array<std::byte, kEntryHeaderBytes> header_bytes{};
           detail::encode_remote_header(header, header_bytes);
@@ -111,7 +113,7 @@ ChunkExport HiddenStateStore::Impl::export_chunks(std::span<const Chunk> chunks,
       ExportedEntry e;
       e.chunk = static_cast<uint32_t>(c);
       e.slot = slots[s];
-      const detail::RemoteHeader header{detail::to_dtype(entry->storage), entry->rows, entry->cols,
+      const detail::RemoteHeader header{detail::to_dtype(entry->format.elem), entry->rows, entry->cols,
                                         entry->digest.hash,
                                         entry->digest.mac ? detail::kRemoteFlagMac : uint8_t{0}};
       detail::encode_remote_header(header, e.header);
@@ -206,7 +208,7 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
     item.header_bytes = e.header;
     item.mac = e.mac;
     const auto storage = detail::to_elem_type(header->dtype);
-    item.entry = entries_.make(pool_, header->rows, header->cols, storage, e.slot);
+    item.entry = entries_.make(pool_, header->rows, header->cols, detail::RowFormat{storage}, e.slot);
     // Capacity only: granules are granted under the lock (an Entry releases what `blocks` holds).
     item.entry->blocks.reserve(pool_.blocks_for(payload));
     items.push_back(std::move(item));
@@ -235,7 +237,7 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
         const detail::Entry* replaces = nullptr;  // the slot's entry of another shape
         if (const EntryRef* held = record ? record->find(entry.slot) : nullptr) {
           if (!(*held)->ready() || ((*held)->rows == entry.rows && (*held)->cols == entry.cols &&
-                                    (*held)->storage == entry.storage)) {
+                                    (*held)->format == entry.format)) {
             skipped[granted] = true;  // present, or being written by another call
             continue;
           }

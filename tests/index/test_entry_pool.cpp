@@ -29,7 +29,7 @@ class EntryPoolTest : public ::testing::Test {
   EntryPoolTest() : pool_(uint64_t{1} << 20, 512, /*try_pinned=*/false, /*prefault=*/false) {}
 
   detail::EntryRef make(int64_t layer, bool grant = false) {
-    auto e = entries_.make(pool_, kRows, kCols, kernels::ElemType::kFloat32,
+    auto e = entries_.make(pool_, kRows, kCols, detail::RowFormat{kernels::ElemType::kFloat32},
                            Slot{ActivationKind::kHidden, layer});
     if (grant) {
       e->blocks.resize(pool_.blocks_for(e->payload_bytes()));

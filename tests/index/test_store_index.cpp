@@ -30,7 +30,7 @@ class EntryStates : public ::testing::Test {
 
   /// A fresh entry of (chunk rows x kCols) float32 with its one granule granted.
   detail::EntryRef make(int64_t layer) {
-    auto e = std::make_shared<detail::Entry>(pool_, kChunk, kCols, kernels::ElemType::kFloat32,
+    auto e = std::make_shared<detail::Entry>(pool_, kChunk, kCols, detail::RowFormat{kernels::ElemType::kFloat32},
                                              Slot{ActivationKind::kHidden, layer});
     e->blocks.resize(pool_.blocks_for(e->payload_bytes()));
     EXPECT_TRUE(pool_.allocate(e->blocks));

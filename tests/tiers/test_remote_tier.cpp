@@ -55,7 +55,8 @@ constexpr int64_t kCols = 64;
 constexpr size_t kBytes = kRows * kCols * 4;
 
 RemoteWrite write_of(uint64_t chunk, int64_t layer = 0) {
-  return RemoteWrite{chunk_key(chunk), "hidden", layer, DType::kFloat32, kRows, kCols};
+  return RemoteWrite{chunk_key(chunk), Slot{ActivationKind::kHidden, layer}, DType::kFloat32, kRows,
+                     kCols};
 }
 
 bool enqueue(RemoteTier& tier, uint64_t chunk, int64_t layer = 0) {
@@ -66,7 +67,7 @@ bool enqueue(RemoteTier& tier, uint64_t chunk, int64_t layer = 0) {
 }
 
 RemoteRequest request_of(uint64_t chunk, int64_t layer = 0) {
-  return RemoteRequest{chunk_key(chunk), "hidden", layer, kRows, kCols};
+  return RemoteRequest{chunk_key(chunk), Slot{ActivationKind::kHidden, layer}, kRows, kCols};
 }
 
 // A value returned must be exactly what was stored for that (chunk, layer).
@@ -96,7 +97,7 @@ TEST(RemoteTier, RoundTripWithTtlAndBorrowedPayload) {
   cfg.hidden_state_remote_ttl_s = 300;
   const auto tier = RemoteTier::create(cfg);
   ASSERT_NE(tier, nullptr);
-  EXPECT_EQ(tier->stats().servers_connected, 1U);
+  EXPECT_EQ(tier->remote_stats().servers_connected, 1U);
   EXPECT_TRUE(tier->last_error().empty()) << tier->last_error();
 
   ASSERT_TRUE(enqueue(*tier, 1, 0));
@@ -108,7 +109,7 @@ TEST(RemoteTier, RoundTripWithTtlAndBorrowedPayload) {
   tier->flush();
   EXPECT_EQ(owned.use_count(), 1);
 
-  const RemoteStats after_write = tier->stats();
+  const RemoteStats after_write = tier->remote_stats();
   EXPECT_EQ(after_write.writes_enqueued, 3U);
   EXPECT_EQ(after_write.writes_sent, 3U);
   EXPECT_EQ(after_write.bytes_written, 3 * kBytes);
@@ -123,7 +124,7 @@ TEST(RemoteTier, RoundTripWithTtlAndBorrowedPayload) {
   expect_value(values[1], 1, 5);
   expect_value(values[2], 2, 0);
   EXPECT_FALSE(values[3].has_value());
-  const RemoteStats s = tier->stats();
+  const RemoteStats s = tier->remote_stats();
   EXPECT_EQ(s.hits, 3U);
   EXPECT_EQ(s.misses, 1U);
   EXPECT_EQ(s.bytes_read, 3 * kBytes);
@@ -149,7 +150,7 @@ TEST(RemoteTier, BadWriteShapeIsInvalidArgumentAndQueuesNothing) {
   const auto bytes = payload_of(1, 0, kBytes - 4);
   const std::vector<std::span<const std::byte>> pieces = {std::span<const std::byte>(bytes)};
   EXPECT_THROW((void)tier->enqueue_write(write_of(1), pieces), InvalidArgument);
-  EXPECT_EQ(tier->stats().writes_enqueued, 0U);
+  EXPECT_EQ(tier->remote_stats().writes_enqueued, 0U);
 }
 
 TEST(RemoteTier, OverBudgetDropsTheOldestPendingWriteWithoutBlocking) {
@@ -174,8 +175,8 @@ TEST(RemoteTier, OverBudgetDropsTheOldestPendingWriteWithoutBlocking) {
   ASSERT_TRUE(enqueue(*tier, 11));
   ASSERT_TRUE(enqueue(*tier, 12));
   ASSERT_TRUE(enqueue(*tier, 13));  // over budget: 11, the oldest pending, goes
-  EXPECT_EQ(tier->stats().dropped_writes, 1U);
-  EXPECT_EQ(tier->stats().queue_bytes, 2 * kBytes);
+  EXPECT_EQ(tier->remote_stats().dropped_writes, 1U);
+  EXPECT_EQ(tier->remote_stats().queue_bytes, 2 * kBytes);
   release.set_value();
   tier->flush();
 
@@ -184,13 +185,13 @@ TEST(RemoteTier, OverBudgetDropsTheOldestPendingWriteWithoutBlocking) {
   EXPECT_FALSE(values[1].has_value());
   expect_value(values[2], 12);
   expect_value(values[3], 13);
-  EXPECT_EQ(tier->stats().writes_sent, 3U);
+  EXPECT_EQ(tier->remote_stats().writes_sent, 3U);
 
   // A value larger than the whole budget is dropped at once.
   cfg.hidden_state_remote_queue_bytes = 16;
   const auto tiny = RemoteTier::create(cfg);
   EXPECT_FALSE(enqueue(*tiny, 20));
-  EXPECT_EQ(tiny->stats().dropped_writes, 1U);
+  EXPECT_EQ(tiny->remote_stats().dropped_writes, 1U);
 }
 
 TEST(RemoteTier, ServerAbsentAtStartRunsLocalOnlyThenReconnects) {
@@ -199,19 +200,19 @@ TEST(RemoteTier, ServerAbsentAtStartRunsLocalOnlyThenReconnects) {
   server.stop();
   const auto tier = RemoteTier::create(remote_config({server.url()}));
   ASSERT_NE(tier, nullptr);
-  EXPECT_EQ(tier->stats().servers_connected, 0U);
+  EXPECT_EQ(tier->remote_stats().servers_connected, 0U);
   EXPECT_NE(tier->last_error().find(std::to_string(server.port())), std::string::npos)
       << tier->last_error();
   EXPECT_FALSE(tier->fetch(requests_for(1, 3))[0].has_value());
-  EXPECT_EQ(tier->stats().misses, 3U);
+  EXPECT_EQ(tier->remote_stats().misses, 3U);
   ASSERT_TRUE(enqueue(*tier, 1));
   tier->flush();
-  EXPECT_EQ(tier->stats().dropped_writes, 1U);
+  EXPECT_EQ(tier->remote_stats().dropped_writes, 1U);
 
   ASSERT_TRUE(server.start());
   tier->reconnect_now();
-  ASSERT_TRUE(wait_until([&] { return tier->stats().servers_connected == 1; }));
-  EXPECT_GE(tier->stats().reconnects, 1U);
+  ASSERT_TRUE(wait_until([&] { return tier->remote_stats().servers_connected == 1; }));
+  EXPECT_GE(tier->remote_stats().reconnects, 1U);
   ASSERT_TRUE(enqueue(*tier, 2));
   tier->flush();
   expect_value(tier->fetch(requests_for(2, 1))[0], 2);
@@ -225,7 +226,7 @@ TEST(RemoteTier, ShardsOverTwoServersAndLosesOnlyTheStoppedShare) {
   constexpr uint64_t kChunks = 64;
   for (uint64_t i = 0; i < kChunks; ++i) ASSERT_TRUE(enqueue(*tier, i));
   tier->flush();
-  ASSERT_EQ(tier->stats().writes_sent, kChunks);
+  ASSERT_EQ(tier->remote_stats().writes_sent, kChunks);
 
   std::array<uint64_t, 2> per_server{};
   for (uint64_t i = 0; i < kChunks; ++i) {
@@ -285,19 +286,19 @@ TEST(RemoteTier, ServerKilledDuringWritesAndFetchesThenRestarted) {
   tier->flush();  // returns: writes to a dead server are dropped
   stop.store(true);
   reader.join();
-  const RemoteStats dead = tier->stats();
+  const RemoteStats dead = tier->remote_stats();
   EXPECT_GT(dead.dropped_writes, 0U);
   EXPECT_GT(dead.errors, 0U);
   EXPECT_EQ(dead.corrupt_values, 0U);
 
   ASSERT_TRUE(server.start());  // same port, empty (no persistence)
   tier->reconnect_now();
-  ASSERT_TRUE(wait_until([&] { return tier->stats().servers_connected == 1; }));
+  ASSERT_TRUE(wait_until([&] { return tier->remote_stats().servers_connected == 1; }));
   for (uint64_t i = 400; i < 432; ++i) ASSERT_TRUE(enqueue(*tier, i));
   tier->flush();
   const auto values = tier->fetch(requests_for(400, 32));
   for (uint64_t i = 0; i < 32; ++i) expect_value(values[i], 400 + i);
-  EXPECT_GE(tier->stats().reconnects, 1U);
+  EXPECT_GE(tier->remote_stats().reconnects, 1U);
 }
 
 // A server restart leaves the reader's idle connection stale: the next fetch must reconnect once
@@ -318,11 +319,11 @@ TEST(RemoteTier, FirstFetchAfterARestartReconnectsTheStaleReader) {
     const auto other = RemoteTier::create(remote_config({server.url()}));
     for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(enqueue(*other, 500 + i));
     other->flush();
-    ASSERT_EQ(other->stats().writes_sent, 8U);
+    ASSERT_EQ(other->remote_stats().writes_sent, 8U);
   }
   const auto after = tier->fetch(requests_for(500, 8));
   for (uint64_t i = 0; i < 8; ++i) expect_value(after[i], 500 + i);
-  EXPECT_GE(tier->stats().reconnects, 1U);
+  EXPECT_GE(tier->remote_stats().reconnects, 1U);
 }
 
 TEST(RemoteTier, CorruptTruncatedForeignAndOtherShapeValuesAreCountedMisses) {
@@ -356,7 +357,7 @@ TEST(RemoteTier, CorruptTruncatedForeignAndOtherShapeValuesAreCountedMisses) {
   const auto values = tier->fetch(requests_for(0, 5));
   for (uint64_t i = 0; i < 4; ++i) EXPECT_FALSE(values[i].has_value()) << "chunk " << i;
   expect_value(values[4], 4);
-  const RemoteStats s = tier->stats();
+  const RemoteStats s = tier->remote_stats();
   EXPECT_EQ(s.corrupt_values, 4U);
   EXPECT_EQ(s.misses, 4U);
   EXPECT_EQ(s.hits, 1U);
@@ -367,7 +368,7 @@ TEST(RemoteTier, PasswordProtectedServer) {
   RedisTestServer server("s3cret-pw");
   {
     const auto tier = RemoteTier::create(remote_config({server.url()}));
-    EXPECT_EQ(tier->stats().servers_connected, 1U) << tier->last_error();
+    EXPECT_EQ(tier->remote_stats().servers_connected, 1U) << tier->last_error();
     ASSERT_TRUE(enqueue(*tier, 1));
     tier->flush();
     expect_value(tier->fetch(requests_for(1, 1))[0], 1);
@@ -375,7 +376,7 @@ TEST(RemoteTier, PasswordProtectedServer) {
   for (const std::string wrong : {"not-it", ""}) {
     const auto tier = RemoteTier::create(remote_config({server.url(wrong)}));
     ASSERT_NE(tier, nullptr);
-    EXPECT_EQ(tier->stats().servers_connected, 0U);
+    EXPECT_EQ(tier->remote_stats().servers_connected, 0U);
     const std::string error = tier->last_error();
     EXPECT_NE(error.find("127.0.0.1:" + std::to_string(server.port())), std::string::npos) << error;
     if (!wrong.empty()) {
@@ -387,7 +388,7 @@ TEST(RemoteTier, PasswordProtectedServer) {
     EXPECT_FALSE(tier->fetch(requests_for(1, 1))[0].has_value());
     EXPECT_FALSE(!enqueue(*tier, 2));  // accepted, then dropped: local-only
     tier->flush();
-    EXPECT_EQ(tier->stats().dropped_writes, 1U);
+    EXPECT_EQ(tier->remote_stats().dropped_writes, 1U);
   }
 }
 

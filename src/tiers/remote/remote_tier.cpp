@@ -3,6 +3,29 @@
 #include "config/redis_url.hpp"
 #include "hss/error.hpp"
 
+namespace hss::detail {
+
+TierStats RemoteTier::stats() const {
+  const RemoteStats r = remote_stats();
+  TierStats s;
+  s.name = std::string(name());
+  s.hits = r.hits;
+  s.misses = r.misses;
+  s.corrupt_values = r.corrupt_values;
+  s.unauthenticated_values = r.unauthenticated_values;
+  s.bytes_read = r.bytes_read;
+  s.writes_enqueued = r.writes_enqueued;
+  s.writes_done = r.writes_sent;
+  s.bytes_written = r.bytes_written;
+  // A write the server's ACL refused is a dropped write in the one shape.
+  s.dropped_writes = r.dropped_writes + r.writes_denied;
+  s.errors = r.errors;
+  s.queue_bytes = r.queue_bytes;
+  return s;  // entries_held, bytes_held: a shared server's contents are not ours to count
+}
+
+}  // namespace hss::detail
+
 #if HSS_HAVE_REMOTE
 
 #include <sys/resource.h>
@@ -97,14 +120,15 @@ class RedisRemoteTier final : public RemoteTier {
   std::vector<std::optional<RemoteValue>> fetch(std::span<const RemoteRequest> requests) override;
   void fetch_each(std::span<const RemoteRequest> requests,
                   const std::function<void(size_t, const RemoteValue&)>& on_value) override;
-  void count_dropped(uint64_t writes) override {
+  void count_dropped(uint64_t writes) noexcept override {
     counters_.dropped.fetch_add(writes, std::memory_order_relaxed);
   }
   void flush() override {
     std::unique_lock lock(mutex_);
     idle_cv_.wait(lock, [&] { return queue_.empty() && !in_flight_; });
   }
-  RemoteStats stats() const override;
+  void close() override;
+  RemoteStats remote_stats() const override;
   std::string last_error() const override {
     std::lock_guard lock(error_mutex_);
     return last_error_;
@@ -166,6 +190,7 @@ class RedisRemoteTier final : public RemoteTier {
   uint64_t queue_bytes_ = 0;
   bool in_flight_ = false;
   bool stopping_ = false;
+  std::atomic<bool> closed_{false};  // close(): later writes are dropped
   bool wake_ = false;
   bool force_reconnect_ = false;
 
@@ -248,7 +273,7 @@ bool RedisRemoteTier::enqueue_write(const RemoteWrite& write,
                           " of " + std::string(to_string(write.dtype)) + " (needs " +
                           std::to_string(bytes) + ", rows and cols > 0)");
   }
-  if (bytes > queue_budget_) {
+  if (bytes > queue_budget_ || closed_.load(std::memory_order_acquire)) {
     counters_.dropped.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
@@ -258,7 +283,7 @@ bool RedisRemoteTier::enqueue_write(const RemoteWrite& write,
     counters_.denied.fetch_add(1, std::memory_order_relaxed);
     return false;  // a read-only ACL user: nothing queued, nothing pinned
   }
-  pending.key = remote_key(write.key, write.kind, write.layer);
+  pending.key = remote_key(write.key, to_string(write.slot.kind), write.slot.layer_idx);
   pending.header = RemoteHeader{write.dtype, write.rows, write.cols, 0};
   pending.bytes = bytes;
   if (owner) {
@@ -291,6 +316,11 @@ bool RedisRemoteTier::enqueue_write(const RemoteWrite& write,
   counters_.enqueued.fetch_add(1, std::memory_order_relaxed);
   if (writer_idle) work_cv_.notify_one();
   return true;
+}
+
+void RedisRemoteTier::close() {
+  closed_.store(true, std::memory_order_release);
+  flush();
 }
 
 void RedisRemoteTier::run() {
@@ -435,7 +465,7 @@ void RedisRemoteTier::on_readers(std::span<const RemoteRequest> requests, std::s
     commands.reserve(mine.size());
     for (const size_t i : mine) {
       const RemoteRequest& r = requests[i];
-      commands.emplace_back(2).arg(verb).arg(remote_key(r.key, r.kind, r.layer));
+      commands.emplace_back(2).arg(verb).arg(remote_key(r.key, to_string(r.slot.kind), r.slot.layer_idx));
     }
     std::lock_guard lock(shard.reader_mutex);
     if (!shard.reader.connected()) continue;
@@ -486,14 +516,14 @@ void RedisRemoteTier::fetch_each(std::span<const RemoteRequest> requests,
   on_readers(requests, "GET", [&](size_t i, const RedisReply& reply) {
     if (reply.type() != RedisReply::Type::kString) return;  // nil (absent) or an error reply
     const RemoteRequest& r = requests[i];
-    const std::string name = mac_ ? remote_key(r.key, r.kind, r.layer) : std::string();
+    const std::string name = mac_ ? remote_key(r.key, to_string(r.slot.kind), r.slot.layer_idx) : std::string();
     const DecodedValue decoded =
         decode_remote_value(reply.bytes(), r.rows, r.cols, mac_.get(), name);
     if (decoded.status != DecodeStatus::kOk) {
       ++corrupt;
       if (decoded.status == DecodeStatus::kUnauthenticated) ++unauthenticated;
       if (log_enabled(LogLevel::kDebug)) {
-        log(LogLevel::kDebug, "remote tier: value of " + remote_key(r.key, r.kind, r.layer) +
+        log(LogLevel::kDebug, "remote tier: value of " + remote_key(r.key, to_string(r.slot.kind), r.slot.layer_idx) +
                                   " rejected: " + std::string(to_string(decoded.status)));
       }
       return;
@@ -517,7 +547,7 @@ std::vector<std::optional<RemoteValue>> RedisRemoteTier::fetch(
   return results;
 }
 
-RemoteStats RedisRemoteTier::stats() const {
+RemoteStats RedisRemoteTier::remote_stats() const {
   RemoteStats s;
   s.enabled = true;
   s.servers = shards_.size();

@@ -20,92 +20,54 @@
 // nothing (its requests miss at once). Fetches to one server are serialised on its connection.
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "hss/cache_key.hpp"
 #include "hss/config.hpp"
 #include "hss/remote_stats.hpp"
-#include "hss/tensor.hpp"
+#include "tiers/backing_tier.hpp"
 
 namespace hss::detail {
 
-struct RemoteRequest {
-  CacheEngineKey key;
-  std::string kind = "hidden";  ///< activation kind name (part of the remote key)
-  int64_t layer = 0;
-  int64_t rows = 0;  ///< expected rows; 0 accepts any
-  int64_t cols = 0;  ///< expected cols; 0 accepts any
-};
+// The seam's value types under the names the Redis code and its tests grew up with.
+using RemoteRequest = TierRequest;
+using RemoteValue = TierValue;
+using RemoteWrite = TierWrite;
 
-/// A checked value. payload stays valid while `owner` lives (no copy is made on the way in).
-struct RemoteValue {
-  DType dtype = DType::kFloat32;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  std::span<const std::byte> payload;
-  std::shared_ptr<const void> owner;
-};
-
-/// What a write needs besides its bytes.
-struct RemoteWrite {
-  CacheEngineKey key;
-  std::string kind = "hidden";
-  int64_t layer = 0;
-  DType dtype = DType::kFloat32;  ///< storage dtype of the payload
-  int64_t rows = 0;
-  int64_t cols = 0;
-};
-
-class RemoteTier {
+/// The Redis/Valkey tier: a BackingTier (write-behind every store, read-through, shared by every
+/// process that names the same servers, so discard keeps values) plus what only a sharded
+/// network tier has (servers, reconnects, the last connection error).
+class RemoteTier : public BackingTier {
  public:
   /// nullptr when config.hidden_state_remote_url is empty. With URLs but built without hiredis:
   /// ConfigError. Connects to every server now (each bounded by the timeout); a server that is
   /// down is a warning, not an error.
   [[nodiscard]] static std::unique_ptr<RemoteTier> create(const Config& config);
 
-  /// Sends what is still queued (each server bounded by the timeout), then stops the thread.
-  virtual ~RemoteTier() = default;
+  [[nodiscard]] std::string_view name() const noexcept final { return "remote"; }
 
-  /// Queues one chunk for the background thread. `pieces` (in order) make up the payload, whose
-  /// size must match the shape (InvalidArgument otherwise, nothing queued). With `owner` null the
-  /// bytes are copied now; with an owner, the pieces are borrowed and `owner` is held until the
-  /// write is sent or dropped. `ready`, when given, runs on the background thread before the
-  /// bytes are read (e.g. waits for a device copy); false drops the write. Returns false when
-  /// the write was dropped at once (budget smaller than the value, or write-behind disabled).
-  virtual bool enqueue_write(const RemoteWrite& write,
-                             std::span<const std::span<const std::byte>> pieces,
-                             std::shared_ptr<const void> owner = {},
-                             std::function<bool()> ready = {}) = 0;
+  // BackingTier, with what Redis adds to it:
+  //  * enqueue_write: the bounded queue drops its oldest writes beyond
+  //    hidden_state_remote_queue_bytes; a server that refused a write (NOPERM) takes none.
+  //  * contains: EXISTS, one pipelined round trip per server involved; a server down: false.
+  //  * fetch_each: GET, one pipelined round trip per server involved (servers in turn, requests
+  //    of one server in order); the value is valid during the callback only, and the callback
+  //    runs under that server's read lock.
+  //  * stats: the one shape; remote_stats adds the Redis fields (HiddenStateStats::remote).
 
-  /// Per request, whether the server holds a value under its key (EXISTS; unchecked). A server
-  /// that is down answers false. One pipelined round trip per server involved.
-  [[nodiscard]] virtual std::vector<bool> contains(std::span<const RemoteRequest> requests) = 0;
-
-  /// Streams the checked values: on_value(request index, value) for each hit, as its reply
-  /// arrives (servers in turn, requests of one server in order). The value (and its payload) is
-  /// valid during the call only, and the call holds that server's read connection: it must not
-  /// call back into the tier. Misses are not reported. One pipelined round trip per server.
-  virtual void fetch_each(std::span<const RemoteRequest> requests,
-                          const std::function<void(size_t, const RemoteValue&)>& on_value) = 0;
-
-  /// One result per request, in order. One pipelined round trip per server involved. Keeps every
-  /// value's reply alive: for many large values prefer fetch_each.
+  /// One result per request, in order. Keeps every value's reply alive: for many large values
+  /// prefer fetch_each.
   [[nodiscard]] virtual std::vector<std::optional<RemoteValue>> fetch(
       std::span<const RemoteRequest> requests) = 0;
 
-  /// Counts writes the caller dropped before queueing them (in dropped_writes).
-  virtual void count_dropped(uint64_t writes) = 0;
-
-  /// Waits until every write queued before the call was sent or dropped.
-  virtual void flush() = 0;
-
-  /// The tier's counters (read_through_chunks stays 0: the store counts it).
-  [[nodiscard]] virtual RemoteStats stats() const = 0;
+  /// The tier's counters with the Redis fields (read_through_chunks stays 0: the chain counts
+  /// promotions).
+  [[nodiscard]] virtual RemoteStats remote_stats() const = 0;
+  /// The one shape, from remote_stats.
+  [[nodiscard]] TierStats stats() const final;
   /// The last connection or authentication error (empty when none), password-free.
   [[nodiscard]] virtual std::string last_error() const = 0;
   /// Asks the background thread to retry down servers now instead of after the backoff.

@@ -1,14 +1,18 @@
-// The store's read side of the remote tier: read-through before a retrieve's walk, and coverage
-// counting remote values. (Write-behind is one call at the end of the store path.)
+// The store's read side of the backing tiers (tiers/tier_chain.hpp): read-through before a
+// retrieve's walk, and coverage counting the values a tier holds. (Write-behind is one call at
+// the end of the store path.) Nothing here knows which tiers there are.
 //
-// Locks: the index mutex is never held across a fetch. Values arrive in the tier's callback,
-// under that server's read lock; inserting one takes the index mutex briefly (lock order: server
-// read lock, then index mutex, then the pool's free-stack mutex).
+// Locks: the index mutex is never held across a fetch. Values arrive in a tier's callback,
+// possibly under that tier's own read lock (the Redis tier's per-server lock); inserting one
+// takes the index mutex briefly (lock order: a tier's read lock, then the index mutex, then the
+// pool's free-stack mutex).
 
 #include <algorithm>
 #include <string>
 
 #include "base/nvtx.hpp"
+#include "hss/detail/checked.hpp"
+#include "index/entry_bytes.hpp"
 #include "store/hidden_state_store_impl.hpp"
 
 namespace hss {
@@ -20,6 +24,17 @@ namespace {
 bool held_ready(const detail::KeyRecord* record, Slot slot, int64_t rows) {
   const EntryRef* entry = record != nullptr ? record->find(slot) : nullptr;
   return entry != nullptr && (*entry)->ready() && (*entry)->rows == rows;
+}
+
+// A tier checks what it returns (tiers/backing_tier.hpp); the store still takes only a value of
+// the chunk's rows in a storage type whose payload is exactly rows x cols elements, so that no
+// tier's slip becomes an exception out of a retrieve or rows served short.
+bool fits(const detail::TierValue& value, const Chunk& chunk) noexcept {
+  const auto esize = static_cast<int64_t>(element_size(value.dtype));  // 0: not a DType
+  if (value.rows != chunk.size() || value.cols <= 0 || esize == 0) return false;
+  const auto elems = detail::checked_mul(value.rows, value.cols);
+  const auto bytes = elems ? detail::checked_mul(*elems, esize) : std::nullopt;
+  return bytes && static_cast<uint64_t>(*bytes) == value.payload.size();
 }
 
 }  // namespace
@@ -35,7 +50,7 @@ size_t HiddenStateStore::Impl::kv_prefix_end(std::span<const Chunk> chunks, size
 
 size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
                                             std::span<const Slot> slots) {
-  if (!remote_.enabled() || chunks.empty()) return 0;
+  if (tiers_.empty() || chunks.empty()) return 0;
   HSS_RANGE("retrieve/read_through");
   struct Missing {
     size_t chunk;
@@ -64,30 +79,25 @@ size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
   std::erase_if(missing, [&](const Missing& m) { return m.chunk >= end; });
   if (missing.empty()) return 0;
 
-  std::vector<detail::RemoteRequest> requests;
+  std::vector<detail::TierRequest> requests;
   requests.reserve(missing.size());
   for (const Missing& m : missing) {
     const Chunk& chunk = chunks[m.chunk];
-    requests.push_back({chunk.key, std::string(to_string(m.slot.kind)), m.slot.layer_idx,
-                        chunk.size(), /*cols: any*/ 0});
+    requests.push_back({chunk.key, m.slot, chunk.size(), /*cols: any*/ 0});
   }
-  // Each value goes into the pool as its reply arrives (no reply is held longer than its copy).
-  // A value past a chunk missing elsewhere is kept too: the walk, not the fetch, ends the prefix.
-  size_t inserted = 0;
-  remote_.fetch_each(requests, [&](size_t i, const detail::RemoteValue& value) {
-    if (insert_fetched(chunks[missing[i].chunk], missing[i].slot, value, guard) ==
-        InsertResult::kInserted) {
-      ++inserted;
-    }
+  // Each value goes into the pool as it arrives (no value is held longer than its copy). A value
+  // past a chunk missing elsewhere is kept too: the walk, not the fetch, ends the prefix.
+  return tiers_.fetch_each(requests, [&](size_t i, const detail::TierValue& value) {
+    return fits(value, chunks[missing[i].chunk]) &&
+           insert_fetched(chunks[missing[i].chunk], missing[i].slot, value, guard) ==
+               InsertResult::kInserted;
   });
-  remote_.count_read_through(inserted);
-  return inserted;
 }
 
 HiddenStateStore::Impl::InsertResult HiddenStateStore::Impl::insert_fetched(
-    const Chunk& chunk, Slot slot, const detail::RemoteValue& value, uint64_t guard) {
+    const Chunk& chunk, Slot slot, const detail::TierValue& value, uint64_t guard) {
   const auto storage = detail::to_elem_type(value.dtype);
-  auto entry = entries_.make(pool_, value.rows, value.cols, storage, slot);
+  auto entry = entries_.make(pool_, value.rows, value.cols, detail::RowFormat{storage}, slot);
   entry->blocks.reserve(pool_.blocks_for(entry->payload_bytes()));
   {
     std::lock_guard lock(mutex_);
@@ -103,14 +113,14 @@ HiddenStateStore::Impl::InsertResult HiddenStateStore::Impl::insert_fetched(
   return InsertResult::kInserted;
 }
 
-int64_t HiddenStateStore::Impl::coverage_with_remote(std::span<const Chunk> chunks,
-                                                     std::span<const Slot> slots) const {
+int64_t HiddenStateStore::Impl::coverage_with_tiers(std::span<const Chunk> chunks,
+                                                    std::span<const Slot> slots) const {
   const int64_t local = coverage(chunks, slots);
-  if (!remote_.enabled()) return local;
+  if (tiers_.empty()) return local;
   size_t from = 0;
   while (from < chunks.size() && chunks[from].end <= local) ++from;
   const size_t end = kv_prefix_end(chunks, from);
-  std::vector<detail::RemoteRequest> requests;
+  std::vector<detail::TierRequest> requests;
   std::vector<size_t> chunk_of;
   {
     std::lock_guard lock(mutex_);
@@ -118,13 +128,12 @@ int64_t HiddenStateStore::Impl::coverage_with_remote(std::span<const Chunk> chun
       const detail::KeyRecord* record = index_.find(chunks[i].key);
       for (const Slot& slot : slots) {
         if (held_ready(record, slot, chunks[i].size())) continue;
-        requests.push_back({chunks[i].key, std::string(to_string(slot.kind)), slot.layer_idx,
-                            chunks[i].size(), 0});
+        requests.push_back({chunks[i].key, slot, chunks[i].size(), 0});
         chunk_of.push_back(i);
       }
     }
   }
-  const std::vector<bool> present = remote_.contains(requests);
+  const std::vector<bool> present = tiers_.contains(requests);
   size_t stop = end;
   for (size_t r = 0; r < requests.size(); ++r) {
     if (!present[r]) {

@@ -1,0 +1,29 @@
+#pragma once
+// Counters of one backing tier (the Redis/Valkey tier now, a local disk tier next), in one shape
+// for every tier: HiddenStateStats::tiers lists them in the order a retrieve asks them.
+// A plain value: safe to copy and read from any thread.
+
+#include <cstdint>
+#include <string>
+
+namespace hss {
+
+struct TierStats {
+  std::string name;        ///< "remote" (Redis/Valkey); "disk" next
+  uint64_t hits = 0;       ///< (chunk, slot) values fetched and checked
+  uint64_t misses = 0;     ///< values asked for and not returned (absent, down, corrupt)
+  uint64_t corrupt_values = 0;          ///< present but failing a check (also in misses)
+  uint64_t unauthenticated_values = 0;  ///< failing the MAC (also in corrupt_values and misses)
+  uint64_t bytes_read = 0;              ///< payload bytes of the hits
+  uint64_t promotions = 0;  ///< values a retrieve copied into the pool (read-through)
+  uint64_t writes_enqueued = 0;
+  uint64_t writes_done = 0;  ///< written (a server acknowledged, a file landed)
+  uint64_t bytes_written = 0;
+  uint64_t dropped_writes = 0;  ///< over the queue budget, the tier down or failing, closed
+  uint64_t errors = 0;          ///< I/O and connection failures, timeouts, error replies
+  uint64_t queue_bytes = 0;     ///< payload bytes waiting to be written now
+  uint64_t entries_held = 0;    ///< values the tier holds, where it knows (a shared server: 0)
+  uint64_t bytes_held = 0;      ///< their payload bytes, where it knows (a shared server: 0)
+};
+
+}  // namespace hss
