@@ -341,33 +341,42 @@ StoreResult HiddenStateStore::store_chunks(std::span<const Chunk> c, const Tenso
   return impl_->store_chunks(c, h, o);
 }
 
+// Every retrieve is one Impl::ReadCall: Impl::retrieve checks it (in one place) and runs it.
 std::optional<HostTensor> HiddenStateStore::retrieve_hidden_states(TokenIds t,
                                                                    const RetrieveOptions& o) {
-  detail::check_retrieve_options(o);
   const Slot slot{o.kind, o.layer_idx};
-  return first_or_none(t.visit([&](auto ids) {
-    return impl_->retrieve_tokens(ids, std::span<const Slot>(&slot, 1), o.row_begin);
-  }));
+  Impl::AllocatedOutputs made;
+  Impl::ReadCall call{.tokens = t, .slots = std::span<const Slot>(&slot, 1),
+                      .slot_from_options = true, .allocate = &made, .row_begin = o.row_begin};
+  (void)impl_->retrieve(call);
+  return first_or_none(std::move(made.tensors));
 }
 std::optional<HostTensor> HiddenStateStore::retrieve_chunks(std::span<const Chunk> c,
                                                             const RetrieveOptions& o) {
-  detail::check_retrieve_options(o);
-  Impl::check_chunks(c);
   const Slot slot{o.kind, o.layer_idx};
-  return first_or_none(impl_->retrieve_chunk_list(c, c.empty() ? 0 : c.back().end,
-                                                  std::span<const Slot>(&slot, 1), o.row_begin));
+  Impl::AllocatedOutputs made;
+  Impl::ReadCall call{.chunks = c, .chunk_form = true, .slots = std::span<const Slot>(&slot, 1),
+                      .slot_from_options = true, .allocate = &made, .row_begin = o.row_begin};
+  (void)impl_->retrieve(call);
+  return first_or_none(std::move(made.tensors));
 }
 
 int64_t HiddenStateStore::retrieve_hidden_states_into(TokenIds t, const MutableTensorView& out,
                                                       const RetrieveOptions& o) {
-  return t.visit([&](auto ids) { return impl_->retrieve_tokens_into(ids, out, o); });
+  const Slot slot{o.kind, o.layer_idx};
+  return impl_->retrieve({.tokens = t, .slots = std::span<const Slot>(&slot, 1),
+                          .slot_from_options = true,
+                          .outs = std::span<const MutableTensorView>(&out, 1),
+                          .row_begin = o.row_begin, .stream = o.stream});
 }
 int64_t HiddenStateStore::retrieve_chunks_into(std::span<const Chunk> c,
                                                const MutableTensorView& out,
                                                const RetrieveOptions& o) {
-  detail::check_retrieve_options(o);
-  Impl::check_chunks(c);
-  return impl_->retrieve_chunk_list_into(c, c.empty() ? 0 : c.back().end, out, o);
+  const Slot slot{o.kind, o.layer_idx};
+  return impl_->retrieve({.chunks = c, .chunk_form = true,
+                          .slots = std::span<const Slot>(&slot, 1), .slot_from_options = true,
+                          .outs = std::span<const MutableTensorView>(&out, 1),
+                          .row_begin = o.row_begin, .stream = o.stream});
 }
 
 std::vector<HostTensor> HiddenStateStore::retrieve_layers(TokenIds t,
@@ -377,7 +386,9 @@ std::vector<HostTensor> HiddenStateStore::retrieve_layers(TokenIds t,
 }
 std::vector<HostTensor> HiddenStateStore::retrieve_layers(TokenIds t, std::span<const Slot> slots,
                                                           int64_t row_begin) {
-  return t.visit([&](auto ids) { return impl_->retrieve_tokens(ids, slots, row_begin); });
+  Impl::AllocatedOutputs made;
+  (void)impl_->retrieve({.tokens = t, .slots = slots, .allocate = &made, .row_begin = row_begin});
+  return std::move(made.tensors);
 }
 
 int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks,
@@ -401,14 +412,15 @@ int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks, std::span<cons
 int64_t HiddenStateStore::retrieve_layers_into(TokenIds t, std::span<const Slot> slots,
                                                std::span<const MutableTensorView> outs,
                                                const RetrieveLayersOptions& o) {
-  return t.visit([&](auto ids) { return impl_->retrieve_layers_into(ids, slots, outs, o); });
+  return impl_->retrieve({.tokens = t, .slots = slots, .outs = outs, .row_begin = o.row_begin,
+                          .stream = o.stream});
 }
 int64_t HiddenStateStore::retrieve_layers_into(std::span<const Chunk> c,
                                                std::span<const Slot> slots,
                                                std::span<const MutableTensorView> outs,
                                                const RetrieveLayersOptions& o) {
-  Impl::check_chunks(c);
-  return impl_->retrieve_chunk_layers_into(c, c.empty() ? 0 : c.back().end, slots, outs, o);
+  return impl_->retrieve({.chunks = c, .chunk_form = true, .slots = slots, .outs = outs,
+                          .row_begin = o.row_begin, .stream = o.stream});
 }
 std::vector<StoreResult> HiddenStateStore::store_batch(std::span<const StoreItem> items) {
   return impl_->store_batch(items);

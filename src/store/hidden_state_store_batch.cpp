@@ -189,11 +189,15 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
   std::vector<Slot> slots(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const RetrieveItem& item = items[i];
+    slots[i] = {item.options.kind, item.options.layer_idx};
+    // The checks of a single retrieve_hidden_states_into (check_read), named items[i].
     check_item(i, [&] {
-      detail::check_retrieve_options(item.options);
-      slots[i] = {item.options.kind, item.options.layer_idx};
-      check_outputs(std::span<const Slot>(&slots[i], 1),
-                    std::span<const MutableTensorView>(&item.out, 1), item.options.stream);
+      check_read({.tokens = item.token_ids,
+                  .slots = std::span<const Slot>(&slots[i], 1),
+                  .slot_from_options = true,
+                  .outs = std::span<const MutableTensorView>(&item.out, 1),
+                  .row_begin = item.options.row_begin,
+                  .stream = item.options.stream});
     });
     list_of[i] = cache.list_of(i, item.token_ids);
   }

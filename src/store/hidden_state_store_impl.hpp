@@ -89,26 +89,34 @@ class HiddenStateStore::Impl {
                            const StoreOptions& opt);
 
   // ---- read path (hidden_state_store_read.cpp)
-  template <typename Token>
-  std::vector<HostTensor> retrieve_tokens(std::span<const Token> token_ids,
-                                          std::span<const Slot> slots, int64_t row_begin);
-  std::vector<HostTensor> retrieve_chunk_list(std::span<const Chunk> chunks, int64_t n_tokens,
-                                              std::span<const Slot> slots, int64_t row_begin);
-  template <typename Token>
-  int64_t retrieve_tokens_into(std::span<const Token> token_ids, const MutableTensorView& out,
-                               const RetrieveOptions& opt);
-  int64_t retrieve_chunk_list_into(std::span<const Chunk> chunks, int64_t n_tokens,
-                                   const MutableTensorView& out, const RetrieveOptions& opt);
+  /// The outputs of a read whose caller wants them made (retrieve_hidden_states, retrieve_layers):
+  /// float32 host tensors of the prefix's rows [row_begin, prefix end), one per slot, made after
+  /// the walk (their size is the walk's answer) and before anything is restored.
+  struct AllocatedOutputs {
+    std::vector<HostTensor> tensors;
+    std::vector<MutableTensorView> views;
+  };
+  /// One retrieve call's arguments as the public surface received them. Every single retrieve
+  /// (token or chunk form, one slot or several, into caller buffers or into tensors the store
+  /// makes) is one ReadCall; retrieve() checks it (check_read, the one place) and runs it as a
+  /// batch of one read.
+  struct ReadCall {
+    TokenIds tokens{};               ///< the token forms (keys made in retrieve)...
+    std::span<const Chunk> chunks{};  ///< ...or the chunk forms' caller chunks
+    bool chunk_form = false;         ///< `chunks` is the caller's (checked: contiguous from 0)
+    std::span<const Slot> slots{};
+    bool slot_from_options = false;  ///< one slot from RetrieveOptions (named options.kind)
+    std::span<const MutableTensorView> outs{};  ///< the *_into forms: one view per slot
+    AllocatedOutputs* allocate = nullptr;     ///< the tensor forms: outs empty, made here
+    int64_t row_begin = 0;
+    Stream stream = nullptr;
+  };
+  /// InvalidArgument naming the argument, before anything changes: row_begin >= 0, slots (or
+  /// options.kind), caller chunks, outputs (count, views, pointers, stream).
+  void check_read(const ReadCall& call) const;
+  /// check_read, keys, then retrieve_reads as a batch of one; the rows written (0 on a miss).
+  int64_t retrieve(const ReadCall& call);
   int64_t coverage(std::span<const Chunk> chunks, std::span<const Slot> slots) const;
-  template <typename Token>
-  int64_t retrieve_layers_into(std::span<const Token> token_ids, std::span<const Slot> slots,
-                               std::span<const MutableTensorView> outs,
-                               const RetrieveLayersOptions& opt);
-  /// retrieve_layers_into over a chunk list of n_tokens tokens (the token forms' one rule).
-  int64_t retrieve_chunk_layers_into(std::span<const Chunk> chunks, int64_t n_tokens,
-                                     std::span<const Slot> slots,
-                                     std::span<const MutableTensorView> outs,
-                                     const RetrieveLayersOptions& opt);
 
   // ---- batch calls (hidden_state_store_batch.cpp)
   std::vector<StoreResult> store_batch(std::span<const StoreItem> items);
@@ -131,12 +139,15 @@ class HiddenStateStore::Impl {
   /// without KV, fetches the missing (chunk, slot) values from the tiers in order (each tier
   /// asked once, for what the tiers before it did not have) and inserts each into the pool as
   /// it arrives. The walk that follows decides the prefix. Returns the entries inserted.
-  size_t read_through(std::span<const Chunk> chunks, std::span<const Slot> slots);
+  /// `kv_answers` (optional): the call's KV answers, which the walk then reuses.
+  size_t read_through(std::span<const Chunk> chunks, std::span<const Slot> slots,
+                      detail::KvAnswers* kv_answers = nullptr);
   /// coverage() extended by the values some tier holds (CoverageScope::kLocalAndRemote).
   int64_t coverage_with_tiers(std::span<const Chunk> chunks, std::span<const Slot> slots) const;
   /// The first chunk at or after `from` whose KV is gone (chunks.size() when none is, or when no
   /// KV side is bound). Asks the storage manager outside every lock.
-  size_t kv_prefix_end(std::span<const Chunk> chunks, size_t from) const;
+  size_t kv_prefix_end(std::span<const Chunk> chunks, size_t from,
+                       detail::KvAnswers* kv_answers = nullptr) const;
 
   /// Chunks passed by a caller: contiguous from 0, non-empty. InvalidArgument otherwise.
   static void check_chunks(std::span<const Chunk> chunks);
@@ -204,12 +215,12 @@ class HiddenStateStore::Impl {
                          detail::RecordLookups* lookups = nullptr) const;
   /// `kv_answers` (optional): the chunk list's KV answers, shared by the items of a batch.
   void walk_finish(Walk& w, PendingCopies pending, detail::KvAnswers* kv_answers = nullptr) const;
-  /// apply_walk with mutex_ held by the caller, and its counting part (no lock).
+  /// Applies a walk, mutex_ held by the caller: drops the orphan (coupled eviction) and failed
+  /// chunks, touches the prefix in reverse order. Never throws. (retrieve_reads counts.)
   /// `touch_from`: the chunks before it are touched again later in the same locked section (a
   /// batch's later item of the same list), so touching them here would not change the order.
   void apply_walk_locked(const Walk& w, detail::RecordLookups* lookups = nullptr,
                          int64_t touch_from = 0) noexcept;
-  void count_walk(const Walk& w, int64_t n_tokens) noexcept;
   /// After a walk was applied (no lock held): the backing tiers may drop the orphan's values
   /// (its KV is gone; tiers/backing_tier.hpp, discard).
   void discard_orphan(const Walk& w) noexcept;
@@ -217,16 +228,13 @@ class HiddenStateStore::Impl {
   /// `item`: the batch index to name in a message (none for a single call).
   void check_walk_outputs(const Walk& w, std::span<const MutableTensorView> outs, int64_t row_begin,
                           std::optional<size_t> item = std::nullopt) const;
-  /// Applies a walk: drops the orphan (coupled eviction) and failed chunks, touches the prefix in
-  /// reverse order, counts the retrieve. Never throws.
-  void apply_walk(const Walk& w, int64_t n_tokens) noexcept;
   /// Views and slots of a restore into caller buffers: counts match, views valid, pointers where
   /// their device says (InvalidArgument naming the view otherwise).
   /// The outputs' views and pointers, and `stream` when an output is device memory.
   void check_outputs(std::span<const Slot> slots, std::span<const MutableTensorView> outs,
                      Stream stream) const;
-  /// One read of a retrieve call: a chunk list restored into `outs` (one view per slot). A
-  /// single call is a batch of one read.
+  /// One read of a retrieve call: a chunk list restored into `outs` (one view per slot), or into
+  /// outputs the pipeline allocates (`allocate`). A single call is a batch of one read.
   struct ReadItem {
     std::span<const Chunk> chunks;
     int64_t n_tokens = 0;  ///< tokens the caller passed (for the miss count)
@@ -237,12 +245,17 @@ class HiddenStateStore::Impl {
     detail::RecordLookups* lookups = nullptr;  ///< the list's lookups, shared by its reads
     detail::KvAnswers* kv_answers = nullptr;   ///< the list's KV answers, shared by its reads
     size_t list = 0;  ///< reads of a call passing the same chunk list have the same number
+    AllocatedOutputs* allocate = nullptr;  ///< set: `outs` is empty and the pipeline makes them
+
+    /// The views the read restores into.
+    [[nodiscard]] std::span<const MutableTensorView> outputs() const {
+      return allocate != nullptr ? std::span<const MutableTensorView>(allocate->views) : outs;
+    }
   };
-  /// Walk + restore into `outs` (one per slot) + apply; the rows written (0 on a miss).
-  int64_t retrieve_slots_into(std::span<const Chunk> chunks, int64_t n_tokens,
-                              std::span<const Slot> slots, std::span<const MutableTensorView> outs,
-                              int64_t row_begin, Stream stream);
-  /// The read pipeline of every retrieve-into call: read-through, one lock for every walk's
+  /// A read's AllocatedOutputs, for the prefix its walk found (none when row_begin is past it).
+  static void allocate_outputs(const Walk& w, const ReadItem& read);
+  /// The read pipeline of every retrieve call (the tensor-returning ones allocate their outputs
+  /// in it): read-through, one lock for every walk's
   /// index part, KV and fences outside it, every output checked against its walk (naming
   /// items[i] when `name_items`), restore_walks, one lock to apply every walk, counters once.
   /// `walks` and `rows`: one per read, filled here.

@@ -1,8 +1,10 @@
-// The read path. Every read (retrieve, retrieve_into, retrieve_layers, coverage) is one walk:
+// The read path. Every retrieve (into the caller's buffers or into tensors it allocates, one
+// slot or several, single or batched) runs retrieve_reads; coverage and exports run its walk.
+// Every read is one walk:
 //   plan_walk:  slot presence under the index lock (pinning what it finds), then KV presence per
 //               chunk outside it, asked before the slot as LMCache does, then fence waits;
 //   checks:     the caller's output against what the walk found;
-//   apply_walk: drop the orphan key, touch the prefix in reverse order, count.
+//   apply:      drop the orphan key, touch the prefix in reverse order; counters once a call.
 // So a retrieve that fails its checks changes nothing, and coverage is the walk without apply.
 
 #include <algorithm>
@@ -134,15 +136,6 @@ void HiddenStateStore::Impl::walk_finish(Walk& w, PendingCopies pending,
   w.prefix_tokens = hits > 0 ? chunks[hits - 1].end : 0;
 }
 
-void HiddenStateStore::Impl::apply_walk(const Walk& w, int64_t n_tokens) noexcept {
-  {
-    std::lock_guard lock(mutex_);
-    apply_walk_locked(w);
-  }
-  discard_orphan(w);
-  count_walk(w, n_tokens);
-}
-
 void HiddenStateStore::Impl::discard_orphan(const Walk& w) noexcept {
   if (w.orphan && !tiers_.empty()) {
     tiers_.discard(std::span<const CacheEngineKey>(&w.chunks[*w.orphan].key, 1));
@@ -170,13 +163,6 @@ void HiddenStateStore::Impl::apply_walk_locked(const Walk& w, detail::RecordLook
       index_.touch(*record);
     }
   }
-}
-
-void HiddenStateStore::Impl::count_walk(const Walk& w, int64_t n_tokens) noexcept {
-  counters_.retrieves.fetch_add(1, std::memory_order_relaxed);
-  counters_.hit_tokens.fetch_add(static_cast<uint64_t>(w.prefix_tokens), std::memory_order_relaxed);
-  counters_.miss_tokens.fetch_add(static_cast<uint64_t>(n_tokens - w.prefix_tokens),
-                                  std::memory_order_relaxed);
 }
 
 void HiddenStateStore::Impl::plan_restore(const Walk& w, size_t slot, int64_t row_begin,
@@ -211,61 +197,55 @@ void HiddenStateStore::Impl::plan_restore(const Walk& w, size_t slot, int64_t ro
   }
 }
 
-template <typename Token>
-std::vector<HostTensor> HiddenStateStore::Impl::retrieve_tokens(std::span<const Token> token_ids,
-                                                                std::span<const Slot> slots,
-                                                                int64_t row_begin) {
-  // Arguments are checked by retrieve_chunk_list, before anything changes.
-  const std::vector<Chunk> chunks = token_database_.process_tokens(token_ids);
-  return retrieve_chunk_list(chunks, static_cast<int64_t>(token_ids.size()), slots, row_begin);
-}
-
-std::vector<HostTensor> HiddenStateStore::Impl::retrieve_chunk_list(std::span<const Chunk> chunks,
-                                                                    int64_t n_tokens,
-                                                                    std::span<const Slot> slots,
-                                                                    int64_t row_begin) {
-  HSS_RANGE("retrieve");
-  if (row_begin < 0)
-    throw InvalidArgument("row_begin = " + std::to_string(row_begin) + " is negative");
-  detail::check_slots(slots);
-  (void)read_through(chunks, slots);  // backing tiers: fill the pool where the walk would stop
-  const Walk w = plan_walk(chunks, slots);
-  std::vector<HostTensor> out;
-  if (row_begin < w.prefix_tokens) {
-    HSS_RANGE("retrieve/assemble");
-    out.reserve(slots.size());
-    std::vector<kernels::GatherSegment> host_segments;
-    for (size_t s = 0; s < slots.size(); ++s) {
-      const int64_t cols = w.cols(s);
-      HostTensor tensor(w.prefix_tokens - row_begin, cols);
-      plan_restore(w, s, row_begin, host_segments);
-      detail::host_restore(host_segments, {tensor.data(), cols, cols}, host_copy_context());
-      out.push_back(std::move(tensor));
-    }
+void HiddenStateStore::Impl::check_read(const ReadCall& call) const {
+  if (call.row_begin < 0) {
+    throw InvalidArgument("row_begin = " + std::to_string(call.row_begin) + " is negative");
   }
-  apply_walk(w, n_tokens);
-  return out;
+  if (call.slot_from_options) {
+    detail::check_retrieve_options(RetrieveOptions{call.slots.front().layer_idx, call.row_begin,
+                                                   call.slots.front().kind});
+  }
+  if (call.chunk_form) check_chunks(call.chunks);
+  if (call.allocate != nullptr) {
+    detail::check_slots(call.slots);
+  } else {
+    check_outputs(call.slots, call.outs, call.stream);  // the slots too
+  }
 }
 
-template <typename Token>
-int64_t HiddenStateStore::Impl::retrieve_tokens_into(std::span<const Token> token_ids,
-                                                     const MutableTensorView& out,
-                                                     const RetrieveOptions& opt) {
+int64_t HiddenStateStore::Impl::retrieve(const ReadCall& call) {
   HSS_RANGE("retrieve");
-  detail::check_retrieve_options(opt);
-  const std::vector<Chunk> chunks = token_database_.process_tokens(token_ids);
-  return retrieve_chunk_list_into(chunks, static_cast<int64_t>(token_ids.size()), out, opt);
+  check_read(call);
+  std::vector<Chunk> made;
+  std::span<const Chunk> chunks = call.chunks;
+  int64_t n_tokens = chunks.empty() ? 0 : chunks.back().end;
+  if (!call.chunk_form) {
+    made = call.tokens.visit([&](auto ids) { return token_database_.process_tokens(ids); });
+    chunks = made;
+    n_tokens = static_cast<int64_t>(call.tokens.size());
+  }
+  // A batch of one read, without the per-list caches (each chunk is looked up once anyway).
+  ReadItem read{chunks, n_tokens, call.slots, call.outs, call.row_begin, call.stream,
+                nullptr, nullptr, 0};
+  read.allocate = call.allocate;
+  Walk walk;
+  int64_t rows = 0;
+  retrieve_reads(std::span<const ReadItem>(&read, 1), std::span<Walk>(&walk, 1),
+                 std::span<int64_t>(&rows, 1), /*name_items=*/false);
+  return rows;
 }
 
-int64_t HiddenStateStore::Impl::retrieve_chunk_list_into(std::span<const Chunk> chunks,
-                                                         int64_t n_tokens,
-                                                         const MutableTensorView& out,
-                                                         const RetrieveOptions& opt) {
-  // The public entry points checked opt (once); retrieve_slots_into checks the output.
-  const Slot slot{opt.kind, opt.layer_idx};
-  return retrieve_slots_into(chunks, n_tokens, std::span<const Slot>(&slot, 1),
-                             std::span<const MutableTensorView>(&out, 1), opt.row_begin,
-                             opt.stream);
+void HiddenStateStore::Impl::allocate_outputs(const Walk& w, const ReadItem& read) {
+  AllocatedOutputs& out = *read.allocate;
+  out.tensors.clear();
+  out.views.clear();
+  if (read.row_begin >= w.prefix_tokens) return;
+  out.tensors.reserve(read.slots.size());
+  out.views.reserve(read.slots.size());
+  for (size_t s = 0; s < read.slots.size(); ++s) {
+    out.tensors.emplace_back(w.prefix_tokens - read.row_begin, w.cols(s));
+    out.views.push_back(out.tensors.back().mutable_view());
+  }
 }
 
 void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
@@ -295,26 +275,25 @@ void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
   }
 }
 
-int64_t HiddenStateStore::Impl::retrieve_slots_into(std::span<const Chunk> chunks, int64_t n_tokens,
-                                                    std::span<const Slot> slots,
-                                                    std::span<const MutableTensorView> outs,
-                                                    int64_t row_begin, Stream stream) {
-  HSS_RANGE("retrieve");
-  check_outputs(slots, outs, stream);
-  // A batch of one, without the per-list lookup cache (each chunk is looked up once anyway).
-  const ReadItem read{chunks, n_tokens, slots, outs, row_begin, stream, nullptr, nullptr, 0};
-  Walk walk;
-  int64_t rows = 0;
-  retrieve_reads(std::span<const ReadItem>(&read, 1), std::span<Walk>(&walk, 1),
-                 std::span<int64_t>(&rows, 1), /*name_items=*/false);
-  return rows;
-}
-
 void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std::span<Walk> walks,
                                             std::span<int64_t> rows, bool name_items) {
+  // Each read's KV answers: the list's (a batch's reads of one list share them), or, where the
+  // read-through asks KV too, the read's own, so each chunk's KV is asked once per call.
+  std::vector<detail::KvAnswers*> kv_answers(reads.size());
+  std::vector<detail::KvAnswers> own_answers;
+  const bool read_through_asks_kv =
+      !tiers_.empty() && storage_manager_.load(std::memory_order_acquire) != nullptr;
+  if (read_through_asks_kv) own_answers.resize(reads.size());
+  for (size_t i = 0; i < reads.size(); ++i) {
+    kv_answers[i] = reads[i].kv_answers != nullptr ? reads[i].kv_answers
+                    : read_through_asks_kv         ? &own_answers[i]
+                                                   : nullptr;
+  }
   // The backing tiers fill the pool where a walk would stop (no-op without one), before the lock.
   if (!tiers_.empty()) {
-    for (const ReadItem& read : reads) (void)read_through(read.chunks, read.slots);
+    for (size_t i = 0; i < reads.size(); ++i) {
+      (void)read_through(reads[i].chunks, reads[i].slots, kv_answers[i]);
+    }
   }
   // One lock for every walk's index part; KV checks and fence waits outside it.
   {
@@ -328,15 +307,17 @@ void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std
   for (size_t i = 0; i < reads.size(); ++i) {
     // Host outputs need the rows now; device outputs only order themselves after the copies.
     const auto& outs = reads[i].outs;
-    const bool all_device = std::all_of(outs.begin(), outs.end(), [](const MutableTensorView& o) {
-      return o.device == Device::kCuda;
-    });
+    const bool all_device =
+        reads[i].allocate == nullptr &&
+        std::all_of(outs.begin(), outs.end(),
+                    [](const MutableTensorView& o) { return o.device == Device::kCuda; });
     walk_finish(walks[i], all_device ? PendingCopies::kOrderOnDevice : PendingCopies::kWaitOnHost,
-                reads[i].kv_answers);
+                kv_answers[i]);
   }
-  // Every output against its walk before anything is written.
+  // Outputs the pipeline makes, then every output against its walk before anything is written.
   for (size_t i = 0; i < reads.size(); ++i) {
-    check_walk_outputs(walks[i], reads[i].outs, reads[i].row_begin,
+    if (reads[i].allocate != nullptr) allocate_outputs(walks[i], reads[i]);
+    check_walk_outputs(walks[i], reads[i].outputs(), reads[i].row_begin,
                        name_items ? std::optional<size_t>(i) : std::nullopt);
   }
   restore_walks(walks, reads, rows);
@@ -412,8 +393,9 @@ void HiddenStateStore::Impl::restore_walks(std::span<Walk> walks, std::span<cons
     rows[i] = 0;
     if (row_begin >= w.prefix_tokens) continue;  // nothing to restore
     rows[i] = w.prefix_tokens - row_begin;
-    for (size_t s = 0; s < reads[i].outs.size(); ++s) {
-      const MutableTensorView& out = reads[i].outs[s];
+    const std::span<const MutableTensorView> outs = reads[i].outputs();
+    for (size_t s = 0; s < outs.size(); ++s) {
+      const MutableTensorView& out = outs[s];
       // Any output dtype: same-type copies are bit-identical, narrowing rounds to nearest-even.
       const kernels::OutputView view{out.data, w.cols(s), out.stride(),
                                      detail::to_elem_type(out.dtype)};
@@ -477,37 +459,6 @@ void HiddenStateStore::Impl::restore_walks(std::span<Walk> walks, std::span<cons
   for (Walk& w : walks) w.pinned.clear();  // the walks' own pins drop; device restores hold theirs
 }
 
-int64_t HiddenStateStore::Impl::retrieve_chunk_layers_into(std::span<const Chunk> chunks,
-                                                           int64_t n_tokens,
-                                                           std::span<const Slot> slots,
-                                                           std::span<const MutableTensorView> outs,
-                                                           const RetrieveLayersOptions& opt) {
-  HSS_RANGE("retrieve");
-  if (opt.row_begin < 0) {
-    throw InvalidArgument("row_begin = " + std::to_string(opt.row_begin) + " is negative");
-  }
-  return retrieve_slots_into(chunks, n_tokens, slots, outs, opt.row_begin, opt.stream);
-}
-
-template <typename Token>
-int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const Token> token_ids,
-                                                     std::span<const Slot> slots,
-                                                     std::span<const MutableTensorView> outs,
-                                                     const RetrieveLayersOptions& opt) {
-  const std::vector<Chunk> chunks = token_database_.process_tokens(token_ids);
-  return retrieve_chunk_layers_into(chunks, static_cast<int64_t>(token_ids.size()), slots, outs,
-                                    opt);
-}
-
-template int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const int32_t>,
-                                                              std::span<const Slot>,
-                                                              std::span<const MutableTensorView>,
-                                                              const RetrieveLayersOptions&);
-template int64_t HiddenStateStore::Impl::retrieve_layers_into(std::span<const int64_t>,
-                                                              std::span<const Slot>,
-                                                              std::span<const MutableTensorView>,
-                                                              const RetrieveLayersOptions&);
-
 int64_t HiddenStateStore::Impl::coverage(std::span<const Chunk> chunks,
                                          std::span<const Slot> slots) const {
   // The checks retrieve_chunks applies, so coverage never answers for input retrieve rejects.
@@ -518,18 +469,5 @@ int64_t HiddenStateStore::Impl::coverage(std::span<const Chunk> chunks,
   // would.
   return plan_walk(chunks, slots, PendingCopies::kQuery).prefix_tokens;
 }
-
-template std::vector<HostTensor> HiddenStateStore::Impl::retrieve_tokens(std::span<const int32_t>,
-                                                                         std::span<const Slot>,
-                                                                         int64_t);
-template std::vector<HostTensor> HiddenStateStore::Impl::retrieve_tokens(std::span<const int64_t>,
-                                                                         std::span<const Slot>,
-                                                                         int64_t);
-template int64_t HiddenStateStore::Impl::retrieve_tokens_into(std::span<const int32_t>,
-                                                              const MutableTensorView&,
-                                                              const RetrieveOptions&);
-template int64_t HiddenStateStore::Impl::retrieve_tokens_into(std::span<const int64_t>,
-                                                              const MutableTensorView&,
-                                                              const RetrieveOptions&);
 
 }  // namespace hss

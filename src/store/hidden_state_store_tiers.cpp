@@ -39,17 +39,22 @@ bool fits(const detail::TierValue& value, const Chunk& chunk) noexcept {
 
 }  // namespace
 
-size_t HiddenStateStore::Impl::kv_prefix_end(std::span<const Chunk> chunks, size_t from) const {
+size_t HiddenStateStore::Impl::kv_prefix_end(std::span<const Chunk> chunks, size_t from,
+                                             detail::KvAnswers* kv_answers) const {
   const StorageManager* kv = storage_manager_.load(std::memory_order_acquire);
   if (kv == nullptr) return chunks.size();  // no KV side bound: KV counts as present
   for (size_t i = from; i < chunks.size(); ++i) {
-    if (!kv->contains(chunks[i].key)) return i;
+    const bool present = kv_answers != nullptr
+                             ? kv_answers->contains(*kv, i, chunks.size(), chunks[i].key)
+                             : kv->contains(chunks[i].key);
+    if (!present) return i;
   }
   return chunks.size();
 }
 
 size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
-                                            std::span<const Slot> slots) {
+                                            std::span<const Slot> slots,
+                                            detail::KvAnswers* kv_answers) {
   if (tiers_.empty() || chunks.empty()) return 0;
   HSS_RANGE("retrieve/read_through");
   struct Missing {
@@ -75,7 +80,7 @@ size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
   }
   if (missing.empty() || missing.front().chunk != from) return 0;  // nothing to extend with
   // Only chunks whose KV is present can extend the prefix (KV presence decides, per chunk).
-  const size_t end = kv_prefix_end(chunks, from);
+  const size_t end = kv_prefix_end(chunks, from, kv_answers);
   std::erase_if(missing, [&](const Missing& m) { return m.chunk >= end; });
   if (missing.empty()) return 0;
 

@@ -369,6 +369,26 @@ TEST(TierChain, AChunkWhoseKvIsGoneIsNeverReadFromATierAndIsDiscarded) {
   EXPECT_EQ(tiers.far->size(), 3U);  // this tier dropped the orphan's value
 }
 
+TEST(TierChain, ARetrieveThatReadsThroughAsksKvOncePerChunk) {
+  TwoTiers tiers(false, true);
+  ChunkedTokenDatabase db(kChunk, false);
+  const auto tokens = make_tokens(4 * kChunk, 19);
+  {
+    HiddenStateStore writer(test::store_config(kChunk, kCols, 64), db);
+    const auto rows = make_rows(tokens, 0, 0, kCols);
+    ASSERT_EQ(writer.store_hidden_states(tokens, view_of(rows, kCols)).written, 4);
+  }
+  HiddenStateStore reader(test::store_config(kChunk, kCols, 64), db);
+  test::ControlledKv kv;
+  reader.bind_storage_manager(&kv);
+  // The read-through (which chunks may extend the prefix) and the walk share one answer each.
+  expect_rows(reader.retrieve_hidden_states(tokens), tokens, 4 * kChunk);
+  EXPECT_EQ(kv.calls.load(), 4);
+  HostTensor out(4 * kChunk, kCols);
+  EXPECT_EQ(reader.retrieve_hidden_states_into(tokens, out.mutable_view()), 4 * kChunk);
+  EXPECT_EQ(kv.calls.load(), 8);  // all local now: the walk alone asks
+}
+
 TEST(TierChain, AValueOfTheWrongShapeFromATierIsAMissNeverAnError) {
   TwoTiers tiers(false, true);
   ChunkedTokenDatabase db(kChunk, false);
