@@ -34,6 +34,7 @@
 #include "hss/activation.hpp"
 #include "hss/cache_key.hpp"
 #include "hss/config.hpp"
+#include "hss/detail/stats_fields.hpp"
 #include "hss/host_copy_stats.hpp"
 #include "hss/remote_stats.hpp"
 #include "hss/storage_manager.hpp"
@@ -80,6 +81,16 @@ struct KindStats {
   uint64_t chunks_written = 0;
 };
 
+/// KindStats's fields, each once, in the order stats() reports them: the Python dict is
+/// built from this list, the stub and docs/stats.md are checked against it
+/// (hss/detail/stats_fields.hpp).
+template <detail::MaybeConst<KindStats> Self, class Visit>
+constexpr void for_each_field(Self& s, Visit&& visit) {
+  visit("entries_held", s.entries_held);
+  visit("bytes_held", s.bytes_held);
+  visit("chunks_written", s.chunks_written);
+}
+
 struct HiddenStateStats {
   uint64_t keys_held = 0;     ///< distinct chunk keys (num_cached_chunks(), as LMCache counts)
   uint64_t entries_held = 0;  ///< (key, kind, layer) entries (num_entries())
@@ -112,6 +123,40 @@ struct HiddenStateStats {
   HostCopyStats host_copy;  ///< the host copy strategy chosen for this machine, copy threads
   TransferStats transfer;   ///< point-to-point exports and imports (hss/pool_transfer.hpp)
 };
+
+/// HiddenStateStats's fields, each once, in the order stats() reports them: the Python dict is
+/// built from this list, the stub and docs/stats.md are checked against it
+/// (hss/detail/stats_fields.hpp).
+template <detail::MaybeConst<HiddenStateStats> Self, class Visit>
+constexpr void for_each_field(Self& s, Visit&& visit) {
+  visit("keys_held", s.keys_held);
+  visit("entries_held", s.entries_held);
+  visit("bytes_held", s.bytes_held);
+  visit("blocks_held", s.blocks_held);
+  visit("pool_capacity_bytes", s.pool_capacity_bytes);
+  visit("pool_free_bytes", s.pool_free_bytes);
+  visit("granule_bytes", s.granule_bytes);
+  visit("pinned", s.pinned);
+  visit("device_path", s.device_path);
+  visit("closed", s.closed);
+  visit("stores", s.stores);
+  visit("chunks_written", s.chunks_written);
+  visit("retrieves", s.retrieves);
+  visit("hit_tokens", s.hit_tokens);
+  visit("miss_tokens", s.miss_tokens);
+  visit("hs_evictions", s.hs_evictions);
+  visit("coupled_evictions", s.coupled_evictions);
+  visit("allocation_failures", s.allocation_failures);
+  // Not the declaration order: the dict's, as it shipped.
+  visit("staging_waits", s.staging_waits);
+  visit("device_launches", s.device_launches);
+  visit("launch_waits", s.launch_waits);
+  visit("copy_failures", s.copy_failures);
+  visit("per_kind", s.per_kind);
+  visit("remote", s.remote);
+  visit("transfer", s.transfer);
+  visit("host_copy", s.host_copy);
+}
 
 /// What coverage() counts: the local pool only, or the local pool and the remote tier.
 enum class CoverageScope { kLocal, kLocalAndRemote };

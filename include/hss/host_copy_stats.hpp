@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "hss/detail/stats_fields.hpp"
+
 namespace hss {
 
 /// How a host copy writes its destination.
@@ -48,6 +50,29 @@ struct HostCopyStats {
   uint64_t min_bytes_per_copy_thread = 0;
   uint64_t split_copies = 0;  ///< host copies that ran on more than one thread
 };
+
+/// HostCopyStats's fields, each once, in the order stats() reports them: the Python dict is
+/// built from this list, the stub and docs/stats.md are checked against it
+/// (hss/detail/stats_fields.hpp).
+template <detail::MaybeConst<HostCopyStats> Self, class Visit>
+constexpr void for_each_field(Self& s, Visit&& visit) {
+  visit("copies", s.copies);
+  visit("widening", s.widening);
+  visit("stream_threshold_bytes", s.stream_threshold_bytes);
+  visit("chosen_by", s.chosen_by);
+  visit("cpu", s.cpu);
+  visit("summary", s.summary);
+  visit("regular_copy_gbps", s.regular_copy_gbps);
+  visit("streaming_copy_gbps", s.streaming_copy_gbps);
+  visit("regular_widen_gbps", s.regular_widen_gbps);
+  visit("streaming_widen_gbps", s.streaming_widen_gbps);
+  visit("copy_threads", s.copy_threads);
+  visit("copy_threads_auto", s.copy_threads_auto);
+  visit("copy_threads_reason", s.copy_threads_reason);
+  visit("copy_workers_started", s.copy_workers_started);
+  visit("min_bytes_per_copy_thread", s.min_bytes_per_copy_thread);
+  visit("split_copies", s.split_copies);
+}
 
 [[nodiscard]] constexpr std::string_view to_string(HostStores stores) {
   return stores == HostStores::kStreaming ? "streaming" : "regular";

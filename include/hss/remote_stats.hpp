@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "hss/detail/stats_fields.hpp"
+
 namespace hss {
 
 struct RemoteStats {
@@ -25,5 +27,29 @@ struct RemoteStats {
   uint64_t errors = 0;          ///< connection failures, timeouts and error replies
   uint64_t queue_bytes = 0;     ///< payload bytes waiting in the write-behind queue now
 };
+
+/// RemoteStats's fields, each once, in the order stats() reports them: the Python dict is
+/// built from this list, the stub and docs/stats.md are checked against it
+/// (hss/detail/stats_fields.hpp).
+template <detail::MaybeConst<RemoteStats> Self, class Visit>
+constexpr void for_each_field(Self& s, Visit&& visit) {
+  visit("enabled", s.enabled);
+  visit("servers", s.servers);
+  visit("servers_connected", s.servers_connected);
+  visit("hits", s.hits);
+  visit("misses", s.misses);
+  visit("corrupt_values", s.corrupt_values);
+  visit("unauthenticated_values", s.unauthenticated_values);
+  visit("bytes_read", s.bytes_read);
+  visit("read_through_chunks", s.read_through_chunks);
+  visit("writes_enqueued", s.writes_enqueued);
+  visit("writes_sent", s.writes_sent);
+  visit("bytes_written", s.bytes_written);
+  visit("dropped_writes", s.dropped_writes);
+  visit("writes_denied", s.writes_denied);
+  visit("reconnects", s.reconnects);
+  visit("errors", s.errors);
+  visit("queue_bytes", s.queue_bytes);
+}
 
 }  // namespace hss

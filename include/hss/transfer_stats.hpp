@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "hss/detail/stats_fields.hpp"
+
 namespace hss {
 
 struct TransferStats {
@@ -23,5 +25,25 @@ struct TransferStats {
   uint64_t unauthenticated_entries = 0;  ///< of those, failing the MAC (or without one)
   uint64_t abandoned_entries = 0;  ///< reservations given up (transport failure, expired lease)
 };
+
+/// TransferStats's fields, each once, in the order stats() reports them: the Python dict is
+/// built from this list, the stub and docs/stats.md are checked against it
+/// (hss/detail/stats_fields.hpp).
+template <detail::MaybeConst<TransferStats> Self, class Visit>
+constexpr void for_each_field(Self& s, Visit&& visit) {
+  visit("exports", s.exports);
+  visit("exported_entries", s.exported_entries);
+  visit("exported_bytes", s.exported_bytes);
+  visit("leases_held", s.leases_held);
+  visit("leased_bytes", s.leased_bytes);
+  visit("leases_released", s.leases_released);
+  visit("leases_expired", s.leases_expired);
+  visit("reserved_entries", s.reserved_entries);
+  visit("imported_entries", s.imported_entries);
+  visit("imported_bytes", s.imported_bytes);
+  visit("rejected_entries", s.rejected_entries);
+  visit("unauthenticated_entries", s.unauthenticated_entries);
+  visit("abandoned_entries", s.abandoned_entries);
+}
 
 }  // namespace hss

@@ -3,7 +3,7 @@ python/tests/test_stubs.py."""
 
 import enum
 import os
-from typing import Any, Iterable, List, Literal, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Literal, Optional, Protocol, Sequence, Tuple, TypedDict, Union
 
 import numpy
 
@@ -188,6 +188,95 @@ class ChunkedTokenDatabase(TokenDatabase):
     ) -> List[Tuple[int, int, Any]]: ...
     def make_key(self, chunk_hash: int) -> CacheEngineKey: ...
 
+# HiddenStateStore.stats(): one TypedDict per C++ stats struct, its fields in the dict's order
+# (docs/stats.md says what each counts). Stub-only names, checked against the C++ field lists
+# (include/hss/detail/stats_fields.hpp) by tests/base/test_stats_fields.cpp and against the
+# dict itself by python/tests/test_stats_stub.py.
+class HiddenStateStats(TypedDict):
+    keys_held: int
+    entries_held: int
+    bytes_held: int
+    blocks_held: int
+    pool_capacity_bytes: int
+    pool_free_bytes: int
+    granule_bytes: int
+    pinned: bool
+    device_path: bool
+    closed: bool
+    stores: int
+    chunks_written: int
+    retrieves: int
+    hit_tokens: int
+    miss_tokens: int
+    hs_evictions: int
+    coupled_evictions: int
+    allocation_failures: int
+    staging_waits: int
+    device_launches: int
+    launch_waits: int
+    copy_failures: int
+    per_kind: Dict[str, KindStats]  # keyed by ActivationKind name: "hidden", "query", ...
+    remote: RemoteStats
+    transfer: TransferStats
+    host_copy: HostCopyStats
+
+class KindStats(TypedDict):
+    entries_held: int
+    bytes_held: int
+    chunks_written: int
+
+class RemoteStats(TypedDict):
+    enabled: bool
+    servers: int
+    servers_connected: int
+    hits: int
+    misses: int
+    corrupt_values: int
+    unauthenticated_values: int
+    bytes_read: int
+    read_through_chunks: int
+    writes_enqueued: int
+    writes_sent: int
+    bytes_written: int
+    dropped_writes: int
+    writes_denied: int
+    reconnects: int
+    errors: int
+    queue_bytes: int
+
+class TransferStats(TypedDict):
+    exports: int
+    exported_entries: int
+    exported_bytes: int
+    leases_held: int
+    leased_bytes: int
+    leases_released: int
+    leases_expired: int
+    reserved_entries: int
+    imported_entries: int
+    imported_bytes: int
+    rejected_entries: int
+    unauthenticated_entries: int
+    abandoned_entries: int
+
+class HostCopyStats(TypedDict):
+    copies: str  # "regular" or "streaming"
+    widening: str  # "regular" or "streaming"
+    stream_threshold_bytes: int
+    chosen_by: str  # "calibration", "cpu rule", "config" or "environment"
+    cpu: str
+    summary: str
+    regular_copy_gbps: float
+    streaming_copy_gbps: float
+    regular_widen_gbps: float
+    streaming_widen_gbps: float
+    copy_threads: int
+    copy_threads_auto: bool
+    copy_threads_reason: str
+    copy_workers_started: int
+    min_bytes_per_copy_thread: int
+    split_copies: int
+
 class StorageManagerLike(Protocol):
     def contains(self, key: CacheEngineKey, search_range: Any = None, pin: bool = False) -> Any: ...
 
@@ -293,7 +382,7 @@ class HiddenStateStore:
     def check_invariants(self) -> None: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
-    def stats(self) -> dict: ...
+    def stats(self) -> HiddenStateStats: ...
     @property
     def config(self) -> Config: ...
     def __enter__(self) -> HiddenStateStore: ...

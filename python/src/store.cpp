@@ -8,12 +8,15 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "batch_py.hpp"
 #include "bindings.hpp"
 #include "config_source.hpp"
 #include "hss/activation.hpp"
+#include "hss/detail/stats_fields.hpp"
 #include "hss/error.hpp"
 #include "hss/local_cpu_backend.hpp"
 #include "keys_io.hpp"
@@ -101,106 +104,43 @@ namespace {
 
 hss::HiddenStateStore& live(PyHiddenStateStore& s) { return *s.store; }
 
-nb::dict remote_stats_dict(const hss::RemoteStats& r) {
+// stats() as a dict, built from the stats structs' field lists (hss/detail/stats_fields.hpp): no
+// field is named here, and a field's Python value follows its C++ shape.
+template <class T>
+nb::object stats_value(const T& value);
+
+template <hss::detail::HasFieldList Stats>
+nb::dict stats_dict(const Stats& stats) {
   nb::dict d;
-  d["enabled"] = r.enabled;
-  d["servers"] = r.servers;
-  d["servers_connected"] = r.servers_connected;
-  d["hits"] = r.hits;
-  d["misses"] = r.misses;
-  d["corrupt_values"] = r.corrupt_values;
-  d["unauthenticated_values"] = r.unauthenticated_values;
-  d["bytes_read"] = r.bytes_read;
-  d["read_through_chunks"] = r.read_through_chunks;
-  d["writes_enqueued"] = r.writes_enqueued;
-  d["writes_sent"] = r.writes_sent;
-  d["bytes_written"] = r.bytes_written;
-  d["dropped_writes"] = r.dropped_writes;
-  d["writes_denied"] = r.writes_denied;
-  d["reconnects"] = r.reconnects;
-  d["errors"] = r.errors;
-  d["queue_bytes"] = r.queue_bytes;
+  for_each_field(stats,
+                 [&d](const char* name, const auto& field) { d[name] = stats_value(field); });
   return d;
 }
 
-nb::dict transfer_stats_dict(const hss::TransferStats& t) {
-  nb::dict d;
-  d["exports"] = t.exports;
-  d["exported_entries"] = t.exported_entries;
-  d["exported_bytes"] = t.exported_bytes;
-  d["leases_held"] = t.leases_held;
-  d["leased_bytes"] = t.leased_bytes;
-  d["leases_released"] = t.leases_released;
-  d["leases_expired"] = t.leases_expired;
-  d["reserved_entries"] = t.reserved_entries;
-  d["imported_entries"] = t.imported_entries;
-  d["imported_bytes"] = t.imported_bytes;
-  d["rejected_entries"] = t.rejected_entries;
-  d["unauthenticated_entries"] = t.unauthenticated_entries;
-  d["abandoned_entries"] = t.abandoned_entries;
-  return d;
-}
-
-nb::dict host_copy_stats_dict(const hss::HostCopyStats& h) {
-  nb::dict d;
-  d["copies"] = std::string(hss::to_string(h.copies));
-  d["widening"] = std::string(hss::to_string(h.widening));
-  d["stream_threshold_bytes"] = h.stream_threshold_bytes;
-  d["chosen_by"] = std::string(hss::to_string(h.chosen_by));
-  d["cpu"] = h.cpu;
-  d["summary"] = h.summary;
-  d["regular_copy_gbps"] = h.regular_copy_gbps;
-  d["streaming_copy_gbps"] = h.streaming_copy_gbps;
-  d["regular_widen_gbps"] = h.regular_widen_gbps;
-  d["streaming_widen_gbps"] = h.streaming_widen_gbps;
-  d["copy_threads"] = h.copy_threads;
-  d["copy_threads_auto"] = h.copy_threads_auto;
-  d["copy_threads_reason"] = h.copy_threads_reason;
-  d["copy_workers_started"] = h.copy_workers_started;
-  d["min_bytes_per_copy_thread"] = h.min_bytes_per_copy_thread;
-  d["split_copies"] = h.split_copies;
-  return d;
-}
-
-nb::dict stats_dict(const hss::HiddenStateStats& st) {
-  nb::dict d;
-  d["keys_held"] = st.keys_held;
-  d["entries_held"] = st.entries_held;
-  d["bytes_held"] = st.bytes_held;
-  d["blocks_held"] = st.blocks_held;
-  d["pool_capacity_bytes"] = st.pool_capacity_bytes;
-  d["pool_free_bytes"] = st.pool_free_bytes;
-  d["granule_bytes"] = st.granule_bytes;
-  d["pinned"] = st.pinned;
-  d["device_path"] = st.device_path;
-  d["closed"] = st.closed;
-  d["stores"] = st.stores;
-  d["chunks_written"] = st.chunks_written;
-  d["retrieves"] = st.retrieves;
-  d["hit_tokens"] = st.hit_tokens;
-  d["miss_tokens"] = st.miss_tokens;
-  d["hs_evictions"] = st.hs_evictions;
-  d["coupled_evictions"] = st.coupled_evictions;
-  d["allocation_failures"] = st.allocation_failures;
-  d["staging_waits"] = st.staging_waits;
-  d["device_launches"] = st.device_launches;
-  d["launch_waits"] = st.launch_waits;
-  d["copy_failures"] = st.copy_failures;
-  nb::dict per_kind;
-  for (int k = 0; k < hss::kNumActivationKinds; ++k) {
-    const hss::KindStats& ks = st.per_kind[static_cast<size_t>(k)];
-    nb::dict entry;
-    entry["entries_held"] = ks.entries_held;
-    entry["bytes_held"] = ks.bytes_held;
-    entry["chunks_written"] = ks.chunks_written;
-    per_kind[nb::str(std::string(hss::to_string(static_cast<hss::ActivationKind>(k))).c_str())] =
-        entry;
+template <class T>
+nb::object stats_value(const T& value) {
+  if constexpr (hss::detail::HasFieldList<T>) {
+    return stats_dict(value);
+  } else if constexpr (hss::detail::PerKindField<T>) {
+    nb::dict d;
+    for (int k = 0; k < hss::kNumActivationKinds; ++k) {
+      const std::string_view kind = hss::to_string(static_cast<hss::ActivationKind>(k));
+      d[nb::str(kind.data(), kind.size())] = stats_value(value[static_cast<size_t>(k)]);
+    }
+    return d;
+  } else if constexpr (hss::detail::ListField<T>) {
+    nb::list list;
+    for (const auto& item : value) list.append(stats_value(item));
+    return list;
+  } else if constexpr (std::is_enum_v<T>) {
+    const std::string_view text = to_string(value);
+    return nb::str(text.data(), text.size());
+  } else {
+    static_assert(std::is_arithmetic_v<T> || std::is_same_v<T, std::string>,
+                  "a stats field is a number, bool, string, enum, struct, per-kind array or list "
+                  "(hss/detail/stats_fields.hpp)");
+    return nb::cast(value);
   }
-  d["per_kind"] = per_kind;
-  d["remote"] = remote_stats_dict(st.remote);
-  d["transfer"] = transfer_stats_dict(st.transfer);
-  d["host_copy"] = host_copy_stats_dict(st.host_copy);
-  return d;
 }
 
 }  // namespace
