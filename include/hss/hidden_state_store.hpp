@@ -176,6 +176,12 @@ struct RetrieveItem {
   RetrieveOptions options;
 };
 
+class HiddenStateStore;
+namespace detail {
+class TransferSide;  // src/store/transfer_side.hpp
+TransferSide& transfer_side(HiddenStateStore& store);
+}  // namespace detail
+
 class HiddenStateStore {
  public:
   /// ConfigError if max_hidden_state_cpu_size <= 0; hss::Error if the pool does not fit in the
@@ -311,9 +317,9 @@ class HiddenStateStore {
 
  private:
   class Impl;  // src/store/hidden_state_store_impl.hpp
-  // hss/pool_transfer.hpp: the export, lease and import primitives work on the pool directly.
-  friend class PoolTransfer;
-  friend class Reservation;
+  // hss/pool_transfer.hpp: PoolTransfer and Reservation reach the store's export and import side
+  // (and nothing else) through this one door (src/store/transfer_side.hpp).
+  friend detail::TransferSide& detail::transfer_side(HiddenStateStore& store);
   std::unique_ptr<Impl> impl_;
 };
 

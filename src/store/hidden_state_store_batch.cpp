@@ -34,12 +34,14 @@
 #include <string>
 #include <utility>
 
-#include "store/hidden_state_store_impl.hpp"
+#include "store/read_pipeline.hpp"
+#include "store/write_pipeline.hpp"
 #include "hss/error.hpp"
 #include "base/nvtx.hpp"
+#include "format/dtype_codes.hpp"
 #include "store/store_validation.hpp"
 
-namespace hss {
+namespace hss::detail {
 
 using kernels::ElemType;
 
@@ -123,19 +125,19 @@ class ChunkCache {
 
 }  // namespace
 
-std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const StoreItem> items) {
+std::vector<StoreResult> WritePipeline::store_batch(std::span<const StoreItem> items) {
   HSS_RANGE("store_batch");
   // 1. Every check first (and the key pass, which validates token ids): nothing done yet.
-  ChunkCache cache(token_database_, items.size());
+  ChunkCache cache(store_.token_database, items.size());
   std::vector<size_t> list_of(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const StoreItem& item = items[i];
     check_item(i, [&] {
       detail::check_store_arguments(static_cast<int64_t>(item.token_ids.size()), item.hidden_states,
-                                    item.options, device_path_ != nullptr);
-      check_pointer(item.hidden_states.data, item.hidden_states.device,
+                                    item.options, store_.device_path != nullptr);
+      store_.check_pointer(item.hidden_states.data, item.hidden_states.device,
                     item.hidden_states.device_index, "hidden_states");
-      check_stream(item.hidden_states.device, item.options.stream);
+      store_.check_stream(item.hidden_states.device, item.options.stream);
     });
     list_of[i] = cache.list_of(i, item.token_ids);
   }
@@ -155,7 +157,7 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
   for (size_t i = 0; i < items.size(); ++i) {
     const size_t chunks = chunks_to_write(lists[list_of[i]].chunks, items[i].options.token_offset);
     item_chunks += chunks;
-    granules += chunks * pool_.blocks_for(static_cast<uint64_t>(config_.chunk_size) *
+    granules += chunks * store_.pool.blocks_for(static_cast<uint64_t>(store_.config.chunk_size) *
                                           static_cast<uint64_t>(items[i].hidden_states.cols) * 4);
   }
   // Upstream: the heap, never the process-wide default resource an application may have set.
@@ -181,10 +183,10 @@ std::vector<StoreResult> HiddenStateStore::Impl::store_batch(std::span<const Sto
   return results;
 }
 
-std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
+std::vector<int64_t> ReadPipeline::retrieve_batch_into(
     std::span<const RetrieveItem> items) {
   HSS_RANGE("retrieve_batch");
-  ChunkCache cache(token_database_, items.size());
+  ChunkCache cache(store_.token_database, items.size());
   std::vector<size_t> list_of(items.size());
   std::vector<Slot> slots(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
@@ -205,7 +207,7 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
   // Each chunk's KV asked once per list of several items (the layers of a request). Made only
   // while a KV side is bound: a manager bound later in the call is asked once per item.
   std::vector<detail::KvAnswers> kv_answers;
-  if (storage_manager_.load(std::memory_order_acquire) != nullptr) kv_answers.resize(lists.size());
+  if (store_.storage_manager.load(std::memory_order_acquire) != nullptr) kv_answers.resize(lists.size());
 
   std::vector<ReadItem> reads(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
@@ -243,4 +245,4 @@ std::vector<int64_t> HiddenStateStore::Impl::retrieve_batch_into(
   return rows;
 }
 
-}  // namespace hss
+}  // namespace hss::detail

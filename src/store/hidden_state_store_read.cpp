@@ -11,32 +11,33 @@
 #include <memory>
 #include <string>
 
+#include "store/read_pipeline.hpp"
+#include "store/tier_read_through.hpp"
 #include "base/log.hpp"
 #include "base/nvtx.hpp"
+#include "format/dtype_codes.hpp"
 #include "datapath/launch_groups.hpp"
 #include "hss/error.hpp"
-#include "store/hidden_state_store_impl.hpp"
+
 #include "store/store_validation.hpp"
 
-namespace hss {
+namespace hss::detail {
 
-using detail::EntryRef;
-
-HiddenStateStore::Impl::Walk HiddenStateStore::Impl::plan_walk(std::span<const Chunk> chunks,
+ReadPipeline::Walk ReadPipeline::plan_walk(std::span<const Chunk> chunks,
                                                                std::span<const Slot> slots,
                                                                PendingCopies pending) const {
   HSS_RANGE("retrieve/walk");
   Walk w;
   {
-    std::lock_guard lock(mutex_);
-    check_open_locked();
+    std::lock_guard lock(store_.mutex);
+    store_.check_open_locked();
     walk_index_locked(w, chunks, slots);
   }
   walk_finish(w, pending);
   return w;
 }
 
-void HiddenStateStore::Impl::walk_index_locked(Walk& w, std::span<const Chunk> chunks,
+void ReadPipeline::walk_index_locked(Walk& w, std::span<const Chunk> chunks,
                                                std::span<const Slot> slots,
                                                detail::RecordLookups* lookups) const {
   w.chunks = chunks;
@@ -46,7 +47,7 @@ void HiddenStateStore::Impl::walk_index_locked(Walk& w, std::span<const Chunk> c
   for (; present < chunks.size(); ++present) {
     const Chunk& chunk = chunks[present];
     const detail::KeyRecord* record =
-        lookups ? lookups->find(index_, present, chunk.key) : index_.find(chunk.key);
+        lookups ? lookups->find(store_.index, present, chunk.key) : store_.index.find(chunk.key);
     if (record == nullptr) break;
     // Each slot is found once and pinned; a chunk that misses any slot unpins its slots again.
     const size_t chunk_pins = w.pinned.size();
@@ -67,7 +68,7 @@ void HiddenStateStore::Impl::walk_index_locked(Walk& w, std::span<const Chunk> c
   w.hits = static_cast<int64_t>(present);
 }
 
-void HiddenStateStore::Impl::walk_finish(Walk& w, PendingCopies pending,
+void ReadPipeline::walk_finish(Walk& w, PendingCopies pending,
                                          detail::KvAnswers* kv_answers) const {
   const std::span<const Chunk> chunks = w.chunks;
   const size_t present = static_cast<size_t>(w.hits);
@@ -75,7 +76,7 @@ void HiddenStateStore::Impl::walk_finish(Walk& w, PendingCopies pending,
   // prefix and the chunk that ended it: LMCache asks KV first, so a chunk with KV gone is an
   // orphan even when the slot is missing there.
   size_t hits = present;
-  if (const StorageManager* kv = storage_manager_.load(std::memory_order_acquire)) {
+  if (const StorageManager* kv = store_.storage_manager.load(std::memory_order_acquire)) {
     const size_t asked = std::min(present + 1, chunks.size());
     for (size_t i = 0; i < asked; ++i) {
       const bool kv_held = kv_answers ? kv_answers->contains(*kv, i, chunks.size(), chunks[i].key)
@@ -136,40 +137,40 @@ void HiddenStateStore::Impl::walk_finish(Walk& w, PendingCopies pending,
   w.prefix_tokens = hits > 0 ? chunks[hits - 1].end : 0;
 }
 
-void HiddenStateStore::Impl::discard_orphan(const Walk& w) noexcept {
-  if (w.orphan && !tiers_.empty()) {
-    tiers_.discard(std::span<const CacheEngineKey>(&w.chunks[*w.orphan].key, 1));
+void ReadPipeline::discard_orphan(const Walk& w) noexcept {
+  if (w.orphan && !store_.tiers.empty()) {
+    store_.tiers.discard(std::span<const CacheEngineKey>(&w.chunks[*w.orphan].key, 1));
   }
 }
 
-void HiddenStateStore::Impl::apply_walk_locked(const Walk& w, detail::RecordLookups* lookups,
+void ReadPipeline::apply_walk_locked(const Walk& w, detail::RecordLookups* lookups,
                                                int64_t touch_from) noexcept {
   if (w.orphan) {
     // KV evicted => hidden states evicted (every slot of the key).
-    if (index_.find(w.chunks[*w.orphan].key) != nullptr) {
-      (void)index_.erase(w.chunks[*w.orphan].key);
-      counters_.coupled_evictions.fetch_add(1, std::memory_order_relaxed);
+    if (store_.index.find(w.chunks[*w.orphan].key) != nullptr) {
+      (void)store_.index.erase(w.chunks[*w.orphan].key);
+      store_.counters.coupled_evictions.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  if (w.failed_copy && index_.erase(w.chunks[*w.failed_copy].key) > 0) {
-    counters_.copy_failures.fetch_add(1, std::memory_order_relaxed);  // dropped, never served
+  if (w.failed_copy && store_.index.erase(w.chunks[*w.failed_copy].key) > 0) {
+    store_.counters.copy_failures.fetch_add(1, std::memory_order_relaxed);  // dropped, never served
   }
   // Reverse order: chunk 0 ends most recent, so pressure evicts the suffix first.
   for (int64_t i = w.hits - 1; i >= touch_from; --i) {
     const auto chunk = static_cast<size_t>(i);
     const CacheEngineKey& key = w.chunks[chunk].key;
     if (detail::KeyRecord* record =
-            lookups ? lookups->find(index_, chunk, key) : index_.find(key)) {
-      index_.touch(*record);
+            lookups ? lookups->find(store_.index, chunk, key) : store_.index.find(key)) {
+      store_.index.touch(*record);
     }
   }
 }
 
-void HiddenStateStore::Impl::plan_restore(const Walk& w, size_t slot, int64_t row_begin,
+void ReadPipeline::plan_restore(const Walk& w, size_t slot, int64_t row_begin,
                                           std::vector<kernels::GatherSegment>& segments) const {
   segments.clear();
   const int64_t cols = w.cols(slot);
-  const auto granule = static_cast<int64_t>(pool_.granule_bytes());
+  const auto granule = static_cast<int64_t>(store_.pool.granule_bytes());
   for (int64_t i = 0; i < w.hits; ++i) {
     const Chunk& chunk = w.chunks[static_cast<size_t>(i)];
     if (chunk.end <= row_begin) continue;
@@ -180,7 +181,7 @@ void HiddenStateStore::Impl::plan_restore(const Walk& w, size_t slot, int64_t ro
         first_row * cols, (chunk.size() - first_row) * cols, esize, granule,
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
           const std::byte* src =
-              pool_.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+              store_.pool.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
           const int64_t dst_elem = chunk.start * cols + first - row_begin * cols;
           // Adjacent granules (and adjacent entries) read as one run.
           if (!segments.empty()) {
@@ -197,7 +198,7 @@ void HiddenStateStore::Impl::plan_restore(const Walk& w, size_t slot, int64_t ro
   }
 }
 
-void HiddenStateStore::Impl::check_read(const ReadCall& call) const {
+void ReadPipeline::check_read(const ReadCall& call) const {
   if (call.row_begin < 0) {
     throw InvalidArgument("row_begin = " + std::to_string(call.row_begin) + " is negative");
   }
@@ -205,7 +206,7 @@ void HiddenStateStore::Impl::check_read(const ReadCall& call) const {
     detail::check_retrieve_options(RetrieveOptions{call.slots.front().layer_idx, call.row_begin,
                                                    call.slots.front().kind});
   }
-  if (call.chunk_form) check_chunks(call.chunks);
+  if (call.chunk_form) store_.check_chunks(call.chunks);
   if (call.allocate != nullptr) {
     detail::check_slots(call.slots);
   } else {
@@ -213,14 +214,14 @@ void HiddenStateStore::Impl::check_read(const ReadCall& call) const {
   }
 }
 
-int64_t HiddenStateStore::Impl::retrieve(const ReadCall& call) {
+int64_t ReadPipeline::retrieve(const ReadCall& call) {
   HSS_RANGE("retrieve");
   check_read(call);
   std::vector<Chunk> made;
   std::span<const Chunk> chunks = call.chunks;
   int64_t n_tokens = chunks.empty() ? 0 : chunks.back().end;
   if (!call.chunk_form) {
-    made = call.tokens.visit([&](auto ids) { return token_database_.process_tokens(ids); });
+    made = call.tokens.visit([&](auto ids) { return store_.token_database.process_tokens(ids); });
     chunks = made;
     n_tokens = static_cast<int64_t>(call.tokens.size());
   }
@@ -235,7 +236,7 @@ int64_t HiddenStateStore::Impl::retrieve(const ReadCall& call) {
   return rows;
 }
 
-void HiddenStateStore::Impl::allocate_outputs(const Walk& w, const ReadItem& read) {
+void ReadPipeline::allocate_outputs(const Walk& w, const ReadItem& read) {
   AllocatedOutputs& out = *read.allocate;
   out.tensors.clear();
   out.views.clear();
@@ -248,7 +249,7 @@ void HiddenStateStore::Impl::allocate_outputs(const Walk& w, const ReadItem& rea
   }
 }
 
-void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
+void ReadPipeline::check_outputs(std::span<const Slot> slots,
                                            std::span<const MutableTensorView> outs,
                                            Stream stream) const {
   detail::check_slots(slots);
@@ -257,8 +258,8 @@ void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
                           std::to_string(slots.size()) + " slots");
   }
   const auto check_one = [&](const MutableTensorView& out, const char* name) {
-    detail::check_view(out.as_const(), name, device_path_ != nullptr);
-    check_pointer(out.data, out.device, out.device_index, name);
+    detail::check_view(out.as_const(), name, store_.device_path != nullptr);
+    store_.check_pointer(out.data, out.device, out.device_index, name);
   };
   if (outs.size() == 1) {
     check_one(outs[0], "out");  // the common, hot case: no name to spell out
@@ -269,20 +270,20 @@ void HiddenStateStore::Impl::check_outputs(std::span<const Slot> slots,
   }
   for (const MutableTensorView& out : outs) {
     if (out.device == Device::kCuda) {
-      check_stream(out.device, stream);
+      store_.check_stream(out.device, stream);
       break;
     }
   }
 }
 
-void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std::span<Walk> walks,
+void ReadPipeline::retrieve_reads(std::span<const ReadItem> reads, std::span<Walk> walks,
                                             std::span<int64_t> rows, bool name_items) {
   // Each read's KV answers: the list's (a batch's reads of one list share them), or, where the
   // read-through asks KV too, the read's own, so each chunk's KV is asked once per call.
   std::vector<detail::KvAnswers*> kv_answers(reads.size());
   std::vector<detail::KvAnswers> own_answers;
   const bool read_through_asks_kv =
-      !tiers_.empty() && storage_manager_.load(std::memory_order_acquire) != nullptr;
+      !store_.tiers.empty() && store_.storage_manager.load(std::memory_order_acquire) != nullptr;
   if (read_through_asks_kv) own_answers.resize(reads.size());
   for (size_t i = 0; i < reads.size(); ++i) {
     kv_answers[i] = reads[i].kv_answers != nullptr ? reads[i].kv_answers
@@ -290,16 +291,16 @@ void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std
                                                    : nullptr;
   }
   // The backing tiers fill the pool where a walk would stop (no-op without one), before the lock.
-  if (!tiers_.empty()) {
+  if (!store_.tiers.empty()) {
     for (size_t i = 0; i < reads.size(); ++i) {
-      (void)read_through(reads[i].chunks, reads[i].slots, kv_answers[i]);
+      (void)tier_reads_.read_through(reads[i].chunks, reads[i].slots, kv_answers[i]);
     }
   }
   // One lock for every walk's index part; KV checks and fence waits outside it.
   {
     HSS_RANGE("retrieve/walk");
-    std::lock_guard lock(mutex_);
-    check_open_locked();
+    std::lock_guard lock(store_.mutex);
+    store_.check_open_locked();
     for (size_t i = 0; i < reads.size(); ++i) {
       walk_index_locked(walks[i], reads[i].chunks, reads[i].slots, reads[i].lookups);
     }
@@ -338,7 +339,7 @@ void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std
   }
   {
     // The lookups of the walks stay valid unless a key was erased meanwhile (they look again).
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(store_.mutex);
     for (size_t i = 0; i < reads.size(); ++i) {
       apply_walk_locked(walks[i], reads[i].lookups, touch_from.empty() ? 0 : touch_from[i]);
     }
@@ -349,12 +350,12 @@ void HiddenStateStore::Impl::retrieve_reads(std::span<const ReadItem> reads, std
     hit_tokens += static_cast<uint64_t>(walks[i].prefix_tokens);
     miss_tokens += static_cast<uint64_t>(reads[i].n_tokens - walks[i].prefix_tokens);
   }
-  counters_.retrieves.fetch_add(reads.size(), std::memory_order_relaxed);
-  counters_.hit_tokens.fetch_add(hit_tokens, std::memory_order_relaxed);
-  counters_.miss_tokens.fetch_add(miss_tokens, std::memory_order_relaxed);
+  store_.counters.retrieves.fetch_add(reads.size(), std::memory_order_relaxed);
+  store_.counters.hit_tokens.fetch_add(hit_tokens, std::memory_order_relaxed);
+  store_.counters.miss_tokens.fetch_add(miss_tokens, std::memory_order_relaxed);
 }
 
-void HiddenStateStore::Impl::check_walk_outputs(const Walk& w,
+void ReadPipeline::check_walk_outputs(const Walk& w,
                                                 std::span<const MutableTensorView> outs,
                                                 int64_t row_begin,
                                                 std::optional<size_t> item) const {
@@ -377,7 +378,7 @@ void HiddenStateStore::Impl::check_walk_outputs(const Walk& w,
   }
 }
 
-void HiddenStateStore::Impl::restore_walks(std::span<Walk> walks, std::span<const ReadItem> reads,
+void ReadPipeline::restore_walks(std::span<Walk> walks, std::span<const ReadItem> reads,
                                            std::span<int64_t> rows) {
   HSS_RANGE("retrieve/assemble");
   // Host outputs now; device outputs grouped per (device, stream), one launch per group after
@@ -404,7 +405,7 @@ void HiddenStateStore::Impl::restore_walks(std::span<Walk> walks, std::span<cons
         groups.add(out.device_index, reads[i].stream, {segments.back(), view}, i);
       } else {
         plan_restore(w, s, row_begin, host_segments);
-        detail::host_restore(host_segments, view, host_copy_context());
+        detail::host_restore(host_segments, view, store_.host_copy_context());
       }
     }
   }
@@ -449,20 +450,20 @@ void HiddenStateStore::Impl::restore_walks(std::span<Walk> walks, std::span<cons
     if (group.jobs.size() == 1) {
       // One device output: restore(), which honours hidden_state_restore_impl.
       const detail::RestoreJob& job = group.jobs.front();
-      device_path_->restore(job.segments, job.out, group.device_index, group.stream, fences,
+      store_.device_path->restore(job.segments, job.out, group.device_index, group.stream, fences,
                             std::move(pins));
     } else {
-      device_path_->restore_batch(group.jobs, group.device_index, group.stream, fences,
+      store_.device_path->restore_batch(group.jobs, group.device_index, group.stream, fences,
                                   std::move(pins));
     }
   }
   for (Walk& w : walks) w.pinned.clear();  // the walks' own pins drop; device restores hold theirs
 }
 
-int64_t HiddenStateStore::Impl::coverage(std::span<const Chunk> chunks,
+int64_t ReadPipeline::coverage(std::span<const Chunk> chunks,
                                          std::span<const Slot> slots) const {
   // The checks retrieve_chunks applies, so coverage never answers for input retrieve rejects.
-  check_chunks(chunks);
+  store_.check_chunks(chunks);
   detail::check_slots(slots);
   // Never a host wait: a copy in flight counts (a device restore orders itself after it, a host
   // restore waits for it); one a non-blocking query sees failed ends the prefix, as a restore
@@ -470,4 +471,4 @@ int64_t HiddenStateStore::Impl::coverage(std::span<const Chunk> chunks,
   return plan_walk(chunks, slots, PendingCopies::kQuery).prefix_tokens;
 }
 
-}  // namespace hss
+}  // namespace hss::detail

@@ -10,14 +10,13 @@
 #include <algorithm>
 #include <string>
 
+#include "store/tier_read_through.hpp"
 #include "base/nvtx.hpp"
+#include "format/dtype_codes.hpp"
 #include "hss/detail/checked.hpp"
 #include "index/entry_bytes.hpp"
-#include "store/hidden_state_store_impl.hpp"
 
-namespace hss {
-
-using detail::EntryRef;
+namespace hss::detail {
 
 namespace {
 
@@ -39,23 +38,10 @@ bool fits(const detail::TierValue& value, const Chunk& chunk) noexcept {
 
 }  // namespace
 
-size_t HiddenStateStore::Impl::kv_prefix_end(std::span<const Chunk> chunks, size_t from,
-                                             detail::KvAnswers* kv_answers) const {
-  const StorageManager* kv = storage_manager_.load(std::memory_order_acquire);
-  if (kv == nullptr) return chunks.size();  // no KV side bound: KV counts as present
-  for (size_t i = from; i < chunks.size(); ++i) {
-    const bool present = kv_answers != nullptr
-                             ? kv_answers->contains(*kv, i, chunks.size(), chunks[i].key)
-                             : kv->contains(chunks[i].key);
-    if (!present) return i;
-  }
-  return chunks.size();
-}
-
-size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
+size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
                                             std::span<const Slot> slots,
                                             detail::KvAnswers* kv_answers) {
-  if (tiers_.empty() || chunks.empty()) return 0;
+  if (store_.tiers.empty() || chunks.empty()) return 0;
   HSS_RANGE("retrieve/read_through");
   struct Missing {
     size_t chunk;
@@ -65,22 +51,22 @@ size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
   size_t from = chunks.size();  // where the walk would stop locally
   uint64_t guard = 0;
   {
-    std::lock_guard lock(mutex_);
-    check_open_locked();
-    guard = ++next_guard_;  // this prefix's keys are off limits to its own inserts' evictions
+    std::lock_guard lock(store_.mutex);
+    store_.check_open_locked();
+    guard = ++store_.next_guard;  // this prefix's keys are off limits to its own inserts' evictions
     for (size_t i = 0; i < chunks.size(); ++i) {
-      detail::KeyRecord* record = index_.find(chunks[i].key);
+      detail::KeyRecord* record = store_.index.find(chunks[i].key);
       if (record != nullptr) record->guard = guard;
       for (const Slot& slot : slots) {
         if (held_ready(record, slot, chunks[i].size())) continue;
         from = std::min(from, i);
-        if (config_.slot_allowed(slot.kind, slot.layer_idx)) missing.push_back({i, slot});
+        if (store_.config.slot_allowed(slot.kind, slot.layer_idx)) missing.push_back({i, slot});
       }
     }
   }
   if (missing.empty() || missing.front().chunk != from) return 0;  // nothing to extend with
   // Only chunks whose KV is present can extend the prefix (KV presence decides, per chunk).
-  const size_t end = kv_prefix_end(chunks, from, kv_answers);
+  const size_t end = store_.kv_prefix_end(chunks, from, kv_answers);
   std::erase_if(missing, [&](const Missing& m) { return m.chunk >= end; });
   if (missing.empty()) return 0;
 
@@ -92,45 +78,44 @@ size_t HiddenStateStore::Impl::read_through(std::span<const Chunk> chunks,
   }
   // Each value goes into the pool as it arrives (no value is held longer than its copy). A value
   // past a chunk missing elsewhere is kept too: the walk, not the fetch, ends the prefix.
-  return tiers_.fetch_each(requests, [&](size_t i, const detail::TierValue& value) {
+  return store_.tiers.fetch_each(requests, [&](size_t i, const detail::TierValue& value) {
     return fits(value, chunks[missing[i].chunk]) &&
            insert_fetched(chunks[missing[i].chunk], missing[i].slot, value, guard) ==
                InsertResult::kInserted;
   });
 }
 
-HiddenStateStore::Impl::InsertResult HiddenStateStore::Impl::insert_fetched(
+TierReadThrough::InsertResult TierReadThrough::insert_fetched(
     const Chunk& chunk, Slot slot, const detail::TierValue& value, uint64_t guard) {
   const auto storage = detail::to_elem_type(value.dtype);
-  auto entry = entries_.make(pool_, value.rows, value.cols, detail::RowFormat{storage}, slot);
-  entry->blocks.reserve(pool_.blocks_for(entry->payload_bytes()));
+  auto entry = store_.entries.make(store_.pool, value.rows, value.cols, detail::RowFormat{storage}, slot);
+  entry->blocks.reserve(store_.pool.blocks_for(entry->payload_bytes()));
   {
-    std::lock_guard lock(mutex_);
-    if (closed_) return InsertResult::kNoRoom;
-    const detail::KeyRecord* record = index_.find(chunk.key);
+    std::lock_guard lock(store_.mutex);
+    if (store_.closed) return InsertResult::kNoRoom;
+    const detail::KeyRecord* record = store_.index.find(chunk.key);
     if (record != nullptr && record->find(slot) != nullptr) return InsertResult::kPresent;
     // PENDING: invisible and not evictable while its bytes are copied in below.
-    if (!add_one_pending_locked(chunk.key, entry, guard, nullptr)) return InsertResult::kNoRoom;
+    if (!store_.add_one_pending_locked(chunk.key, entry, guard, nullptr)) return InsertResult::kNoRoom;
   }
-  detail::fill_entry(*entry, pool_, value.payload);  // no lock: a copy
-  std::lock_guard lock(mutex_);
-  (void)index_.publish(chunk.key, *entry);  // unless dropped meanwhile (close, drop_key)
+  detail::fill_entry(*entry, store_.pool, value.payload);  // no lock: a copy
+  std::lock_guard lock(store_.mutex);
+  (void)store_.index.publish(chunk.key, *entry);  // unless dropped meanwhile (close, drop_key)
   return InsertResult::kInserted;
 }
 
-int64_t HiddenStateStore::Impl::coverage_with_tiers(std::span<const Chunk> chunks,
-                                                    std::span<const Slot> slots) const {
-  const int64_t local = coverage(chunks, slots);
-  if (tiers_.empty()) return local;
+int64_t TierReadThrough::coverage_with_tiers(std::span<const Chunk> chunks,
+                                             std::span<const Slot> slots, int64_t local) const {
+  if (store_.tiers.empty()) return local;
   size_t from = 0;
   while (from < chunks.size() && chunks[from].end <= local) ++from;
-  const size_t end = kv_prefix_end(chunks, from);
+  const size_t end = store_.kv_prefix_end(chunks, from);
   std::vector<detail::TierRequest> requests;
   std::vector<size_t> chunk_of;
   {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(store_.mutex);
     for (size_t i = from; i < end; ++i) {
-      const detail::KeyRecord* record = index_.find(chunks[i].key);
+      const detail::KeyRecord* record = store_.index.find(chunks[i].key);
       for (const Slot& slot : slots) {
         if (held_ready(record, slot, chunks[i].size())) continue;
         requests.push_back({chunks[i].key, slot, chunks[i].size(), 0});
@@ -138,7 +123,7 @@ int64_t HiddenStateStore::Impl::coverage_with_tiers(std::span<const Chunk> chunk
       }
     }
   }
-  const std::vector<bool> present = tiers_.contains(requests);
+  const std::vector<bool> present = store_.tiers.contains(requests);
   size_t stop = end;
   for (size_t r = 0; r < requests.size(); ++r) {
     if (!present[r]) {
@@ -149,4 +134,4 @@ int64_t HiddenStateStore::Impl::coverage_with_tiers(std::span<const Chunk> chunk
   return stop == 0 ? 0 : std::max(local, chunks[stop - 1].end);
 }
 
-}  // namespace hss
+}  // namespace hss::detail

@@ -12,48 +12,49 @@
 #include <optional>
 #include <string>
 
+#include "store/write_pipeline.hpp"
 #include "base/nvtx.hpp"
+#include "format/dtype_codes.hpp"
 #include "datapath/launch_groups.hpp"
 #include "hss/detail/checked.hpp"
 #include "hss/error.hpp"
-#include "store/hidden_state_store_impl.hpp"
+
 #include "store/store_validation.hpp"
 
-namespace hss {
+namespace hss::detail {
 
-using detail::EntryRef;
 using kernels::ElemType;
 
 template <typename Token>
-StoreResult HiddenStateStore::Impl::store_tokens(std::span<const Token> token_ids,
+StoreResult WritePipeline::store_tokens(std::span<const Token> token_ids,
                                                  const TensorView& hidden,
                                                  const StoreOptions& opt) {
   HSS_RANGE("store");
   detail::check_store_arguments(static_cast<int64_t>(token_ids.size()), hidden, opt,
-                                device_path_ != nullptr);
-  check_pointer(hidden.data, hidden.device, hidden.device_index, "hidden_states");
-  check_stream(hidden.device, opt.stream);
+                                store_.device_path != nullptr);
+  store_.check_pointer(hidden.data, hidden.device, hidden.device_index, "hidden_states");
+  store_.check_stream(hidden.device, opt.stream);
   std::vector<Chunk> chunks;
   {
     HSS_RANGE("store/keys");
-    chunks = token_database_.process_tokens(token_ids);  // validates the token ids
+    chunks = store_.token_database.process_tokens(token_ids);  // validates the token ids
   }
   return store_validated(chunks, hidden, opt);
 }
 
-StoreResult HiddenStateStore::Impl::store_chunks(std::span<const Chunk> chunks,
+StoreResult WritePipeline::store_chunks(std::span<const Chunk> chunks,
                                                  const TensorView& hidden,
                                                  const StoreOptions& opt) {
   HSS_RANGE("store");
-  check_chunks(chunks);
+  store_.check_chunks(chunks);
   detail::check_store_arguments(chunks.empty() ? 0 : chunks.back().end, hidden, opt,
-                                device_path_ != nullptr);
-  check_pointer(hidden.data, hidden.device, hidden.device_index, "hidden_states");
-  check_stream(hidden.device, opt.stream);
+                                store_.device_path != nullptr);
+  store_.check_pointer(hidden.data, hidden.device, hidden.device_index, "hidden_states");
+  store_.check_stream(hidden.device, opt.stream);
   return store_validated(chunks, hidden, opt);
 }
 
-StoreResult HiddenStateStore::Impl::store_validated(std::span<const Chunk> chunks,
+StoreResult WritePipeline::store_validated(std::span<const Chunk> chunks,
                                                     const TensorView& hidden,
                                                     const StoreOptions& opt) {
   // A batch of one: the batch's phases without what only several items need (the key cache,
@@ -68,35 +69,35 @@ StoreResult HiddenStateStore::Impl::store_validated(std::span<const Chunk> chunk
   return {static_cast<int64_t>(plan.writes.size()), plan.cached};
 }
 
-void HiddenStateStore::Impl::store_plans(std::span<StorePlan> plans, size_t new_keys,
+void WritePipeline::store_plans(std::span<StorePlan> plans, size_t new_keys,
                                          size_t granules) {
   // 1. One lock for every reservation. Each plan plans and applies in order (its own eviction
   //    guard), sharing the chunk lookups of its list with the plans before it.
   // Finished device restores let go of their pins and landed copies of dropped entries give
   // their granules back before this call decides what to evict; so do ended leases.
-  reclaim_device_resources();
-  expire_leases();
+  store_.reclaim_device_resources();
+  store_.expire_leases();
   const bool several = plans.size() > 1;
   {
     HSS_RANGE("store/alloc");
-    std::lock_guard lock(mutex_);
-    check_open_locked();
+    std::lock_guard lock(store_.mutex);
+    store_.check_open_locked();
     PlanContext context;
     std::optional<detail::GranuleStash> stash;  // gives its ids back before the lock ends
     // At most one new key per chunk of each distinct list: the map is sized once for a batch,
     // so no item rehashes it (a single store's insert rehashes when it must).
-    if (several) index_.reserve_keys(new_keys);
+    if (several) store_.index.reserve_keys(new_keys);
     if (granules > 0) {
       // The batch's granules from the pool in one lock (GranuleStash: the same grants, fewer
       // pool locks; an estimate too large only holds ids until the locked section ends).
-      context.stash = &stash.emplace(pool_, granules);
+      context.stash = &stash.emplace(store_.pool, granules);
     }
     size_t i = 0;
     try {
       for (; i < plans.size(); ++i) {
         StorePlan& plan = plans[i];
         const StoreOptions& opt = *plan.options;
-        plan.allowed = config_.slot_allowed(opt.kind, opt.layer_idx);
+        plan.allowed = store_.config.slot_allowed(opt.kind, opt.layer_idx);
         if (!plan.allowed) continue;  // counted as a store that wrote nothing, as LMCache does
         const ElemType storage = storage_for(*plan.hidden);
         plan.esize = static_cast<int64_t>(kernels::elem_bytes(storage));
@@ -111,21 +112,21 @@ void HiddenStateStore::Impl::store_plans(std::span<StorePlan> plans, size_t new_
       throw;
     }
   }
-  counters_.stores.fetch_add(plans.size(), std::memory_order_relaxed);
+  store_.counters.stores.fetch_add(plans.size(), std::memory_order_relaxed);
 
   // 2. Copies outside the lock. A failure withdraws every plan's reservations: the call is all
   //    or nothing (copies already enqueued land in granules freed once their fence lands).
   try {
     copy_plans(plans);
   } catch (...) {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(store_.mutex);
     for (StorePlan& plan : plans) {
       // Groups enqueued before the failure may still be writing these granules: the entries
       // carry their fence, so withdrawing defers the granules' return until it landed.
       if (plan.fence) {
         for (const Write& w : plan.writes) {
           w.entry->fence = plan.fence;
-          w.entry->deferred = &deferred_;
+          w.entry->deferred = &store_.deferred;
         }
       }
       withdraw_locked(plan);
@@ -135,15 +136,15 @@ void HiddenStateStore::Impl::store_plans(std::span<StorePlan> plans, size_t new_
 
   // 3. One lock to publish.
   {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(store_.mutex);
     for (StorePlan& plan : plans) publish_locked(plan);
   }
   // Write-behind: the backing tiers borrow each written entry (its fence included) and never
   // make this call wait for their I/O.
-  if (!tiers_.empty()) {
+  if (!store_.tiers.empty()) {
     for (const StorePlan& plan : plans) {
       for (const Write& w : plan.writes)
-        tiers_.write_behind(plan.chunks[w.chunk].key, w.entry, pool_);
+        store_.tiers.write_behind(plan.chunks[w.chunk].key, w.entry, store_.pool);
     }
   }
   // Counters added once per counter.
@@ -155,70 +156,20 @@ void HiddenStateStore::Impl::store_plans(std::span<StorePlan> plans, size_t new_
   }
   for (size_t k = 0; k < kNumActivationKinds; ++k) {
     if (kind_written[k] != 0) {
-      counters_.kind_chunks_written[k].fetch_add(kind_written[k], std::memory_order_relaxed);
+      store_.counters.kind_chunks_written[k].fetch_add(kind_written[k], std::memory_order_relaxed);
     }
   }
-  if (written != 0) counters_.chunks_written.fetch_add(written, std::memory_order_relaxed);
+  if (written != 0) store_.counters.chunks_written.fetch_add(written, std::memory_order_relaxed);
 }
 
-ElemType HiddenStateStore::Impl::storage_for(const TensorView& hidden) const {
-  return (config_.hidden_state_storage_dtype == StorageDType::kNative &&
+ElemType WritePipeline::storage_for(const TensorView& hidden) const {
+  return (store_.config.hidden_state_storage_dtype == StorageDType::kNative &&
           hidden.dtype != DType::kFloat32)
              ? detail::to_elem_type(hidden.dtype)
              : ElemType::kFloat32;
 }
 
-bool HiddenStateStore::Impl::grant_blocks(detail::Entry& entry, uint64_t guard,
-                                          detail::GranuleStash* stash) noexcept {
-  const size_t need = pool_.blocks_for(entry.payload_bytes());
-  entry.blocks.resize(need);  // within the capacity the caller reserved: no allocation
-  const auto allocate = [&] {
-    return stash != nullptr ? stash->allocate(entry.blocks) : pool_.allocate(entry.blocks);
-  };
-  bool ok = need <= pool_.num_blocks() && allocate();
-  while (!ok && need <= pool_.num_blocks() && evict_for_space(guard)) ok = allocate();
-  if (!ok) {
-    entry.blocks.clear();
-    counters_.allocation_failures.fetch_add(1, std::memory_order_relaxed);
-  }
-  return ok;
-}
-
-bool HiddenStateStore::Impl::add_one_pending_locked(const CacheEngineKey& key,
-                                                    const detail::EntryRef& entry, uint64_t guard,
-                                                    const detail::Entry* replaces) {
-  // Everything that may allocate first (a new key's record goes in empty, outside the LRU, so no
-  // eviction takes it); the grant's evictions are the first change.
-  detail::KeyRecord* record = index_.find(key);
-  if (record != nullptr) {
-    record->slots.reserve(record->slots.size() + 1);
-  } else {
-    record = &index_.insert_empty(key, 1);
-  }
-  const uint64_t epoch = index_.erasures();
-  const bool granted = grant_blocks(*entry, guard);
-  // An eviction above may have removed the key's record (one that was already there).
-  if (index_.erasures() != epoch) record = index_.find(key);
-  if (!granted) {
-    if (record != nullptr) index_.erase_if_empty(*record);
-    return false;
-  }
-  if (record == nullptr) {
-    try {
-      record = &index_.insert_empty(key, 1);
-    } catch (...) {
-      pool_.release(entry->blocks);
-      entry->blocks.clear();
-      throw;
-    }
-  } else if (replaces != nullptr) {
-    index_.detach_slot(*record, replaces);
-  }
-  index_.add_pending(*record, entry, guard);
-  return true;
-}
-
-void HiddenStateStore::Impl::plan_writes_locked(const TensorView& hidden, const StoreOptions& opt,
+void WritePipeline::plan_writes_locked(const TensorView& hidden, const StoreOptions& opt,
                                                 ElemType storage, StorePlan& plan,
                                                 PlanContext& context, uint64_t guard) {
   // Which chunks need writing, and everything their writes need. Allocation is fine here:
@@ -231,7 +182,7 @@ void HiddenStateStore::Impl::plan_writes_locked(const TensorView& hidden, const 
   writes.reserve(chunks_to_write(chunks, opt.token_offset));
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& chunk = chunks[i];
-    detail::KeyRecord* record = lookups.find(index_, i, chunk.key);
+    detail::KeyRecord* record = lookups.find(store_.index, i, chunk.key);
     // Every key of the caller's token list is off limits to this call's evictions, the chunks
     // before token_offset included: they are the prefix this call extends.
     if (record) record->guard = guard;
@@ -250,14 +201,14 @@ void HiddenStateStore::Impl::plan_writes_locked(const TensorView& hidden, const 
     const auto bytes = static_cast<uint64_t>(
         detail::mul_or_throw(detail::mul_or_throw(chunk.size(), hidden.cols, "chunk elements"),
                              plan.esize, "chunk bytes"));
-    auto entry = entries_.make(pool_, chunk.size(), hidden.cols, detail::RowFormat{storage}, slot);
-    const size_t need = pool_.blocks_for(bytes);
+    auto entry = store_.entries.make(store_.pool, chunk.size(), hidden.cols, detail::RowFormat{storage}, slot);
+    const size_t need = store_.pool.blocks_for(bytes);
     entry->blocks.reserve(need);
     max_segments += need;
     if (record == nullptr) {
-      record = &index_.insert_empty(chunk.key, context.slot_hint);
+      record = &store_.index.insert_empty(chunk.key, context.slot_hint);
       record->guard = guard;
-      lookups.remember(index_, i, *record);
+      lookups.remember(store_.index, i, *record);
     } else if (record->slots.size() == record->slots.capacity()) {
       record->slots.reserve(record->slots.size() + context.slot_hint);
     }
@@ -267,13 +218,13 @@ void HiddenStateStore::Impl::plan_writes_locked(const TensorView& hidden, const 
   plan.segments.reserve(max_segments);
 }
 
-void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
+void WritePipeline::reserve_and_apply_locked(const TensorView& hidden,
                                                       const StoreOptions& opt, ElemType storage,
                                                       StorePlan& plan, PlanContext& context) {
   const std::span<const Chunk> chunks = plan.chunks;
   auto& writes = plan.writes;
   detail::RecordLookups& lookups = *context.lookups;
-  const uint64_t guard = ++next_guard_;
+  const uint64_t guard = ++store_.next_guard;
   try {
     plan_writes_locked(hidden, opt, storage, plan, context, guard);
   } catch (...) {
@@ -291,18 +242,18 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
       Write& w = writes[next_write];
       // Every write's record is in the map (found or inserted above) and guarded: evictions
       // never take it, but any erase makes the lookups look again.
-      detail::KeyRecord* record = lookups.find(index_, i, chunk.key);
-      if (w.replaces != nullptr) index_.detach_slot(*record, w.replaces);
-      if (!grant_blocks(*w.entry, guard, context.stash))
+      detail::KeyRecord* record = lookups.find(store_.index, i, chunk.key);
+      if (w.replaces != nullptr) store_.index.detach_slot(*record, w.replaces);
+      if (!store_.grant_blocks(*w.entry, guard, context.stash))
         break;  // stop here: the cached range stays contiguous
-      record = lookups.find(index_, i, chunk.key);
-      index_.add_pending(*record, w.entry, guard);
+      record = lookups.find(store_.index, i, chunk.key);
+      store_.index.add_pending(*record, w.entry, guard);
       w.record = record;
       ++next_write;
       ++granted;
       ++plan.cached;
-    } else if (detail::KeyRecord* record = lookups.find(index_, i, chunk.key)) {
-      index_.touch(*record);  // already cached for the slot with this shape
+    } else if (detail::KeyRecord* record = lookups.find(store_.index, i, chunk.key)) {
+      store_.index.touch(*record);  // already cached for the slot with this shape
       ++plan.cached;
     }
   }
@@ -310,39 +261,28 @@ void HiddenStateStore::Impl::reserve_and_apply_locked(const TensorView& hidden,
   // goes again.
   drop_empty_records_locked(plan, lookups, granted);
   writes.erase(writes.begin() + static_cast<ptrdiff_t>(granted), writes.end());
-  plan.epoch = index_.erasures();
+  plan.epoch = store_.index.erasures();
 }
 
-void HiddenStateStore::Impl::drop_empty_records_locked(StorePlan& plan,
+void WritePipeline::drop_empty_records_locked(StorePlan& plan,
                                                        detail::RecordLookups& lookups,
                                                        size_t from) noexcept {
   for (size_t k = from; k < plan.writes.size(); ++k) {
     const size_t chunk = plan.writes[k].chunk;
-    if (detail::KeyRecord* record = lookups.find(index_, chunk, plan.chunks[chunk].key)) {
-      index_.erase_if_empty(*record);
+    if (detail::KeyRecord* record = lookups.find(store_.index, chunk, plan.chunks[chunk].key)) {
+      store_.index.erase_if_empty(*record);
     }
   }
 }
 
-size_t HiddenStateStore::Impl::chunks_to_write(std::span<const Chunk> chunks,
+size_t WritePipeline::chunks_to_write(std::span<const Chunk> chunks,
                                                int64_t token_offset) {
   const auto first = std::partition_point(chunks.begin(), chunks.end(),
                                           [&](const Chunk& c) { return c.start < token_offset; });
   return static_cast<size_t>(chunks.end() - first);
 }
 
-bool HiddenStateStore::Impl::evict_for_space(uint64_t guard) noexcept {
-  HSS_RANGE("evict");
-  // Only keys nobody pins give their granules back now; evicting a pinned one would lose its
-  // data without making room for this allocation.
-  const CacheEngineKey* victim = index_.eviction_candidate(guard, /*freeable_only=*/true);
-  if (victim == nullptr) return false;
-  (void)index_.erase(*victim);
-  counters_.hs_evictions.fetch_add(1, std::memory_order_relaxed);
-  return true;
-}
-
-void HiddenStateStore::Impl::copy_plans(std::span<StorePlan> plans) {
+void WritePipeline::copy_plans(std::span<StorePlan> plans) {
   // Host plans copy now; device plans are grouped per (device, stream), one launch per group.
   detail::LaunchGroups<detail::StoreJob> groups;
   // One range for the call's host copies, opened at the first (a range per plan cost a batch
@@ -358,26 +298,26 @@ void HiddenStateStore::Impl::copy_plans(std::span<StorePlan> plans) {
     } else {
       if (!host_copies) host_copies.emplace("store/gather_cast");
       merge_host_runs(plan.segments, source.cols);
-      detail::host_store(source, plan.segments, host_copy_context());
+      detail::host_store(source, plan.segments, store_.host_copy_context());
     }
   }
   host_copies.reset();
   for (auto& group : groups) {
     detail::FenceRef fence;
-    if (group.jobs.size() == 1 && config_.tuning.store_impl != StoreImpl::kMapped) {
+    if (group.jobs.size() == 1 && store_.config.tuning.store_impl != StoreImpl::kMapped) {
       // One device store: the gather into staging on the caller's stream, the copy to the pool
       // on a copy stream (hidden_state_store_impl).
       const detail::StoreJob& job = group.jobs.front();
-      fence = device_path_->store(job.src, group.device_index, job.segments, group.stream);
+      fence = store_.device_path->store(job.src, group.device_index, job.segments, group.stream);
     } else {
       // Several (or mapped): one launch writes every job's rows into the device-mapped pool.
-      fence = device_path_->store_batch(group.jobs, group.device_index, group.stream);
+      fence = store_.device_path->store_batch(group.jobs, group.device_index, group.stream);
     }
     for (const size_t i : group.items) plans[i].fence = fence;
   }
 }
 
-void HiddenStateStore::Impl::merge_host_runs(std::pmr::vector<kernels::WriteSegment>& segments,
+void WritePipeline::merge_host_runs(std::pmr::vector<kernels::WriteSegment>& segments,
                                              int64_t cols) noexcept {
   // Chunks whose source rows follow each other and whose granules are adjacent in the pool (a
   // fresh pool, or one refilled after LRU evictions) are one copy: a store of contiguous chunks
@@ -400,11 +340,11 @@ void HiddenStateStore::Impl::merge_host_runs(std::pmr::vector<kernels::WriteSegm
   segments.resize(out + 1);
 }
 
-kernels::SourceView HiddenStateStore::Impl::plan_segments(StorePlan& plan, const TensorView& hidden,
+kernels::SourceView WritePipeline::plan_segments(StorePlan& plan, const TensorView& hidden,
                                                           const StoreOptions& opt) {
   // Segments were reserved before phase 1 applied anything: building them does not allocate.
   auto& segments = plan.segments;
-  const auto granule = static_cast<int64_t>(pool_.granule_bytes());
+  const auto granule = static_cast<int64_t>(store_.pool.granule_bytes());
   for (const Write& w : plan.writes) {
     const Chunk& chunk = plan.chunks[w.chunk];
     const int64_t src_row0 = chunk.start - opt.token_offset;
@@ -413,7 +353,7 @@ kernels::SourceView HiddenStateStore::Impl::plan_segments(StorePlan& plan, const
         0, chunk.size() * hidden.cols, plan.esize, granule,
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
           std::byte* dst =
-              pool_.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+              store_.pool.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
           // Granules granted in ascending order are adjacent: one copy for the run.
           if (!segments.empty()) {
             kernels::WriteSegment& last = segments.back();
@@ -429,24 +369,24 @@ kernels::SourceView HiddenStateStore::Impl::plan_segments(StorePlan& plan, const
   return {hidden.data, detail::to_elem_type(hidden.dtype), hidden.cols, hidden.stride()};
 }
 
-void HiddenStateStore::Impl::publish_locked(StorePlan& plan) noexcept {
+void WritePipeline::publish_locked(StorePlan& plan) noexcept {
   for (Write& w : plan.writes) {
     w.entry->fence = plan.fence;
-    if (plan.fence) w.entry->deferred = &deferred_;
+    if (plan.fence) w.entry->deferred = &store_.deferred;
     // An entry dropped meanwhile (drop_key, close, a coupled eviction) stays detached. Without
     // any erase since phase 1 the record found there is still the key's.
-    (void)index_.publish(plan.chunks[w.chunk].key, *w.entry,
-                         plan.epoch == index_.erasures() ? w.record : nullptr);
+    (void)store_.index.publish(plan.chunks[w.chunk].key, *w.entry,
+                         plan.epoch == store_.index.erasures() ? w.record : nullptr);
   }
 }
 
-void HiddenStateStore::Impl::withdraw_locked(StorePlan& plan) noexcept {
-  for (const Write& w : plan.writes) index_.withdraw(plan.chunks[w.chunk].key, *w.entry);
+void WritePipeline::withdraw_locked(StorePlan& plan) noexcept {
+  for (const Write& w : plan.writes) store_.index.withdraw(plan.chunks[w.chunk].key, *w.entry);
 }
 
-template StoreResult HiddenStateStore::Impl::store_tokens(std::span<const int32_t>,
+template StoreResult WritePipeline::store_tokens(std::span<const int32_t>,
                                                           const TensorView&, const StoreOptions&);
-template StoreResult HiddenStateStore::Impl::store_tokens(std::span<const int64_t>,
+template StoreResult WritePipeline::store_tokens(std::span<const int64_t>,
                                                           const TensorView&, const StoreOptions&);
 
-}  // namespace hss
+}  // namespace hss::detail

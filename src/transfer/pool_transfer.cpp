@@ -2,37 +2,41 @@
 
 #include <string>
 
-#include "store/hidden_state_store_impl.hpp"
 #include "hss/error.hpp"
-#include "transfer/pool_transfer_state.hpp"
+#include "store/import_state.hpp"
+#include "store/transfer_side.hpp"
 
 namespace hss {
 
 PoolTransfer::PoolTransfer(HiddenStateStore& store) : store_(&store) {}
 
+namespace {
+detail::TransferSide& side_of(HiddenStateStore* store) { return detail::transfer_side(*store); }
+}  // namespace
+
 std::vector<MemoryRegion> PoolTransfer::memory_regions() const {
-  return store_->impl_->memory_regions();
+  return side_of(store_).memory_regions();
 }
 
 ChunkExport PoolTransfer::export_chunks(std::span<const Chunk> chunks, std::span<const Slot> slots,
                                         size_t first_chunk, std::chrono::milliseconds lease) {
-  return store_->impl_->export_chunks(chunks, slots, first_chunk, lease);
+  return side_of(store_).export_chunks(chunks, slots, first_chunk, lease);
 }
 
 bool PoolTransfer::release_lease(uint64_t lease_id) noexcept {
-  return store_->impl_->release_lease(lease_id);
+  return side_of(store_).release_lease(lease_id);
 }
 
 std::pair<size_t, size_t> PoolTransfer::missing_range(std::span<const Chunk> chunks,
                                                       std::span<const Slot> slots) const {
-  return store_->impl_->missing_range(chunks, slots);
+  return side_of(store_).missing_range(chunks, slots);
 }
 
 Reservation PoolTransfer::reserve(std::span<const Chunk> chunks, const ChunkExport& source) {
   Reservation reservation;
   reservation.state_ = std::make_unique<Reservation::State>();
-  reservation.state_->store = store_;
-  store_->impl_->reserve_import(chunks, source, *reservation.state_);
+  reservation.state_->store = &side_of(store_);
+  side_of(store_).reserve_import(chunks, source, *reservation.state_);
   return reservation;
 }
 
@@ -69,16 +73,16 @@ size_t Reservation::check(size_t first, size_t count) {
                           ", count = " + std::to_string(count) + ") is past the " +
                           std::to_string(size) + " reserved entries");
   }
-  return count == 0 ? 0 : state_->store->impl_->check_import(*state_, first, count);
+  return count == 0 ? 0 : state_->store->check_import(*state_, first, count);
 }
 
 ImportResult Reservation::publish() {
   if (!state_ || state_->items.empty()) return {};
-  return state_->store->impl_->publish_import(*state_);
+  return state_->store->publish_import(*state_);
 }
 
 void Reservation::abandon() noexcept {
-  if (state_) state_->store->impl_->abandon_import(*state_);
+  if (state_) state_->store->abandon_import(*state_);
 }
 
 std::vector<TransferPiece> transfer_pieces(const ChunkExport& source,

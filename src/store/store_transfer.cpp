@@ -8,17 +8,18 @@
 #include <string>
 
 #include "index/entry_bytes.hpp"
-#include "store/hidden_state_store_impl.hpp"
+
 #include "hss/detail/checked.hpp"
 #include "hss/error.hpp"
 #include "base/nvtx.hpp"
-#include "transfer/pool_transfer_state.hpp"
+#include "format/dtype_codes.hpp"
+#include "store/import_state.hpp"
+#include "store/store_transfer.hpp"
 #include "format/value_codec.hpp"
 #include "store/store_validation.hpp"
 
-namespace hss {
+namespace hss::detail {
 
-using detail::EntryRef;
 
 namespace {
 
@@ -56,16 +57,16 @@ std::string entry_name(const CacheEngineKey& key, Slot slot) {
 
 }  // namespace
 
-std::vector<MemoryRegion> HiddenStateStore::Impl::memory_regions() const {
+std::vector<MemoryRegion> StoreTransfer::memory_regions() const {
   return {
-      {reinterpret_cast<uint64_t>(pool_.block_address(0)), pool_.capacity_bytes(), pool_.pinned()}};
+      {reinterpret_cast<uint64_t>(store_.pool.block_address(0)), store_.pool.capacity_bytes(), store_.pool.pinned()}};
 }
 
-ChunkExport HiddenStateStore::Impl::export_chunks(std::span<const Chunk> chunks,
+ChunkExport StoreTransfer::export_chunks(std::span<const Chunk> chunks,
                                                   std::span<const Slot> slots, size_t first_chunk,
                                                   std::chrono::milliseconds lease) {
   HSS_RANGE("transfer/export");
-  check_chunks(chunks);
+  store_.check_chunks(chunks);
   detail::check_slots(slots);
   if (first_chunk > chunks.size()) {
     throw InvalidArgument("first_chunk = " + std::to_string(first_chunk) + " is past the " +
@@ -76,13 +77,13 @@ ChunkExport HiddenStateStore::Impl::export_chunks(std::span<const Chunk> chunks,
                           " ms must be in [1, 3600000]");
   }
   if (chunks.size() > UINT32_MAX) throw InvalidArgument("more than 2^32 chunks");
-  expire_leases();
-  Walk w = plan_walk(chunks, slots, PendingCopies::kWaitOnHost);
+  store_.expire_leases();
+  ReadPipeline::Walk w = read_.plan_walk(chunks, slots, ReadPipeline::PendingCopies::kWaitOnHost);
   {
-    std::lock_guard lock(mutex_);
-    apply_walk_locked(w);  // drops an orphan (KV gone here), touches the prefix; no retrieve
+    std::lock_guard lock(store_.mutex);
+    read_.apply_walk_locked(w);  // drops an orphan (KV gone here), touches the prefix; no retrieve
   }
-  discard_orphan(w);
+  read_.discard_orphan(w);
   ChunkExport out;
   out.prefix_tokens = w.prefix_tokens;
   out.lease_ms = static_cast<uint32_t>(lease.count());
@@ -99,15 +100,15 @@ ChunkExport HiddenStateStore::Impl::export_chunks(std::span<const Chunk> chunks,
       const EntryRef& entry = w.pinned[c * slots.size() + s];
       // Computed once per entry: its bytes never change while it is READY (or leased).
       std::call_once(entry->digest_once, [&] {
-        const auto pieces = detail::entry_pieces(*entry, pool_);
+        const auto pieces = detail::entry_pieces(*entry, store_.pool);
         entry->digest.hash = detail::hash_pieces(pieces);
-        if (mac_) {
+        if (store_.mac) {
           detail::RemoteHeader header{detail::to_dtype(entry->format.elem), entry->rows, entry->cols,
                                       entry->digest.hash, detail::kRemoteFlagMac};
           std::array<std::byte, kEntryHeaderBytes> header_bytes{};
           detail::encode_remote_header(header, header_bytes);
           entry->digest.mac =
-              mac_->compute(entry_name(chunks[c].key, slots[s]), header_bytes, pieces);
+              store_.mac->compute(entry_name(chunks[c].key, slots[s]), header_bytes, pieces);
         }
       });
       ExportedEntry e;
@@ -118,34 +119,34 @@ ChunkExport HiddenStateStore::Impl::export_chunks(std::span<const Chunk> chunks,
                                         entry->digest.mac ? detail::kRemoteFlagMac : uint8_t{0}};
       detail::encode_remote_header(header, e.header);
       e.mac = entry->digest.mac;
-      e.extents = entry_extents(*entry, pool_);
+      e.extents = entry_extents(*entry, store_.pool);
       bytes += entry->payload_bytes();
       out.entries.push_back(std::move(e));
       pins.push_back(entry);
     }
   }
   const size_t entries = pins.size();
-  out.lease_id = leases_.add(std::move(pins), bytes, detail::LeaseTable::Clock::now() + lease);
-  transfer_counters_.exports.fetch_add(1, std::memory_order_relaxed);
-  transfer_counters_.exported_entries.fetch_add(entries, std::memory_order_relaxed);
-  transfer_counters_.exported_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  out.lease_id = store_.leases.add(std::move(pins), bytes, detail::LeaseTable::Clock::now() + lease);
+  store_.transfer_counters.exports.fetch_add(1, std::memory_order_relaxed);
+  store_.transfer_counters.exported_entries.fetch_add(entries, std::memory_order_relaxed);
+  store_.transfer_counters.exported_bytes.fetch_add(bytes, std::memory_order_relaxed);
   return out;
 }
 
-bool HiddenStateStore::Impl::release_lease(uint64_t lease_id) noexcept {
-  return leases_.release(lease_id, detail::LeaseTable::Clock::now());
+bool StoreTransfer::release_lease(uint64_t lease_id) noexcept {
+  return store_.leases.release(lease_id, detail::LeaseTable::Clock::now());
 }
 
-std::pair<size_t, size_t> HiddenStateStore::Impl::missing_range(std::span<const Chunk> chunks,
+std::pair<size_t, size_t> StoreTransfer::missing_range(std::span<const Chunk> chunks,
                                                                 std::span<const Slot> slots) const {
-  check_chunks(chunks);
+  store_.check_chunks(chunks);
   detail::check_slots(slots);
   size_t from = chunks.size();
   {
-    std::lock_guard lock(mutex_);
-    check_open_locked();
+    std::lock_guard lock(store_.mutex);
+    store_.check_open_locked();
     for (size_t i = 0; i < chunks.size() && from == chunks.size(); ++i) {
-      const detail::KeyRecord* record = index_.find(chunks[i].key);
+      const detail::KeyRecord* record = store_.index.find(chunks[i].key);
       for (const Slot& slot : slots) {
         if (!held_ready(record, slot, chunks[i].size())) {
           from = i;
@@ -154,13 +155,13 @@ std::pair<size_t, size_t> HiddenStateStore::Impl::missing_range(std::span<const 
       }
     }
   }
-  return {from, from == chunks.size() ? from : kv_prefix_end(chunks, from)};
+  return {from, from == chunks.size() ? from : store_.kv_prefix_end(chunks, from)};
 }
 
-void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
+void StoreTransfer::reserve_import(std::span<const Chunk> chunks,
                                             const ChunkExport& source, Reservation::State& state) {
   HSS_RANGE("transfer/reserve");
-  check_chunks(chunks);
+  store_.check_chunks(chunks);
   // Everything about the source is checked before anything changes: it comes from a peer.
   std::vector<Reservation::State::Item> items;
   items.reserve(source.entries.size());
@@ -208,32 +209,32 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
     item.header_bytes = e.header;
     item.mac = e.mac;
     const auto storage = detail::to_elem_type(header->dtype);
-    item.entry = entries_.make(pool_, header->rows, header->cols, detail::RowFormat{storage}, e.slot);
+    item.entry = store_.entries.make(store_.pool, header->rows, header->cols, detail::RowFormat{storage}, e.slot);
     // Capacity only: granules are granted under the lock (an Entry releases what `blocks` holds).
-    item.entry->blocks.reserve(pool_.blocks_for(payload));
+    item.entry->blocks.reserve(store_.pool.blocks_for(payload));
     items.push_back(std::move(item));
   }
   state.chunks.assign(chunks.begin(), chunks.end());
   state.items.reserve(items.size());
   state.reserved.reserve(items.size());
   std::vector<bool> skipped(items.size(), false);  // held already, or being written elsewhere
-  reclaim_device_resources();
-  expire_leases();
+  store_.reclaim_device_resources();
+  store_.expire_leases();
 
   size_t granted = 0;
   {
-    std::lock_guard lock(mutex_);
-    check_open_locked();
-    const uint64_t guard = ++next_guard_;  // the keys of this chunk list are off limits
+    std::lock_guard lock(store_.mutex);
+    store_.check_open_locked();
+    const uint64_t guard = ++store_.next_guard;  // the keys of this chunk list are off limits
     for (const Chunk& chunk : chunks) {
-      if (detail::KeyRecord* record = index_.find(chunk.key)) record->guard = guard;
+      if (detail::KeyRecord* record = store_.index.find(chunk.key)) record->guard = guard;
     }
     try {
       for (; granted < items.size(); ++granted) {
         Reservation::State::Item& item = items[granted];
         const Chunk& chunk = chunks[item.chunk];
         const detail::Entry& entry = *item.entry;
-        const detail::KeyRecord* record = index_.find(chunk.key);
+        const detail::KeyRecord* record = store_.index.find(chunk.key);
         const detail::Entry* replaces = nullptr;  // the slot's entry of another shape
         if (const EntryRef* held = record ? record->find(entry.slot) : nullptr) {
           if (!(*held)->ready() || ((*held)->rows == entry.rows && (*held)->cols == entry.cols &&
@@ -244,13 +245,13 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
           replaces = held->get();
         }
         // The key's guard keeps it (and so `replaces`) out of the grant's evictions.
-        if (!add_one_pending_locked(chunk.key, item.entry, guard, replaces)) {
+        if (!store_.add_one_pending_locked(chunk.key, item.entry, guard, replaces)) {
           break;  // prefix-strict: nothing after the first miss
         }
       }
     } catch (...) {
       for (size_t i = 0; i < granted; ++i) {
-        if (!skipped[i]) index_.withdraw(chunks[items[i].chunk].key, *items[i].entry);
+        if (!skipped[i]) store_.index.withdraw(chunks[items[i].chunk].key, *items[i].entry);
       }
       throw;
     }
@@ -263,26 +264,26 @@ void HiddenStateStore::Impl::reserve_import(std::span<const Chunk> chunks,
   }
   for (size_t i = 0; i < granted; ++i) {
     if (skipped[i]) continue;
-    state.reserved.push_back({i, entry_extents(*items[i].entry, pool_)});
+    state.reserved.push_back({i, entry_extents(*items[i].entry, store_.pool)});
     state.items.push_back(std::move(items[i]));
   }
   // `reserved[k].source_entry` names the source entry: item i is source entry i.
-  transfer_counters_.reserved.fetch_add(state.items.size(), std::memory_order_relaxed);
+  store_.transfer_counters.reserved.fetch_add(state.items.size(), std::memory_order_relaxed);
 }
 
-size_t HiddenStateStore::Impl::check_import(Reservation::State& state, size_t first,
+size_t StoreTransfer::check_import(Reservation::State& state, size_t first,
                                             size_t count) const {
   using Check = Reservation::State::Item::Check;
   size_t failed = 0;
   for (size_t i = first; i < first + count; ++i) {
     Reservation::State::Item& item = state.items[i];
-    const auto pieces = detail::entry_pieces(*item.entry, pool_);
+    const auto pieces = detail::entry_pieces(*item.entry, store_.pool);
     item.check = detail::hash_pieces(pieces) == item.header.payload_hash ? Check::kPass
                                                                          : Check::kBadChecksum;
-    if (item.check == Check::kPass && mac_) {
+    if (item.check == Check::kPass && store_.mac) {
       // This store trusts only what a holder of its key exported.
       const bool ok = item.mac && (item.header.flags & detail::kRemoteFlagMac) != 0 &&
-                      mac_->verify(entry_name(state.chunks[item.chunk].key, item.entry->slot),
+                      store_.mac->verify(entry_name(state.chunks[item.chunk].key, item.entry->slot),
                                    item.header_bytes, pieces, *item.mac);
       if (!ok) item.check = Check::kUnauthenticated;
     }
@@ -291,7 +292,7 @@ size_t HiddenStateStore::Impl::check_import(Reservation::State& state, size_t fi
   return failed;
 }
 
-ImportResult HiddenStateStore::Impl::publish_import(Reservation::State& state) {
+ImportResult StoreTransfer::publish_import(Reservation::State& state) {
   HSS_RANGE("transfer/publish");
   using Check = Reservation::State::Item::Check;
   ImportResult result;
@@ -305,18 +306,18 @@ ImportResult HiddenStateStore::Impl::publish_import(Reservation::State& state) {
     unauthenticated[i] = state.items[i].check == Check::kUnauthenticated ? 1 : 0;
   }
   {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(store_.mutex);
     for (size_t i = 0; i < state.items.size(); ++i) {
       Reservation::State::Item& item = state.items[i];
       const CacheEngineKey& key = state.chunks[item.chunk].key;
       // An entry dropped meanwhile (close, drop_key) is DETACHED: neither published nor counted.
       if (pass[i] != 0) {
-        if (index_.publish(key, *item.entry)) {
+        if (store_.index.publish(key, *item.entry)) {
           ++result.published;
           result.bytes += item.entry->payload_bytes();
         }
       } else {
-        index_.withdraw(key, *item.entry);
+        store_.index.withdraw(key, *item.entry);
       }
     }
   }
@@ -324,26 +325,26 @@ ImportResult HiddenStateStore::Impl::publish_import(Reservation::State& state) {
     result.rejected += pass[i] == 0 ? 1 : 0;
     result.unauthenticated += unauthenticated[i];
   }
-  transfer_counters_.imported.fetch_add(result.published, std::memory_order_relaxed);
-  transfer_counters_.imported_bytes.fetch_add(result.bytes, std::memory_order_relaxed);
-  transfer_counters_.rejected.fetch_add(result.rejected, std::memory_order_relaxed);
-  transfer_counters_.unauthenticated.fetch_add(result.unauthenticated, std::memory_order_relaxed);
+  store_.transfer_counters.imported.fetch_add(result.published, std::memory_order_relaxed);
+  store_.transfer_counters.imported_bytes.fetch_add(result.bytes, std::memory_order_relaxed);
+  store_.transfer_counters.rejected.fetch_add(result.rejected, std::memory_order_relaxed);
+  store_.transfer_counters.unauthenticated.fetch_add(result.unauthenticated, std::memory_order_relaxed);
   state.items.clear();
   state.reserved.clear();
   return result;
 }
 
-void HiddenStateStore::Impl::abandon_import(Reservation::State& state) noexcept {
+void StoreTransfer::abandon_import(Reservation::State& state) noexcept {
   if (state.items.empty()) return;
   {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(store_.mutex);
     for (const Reservation::State::Item& item : state.items) {
-      index_.withdraw(state.chunks[item.chunk].key, *item.entry);
+      store_.index.withdraw(state.chunks[item.chunk].key, *item.entry);
     }
   }
-  transfer_counters_.abandoned.fetch_add(state.items.size(), std::memory_order_relaxed);
+  store_.transfer_counters.abandoned.fetch_add(state.items.size(), std::memory_order_relaxed);
   state.items.clear();  // the granules return to the pool with the last reference
   state.reserved.clear();
 }
 
-}  // namespace hss
+}  // namespace hss::detail

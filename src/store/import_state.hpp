@@ -1,14 +1,17 @@
 #pragma once
 // What a Reservation holds (hss/pool_transfer.hpp): the PENDING entries reserved for an import,
-// with what publish() checks them against. Used by hidden_state_store_transfer.cpp and
-// pool_transfer.cpp only.
+// with what publish() checks them against. Used by store_transfer.cpp and
+// transfer/pool_transfer.cpp only.
 
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "store/hidden_state_store_impl.hpp"
 #include "format/value_codec.hpp"
+#include "format/value_mac.hpp"
+#include "hss/pool_transfer.hpp"
+#include "index/store_index.hpp"
+#include "store/transfer_side.hpp"
 
 namespace hss {
 
@@ -24,7 +27,7 @@ struct Reservation::State {
     Check check = Check::kUnchecked;
   };
 
-  HiddenStateStore* store = nullptr;  ///< the consumer store (Reservation reaches its Impl)
+  detail::TransferSide* store = nullptr;  ///< the consumer store's transfer side
   std::vector<Chunk> chunks;          ///< the consumer's chunk list (keys of the entries)
   std::vector<Item> items;            ///< PENDING entries, parallel to `reserved`
   std::vector<Reservation::Reserved> reserved;

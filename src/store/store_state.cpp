@@ -1,0 +1,167 @@
+#include "store/store_state.hpp"
+
+#include <string>
+
+#include "base/log.hpp"
+#include "base/nvtx.hpp"
+#include "datapath/cuda_runtime.hpp"
+#include "hss/detail/host_buffer.hpp"
+#include "hss/error.hpp"
+#include "store/backing_tiers.hpp"
+
+namespace hss::detail {
+
+namespace {
+
+/// The pool's size once the key table (config_keys.cpp, the one place keys are checked) accepts
+/// the config as a store's: a store is the hidden-state cache enabled, whatever the switch says.
+uint64_t checked_pool_bytes(const Config& config) {
+  Config as_store = config;
+  as_store.enable_hidden_state_cache = true;
+  as_store.validate();
+  return as_store.hidden_state_pool_bytes();
+}
+
+}  // namespace
+
+StoreState::StoreState(const Config& given, const TokenDatabase& keys)
+    // The HSS_* debugging variables win over every source (config_env.hpp).
+    : config(given.with_env_overrides()),
+      token_database(keys),
+      pool(checked_pool_bytes(config), static_cast<uint64_t>(config.hidden_state_block_bytes),
+           /*try_pinned=*/true, /*prefault=*/true, store_device(config)),
+      // The pool is empty: the calibration may overwrite it.
+      host_copy(choose_host_copy(config,
+                                 std::span<std::byte>(pool.block_address(0), pool.capacity_bytes()))),
+      copy_threads(choose_copy_threads(config.tuning.copy_threads, this_thread_cpu_budget())),
+      // Cheap: the workers start on the first split copy.
+      copy_workers(copy_threads.threads > 1 ? std::make_unique<CopyWorkers>(copy_threads.threads)
+                                            : nullptr),
+      device_path(DevicePath::create(config)),
+      mac(ValueMac::from_config(config)),
+      // Queued writes may keep half the pool from eviction; beyond that they copy.
+      tiers(make_backing_tiers(config), pool.capacity_bytes() / 2) {
+  // Process-wide: the recycler of restore outputs, and the log threshold when the config sets one.
+  host_buffer_pool_set_limit(static_cast<size_t>(config.tuning.output_cache_bytes));
+  if (config.hidden_state_log_level) set_log_level(*config.hidden_state_log_level);
+}
+
+HostCopyContext StoreState::host_copy_context() const {
+  return {&host_copy, copy_workers.get(),
+          config.tuning.copy_split_bytes ? static_cast<uint64_t>(*config.tuning.copy_split_bytes)
+                                         : host_copy.info.min_bytes_per_copy_thread};
+}
+
+size_t StoreState::kv_prefix_end(std::span<const Chunk> chunks, size_t from,
+                                             detail::KvAnswers* kv_answers) const {
+  const StorageManager* kv = storage_manager.load(std::memory_order_acquire);
+  if (kv == nullptr) return chunks.size();  // no KV side bound: KV counts as present
+  for (size_t i = from; i < chunks.size(); ++i) {
+    const bool present = kv_answers != nullptr
+                             ? kv_answers->contains(*kv, i, chunks.size(), chunks[i].key)
+                             : kv->contains(chunks[i].key);
+    if (!present) return i;
+  }
+  return chunks.size();
+}
+
+bool StoreState::grant_blocks(detail::Entry& entry, uint64_t guard,
+                                          detail::GranuleStash* stash) noexcept {
+  const size_t need = pool.blocks_for(entry.payload_bytes());
+  entry.blocks.resize(need);  // within the capacity the caller reserved: no allocation
+  const auto allocate = [&] {
+    return stash != nullptr ? stash->allocate(entry.blocks) : pool.allocate(entry.blocks);
+  };
+  bool ok = need <= pool.num_blocks() && allocate();
+  while (!ok && need <= pool.num_blocks() && evict_for_space(guard)) ok = allocate();
+  if (!ok) {
+    entry.blocks.clear();
+    counters.allocation_failures.fetch_add(1, std::memory_order_relaxed);
+  }
+  return ok;
+}
+
+bool StoreState::add_one_pending_locked(const CacheEngineKey& key,
+                                                    const detail::EntryRef& entry, uint64_t guard,
+                                                    const detail::Entry* replaces) {
+  // Everything that may allocate first (a new key's record goes in empty, outside the LRU, so no
+  // eviction takes it); the grant's evictions are the first change.
+  detail::KeyRecord* record = index.find(key);
+  if (record != nullptr) {
+    record->slots.reserve(record->slots.size() + 1);
+  } else {
+    record = &index.insert_empty(key, 1);
+  }
+  const uint64_t epoch = index.erasures();
+  const bool granted = grant_blocks(*entry, guard);
+  // An eviction above may have removed the key's record (one that was already there).
+  if (index.erasures() != epoch) record = index.find(key);
+  if (!granted) {
+    if (record != nullptr) index.erase_if_empty(*record);
+    return false;
+  }
+  if (record == nullptr) {
+    try {
+      record = &index.insert_empty(key, 1);
+    } catch (...) {
+      pool.release(entry->blocks);
+      entry->blocks.clear();
+      throw;
+    }
+  } else if (replaces != nullptr) {
+    index.detach_slot(*record, replaces);
+  }
+  index.add_pending(*record, entry, guard);
+  return true;
+}
+
+bool StoreState::evict_for_space(uint64_t guard) noexcept {
+  HSS_RANGE("evict");
+  // Only keys nobody pins give their granules back now; evicting a pinned one would lose its
+  // data without making room for this allocation.
+  const CacheEngineKey* victim = index.eviction_candidate(guard, /*freeable_only=*/true);
+  if (victim == nullptr) return false;
+  (void)index.erase(*victim);
+  counters.hs_evictions.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void StoreState::reclaim_device_resources() noexcept {
+  if (!device_path) return;
+  try {
+    device_path->poll();
+  } catch (...) {  // a broken device: nothing to reclaim now; the next checked call reports it
+  }
+  (void)deferred.reclaim();
+}
+
+void StoreState::check_pointer(const void* data, Device device, int device_index,
+                                           const char* what) const {
+  if (device_path && data != nullptr) {
+    device_path->check_pointer(data, device == Device::kCuda, device_index, what);
+  }
+}
+
+void StoreState::check_stream(Device device, Stream stream) const {
+  if (device_path && device == Device::kCuda) device_path->check_stream(stream);
+}
+
+void StoreState::check_open_locked() const {
+  if (closed) throw Error("HiddenStateStore is closed");
+}
+
+void StoreState::check_chunks(std::span<const Chunk> chunks) {
+  int64_t expected_start = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    if (c.start != expected_start || c.end <= c.start) {
+      throw InvalidArgument("chunks[" + std::to_string(i) + "] = [" + std::to_string(c.start) +
+                            ", " + std::to_string(c.end) + ") must be non-empty and start at " +
+                            std::to_string(expected_start) +
+                            " (chunks are contiguous from token 0)");
+    }
+    expected_start = c.end;
+  }
+}
+
+}  // namespace hss::detail

@@ -1,0 +1,161 @@
+#pragma once
+// What the parts of a store share (HiddenStateStore::Impl, src/store/hidden_state_store_impl.hpp):
+// the config, the pool and its entries, the index and its mutex, the copy paths, the backing
+// tiers, the counters, and the few rules every part applies the same way (the store is open,
+// a grant of granules with eviction for room, a new PENDING entry, KV's end).
+//
+// Lock order: the index mutex, then the pool's free-stack mutex. Never the reverse, never a KV
+// backend's lock or a copy under the index mutex.
+//
+// Member order is destruction order, reversed: the entry pool outlives the block pool, which
+// outlives every entry the device path, the leases or the tiers' queues may still hold.
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "config/copy_threads.hpp"
+#include "datapath/data_path.hpp"
+#include "datapath/host/copy_workers.hpp"
+#include "datapath/host/host_copy.hpp"
+#include "format/value_mac.hpp"
+#include "hss/hidden_state_store.hpp"
+#include "index/entry_pool.hpp"
+#include "index/lease_table.hpp"
+#include "index/store_index.hpp"
+#include "pool/block_pool.hpp"
+#include "pool/deferred_release.hpp"
+#include "tiers/tier_chain.hpp"
+
+namespace hss::detail {
+
+/// The KV answers for one chunk list, shared by the reads of a call that pass it (the layers of
+/// a request, a read-through and its walk): each chunk's StorageManager::contains() is asked
+/// once per call, not once per read (the KV side is read at one moment for the whole call; a KV
+/// backend's lock, or the GIL for a Python manager, is taken a third as often for a three-layer
+/// step). Asked in the walk's order: a read asks only the chunks its own walk reaches, and finds
+/// the answers an earlier read of the list got. A manager bound in between is asked afresh.
+/// Used by one thread, no lock held.
+class KvAnswers {
+ public:
+  /// Chunk `chunk` (of `chunks`) of the list: KV's answer, asked now unless asked before.
+  [[nodiscard]] bool contains(const StorageManager& kv, size_t chunk, size_t chunks,
+                              const CacheEngineKey& key) {
+    if (&kv != asked_) {  // the list's first question, or another manager: forget the answers
+      asked_ = &kv;
+      if (chunks <= kInline) {
+        inline_.fill(kUnknown);
+      } else {
+        heap_.assign(chunks, kUnknown);  // a long prompt's list: one allocation
+      }
+    }
+    uint8_t& answer = chunks <= kInline ? inline_[chunk] : heap_[chunk];
+    if (answer == kUnknown) answer = kv.contains(key) ? kPresent : kGone;
+    return answer == kPresent;
+  }
+
+ private:
+  static constexpr uint8_t kUnknown = 0, kPresent = 1, kGone = 2;
+  static constexpr size_t kInline = 16;  // a short prompt's chunks: no allocation per list
+  const StorageManager* asked_ = nullptr;
+  std::array<uint8_t, kInline> inline_{};
+  std::vector<uint8_t> heap_;
+};
+
+class StoreState {
+ public:
+  /// ConfigError for a config the key table rejects as a store's; hss::Error if the pool does
+  /// not fit in the memory available to the process. Allocates the whole pool now.
+  StoreState(const Config& given, const TokenDatabase& keys);
+  StoreState(const StoreState&) = delete;
+  StoreState& operator=(const StoreState&) = delete;
+
+  // ---- rules every part applies (store_state.cpp)
+  /// hss::Error once the store is closed. Caller holds mutex.
+  void check_open_locked() const;
+  /// Chunks passed by a caller: contiguous from 0, non-empty. InvalidArgument otherwise.
+  static void check_chunks(std::span<const Chunk> chunks);
+  /// Pointer checks of the device path (device memory of device_index, or not device memory).
+  void check_pointer(const void* data, Device device, int device_index, const char* what) const;
+  /// hss::Error (nothing changed) when device work on `stream` would be captured into a graph.
+  void check_stream(Device device, Stream stream) const;
+  /// How this store's host copies run (strategy, workers, split size).
+  [[nodiscard]] HostCopyContext host_copy_context() const;
+  /// Outside the index lock, before eviction decisions: refresh fence flags, release finished
+  /// restores' pins and granules whose copies landed (none of it waits).
+  void reclaim_device_resources() noexcept;
+  /// Evicts one LRU key for pool pressure, skipping keys guarded by store call `guard`. False
+  /// when nothing can be evicted. Caller holds mutex.
+  bool evict_for_space(uint64_t guard) noexcept;
+  /// Grants `entry` its granules (blocks_for(payload_bytes()); the caller reserved them in
+  /// `blocks`, so nothing allocates), evicting LRU keys not guarded by `guard` while the pool is
+  /// short. False, nothing taken and counted as an allocation failure, when the pool cannot make
+  /// room. From `stash` when given (a batch: the same outcome, fewer pool locks). Caller holds
+  /// mutex.
+  bool grant_blocks(Entry& entry, uint64_t guard, GranuleStash* stash = nullptr) noexcept;
+  /// One entry of `key` made PENDING outside the store pipeline (the tiers' read-through, an
+  /// import): room in the key's record or a new empty one, the granules (grant_blocks), then
+  /// `replaces` (the slot's entry of another shape, or nullptr) removed and the entry added.
+  /// False when the pool had no room (only evictions happened). std::bad_alloc before anything
+  /// changed, or, rarely, after the grant (an eviction removed the key's record and inserting it
+  /// again failed: the granules go back, only evictions happened). Caller holds mutex.
+  bool add_one_pending_locked(const CacheEngineKey& key, const EntryRef& entry, uint64_t guard,
+                              const Entry* replaces);
+  /// Ends the export leases past their deadline (no lock held by the caller).
+  void expire_leases() noexcept { leases.expire(LeaseTable::Clock::now()); }
+  /// The first chunk at or after `from` whose KV is gone (chunks.size() when none is, or when no
+  /// KV side is bound). Asks the storage manager outside every lock; through `kv_answers` when
+  /// given (the call's answers, shared with its walk).
+  [[nodiscard]] size_t kv_prefix_end(std::span<const Chunk> chunks, size_t from,
+                                     KvAnswers* kv_answers = nullptr) const;
+
+  // ---- the state
+  // The HSS_* debugging variables win over every source (config_env.hpp): `config` is what this
+  // store runs with, so config.to_yaml() shows what is in effect.
+  const Config config;
+  const TokenDatabase& token_database;
+  // Every entry's node (entry_pool.hpp): declared before the pool, so it outlives every entry.
+  EntryPool entries;
+  BlockPool pool;
+  // Granules of dropped entries whose copies were in flight: returned after the device path
+  // drained and before the pool goes.
+  DeferredRelease deferred{pool};
+  // Host copies: the strategy chosen for this machine (calibrated on the empty pool, once per
+  // process) and the workers that split large copies (none with hidden_state_copy_threads 1).
+  const HostCopy host_copy;
+  CopyThreadsChoice copy_threads;
+  std::unique_ptr<CopyWorkers> copy_workers;
+  std::unique_ptr<DevicePath> device_path;
+  std::atomic<const StorageManager*> storage_manager{nullptr};
+
+  mutable std::mutex mutex;  // guards index, Entry::state, closed, next_guard
+  StoreIndex index;
+  bool closed = false;
+  uint64_t next_guard = 0;
+
+  struct Counters {
+    std::atomic<uint64_t> stores{0}, chunks_written{0}, retrieves{0}, hit_tokens{0}, miss_tokens{0},
+        hs_evictions{0}, coupled_evictions{0}, allocation_failures{0}, copy_failures{0};
+    std::array<std::atomic<uint64_t>, kNumActivationKinds> kind_chunks_written{};
+  };
+  mutable Counters counters;
+  // The MAC key of both remote paths (null: values carry no MAC). Before the leases: nothing
+  // below may throw a ConfigError after it.
+  const std::shared_ptr<const ValueMac> mac;
+  // Leases of exports: destroyed before the pool, after the index.
+  LeaseTable leases;
+  struct TransferCounters {
+    std::atomic<uint64_t> exports{0}, exported_entries{0}, exported_bytes{0}, reserved{0},
+        imported{0}, imported_bytes{0}, rejected{0}, unauthenticated{0}, abandoned{0};
+  };
+  mutable TransferCounters transfer_counters;
+  // The backing tiers (store/backing_tiers.cpp makes them). Last: destroyed first, so the
+  // entries their write-behind queues still hold go back to a live pool; constructed last, so a
+  // ConfigError here (no hiredis) leaves nothing behind.
+  mutable TierChain tiers;
+};
+
+}  // namespace hss::detail

@@ -1,0 +1,120 @@
+#pragma once
+// The write pipeline of a store (HiddenStateStore::Impl): every store call, single or batched.
+// A single store is a batch of one plan:
+//   phase 1 (index lock): each plan's reservation (allowlists, records found or inserted empty,
+//            granules granted with eviction for room, PENDING entries);
+//   phase 2 (no lock):    the copies (host now; device one launch per (device, stream));
+//   phase 3 (index lock): publish (READY), or withdraw on failure;
+//   then write-behind to the backing tiers, and the counters once.
+//
+// Thread safety: the store's (docs/design.md, "What may run concurrently and what may block the
+// host"); the index mutex only around phases 1 and 3, never around a copy.
+
+#include <cstdint>
+#include <memory_resource>
+#include <span>
+#include <vector>
+
+#include "hss/hidden_state_store.hpp"
+#include "store/store_state.hpp"
+
+namespace hss::detail {
+
+class WritePipeline {
+ public:
+  explicit WritePipeline(StoreState& store) : store_(store) {}
+
+  template <typename Token>
+  StoreResult store_tokens(std::span<const Token> token_ids, const TensorView& hidden,
+                           const StoreOptions& opt);
+  StoreResult store_chunks(std::span<const Chunk> chunks, const TensorView& hidden,
+                           const StoreOptions& opt);
+  /// store_hidden_states over many items (hidden_state_store_batch.cpp).
+  std::vector<StoreResult> store_batch(std::span<const StoreItem> items);
+
+ private:
+  /// Store phases (hidden_state_store_write.cpp).
+  struct Write;
+  struct StorePlan;
+  struct PlanContext;
+  /// Arguments already validated: store_plans for one plan.
+  StoreResult store_validated(std::span<const Chunk> chunks, const TensorView& hidden,
+                              const StoreOptions& opt);
+  /// The store pipeline of every store call (a single store is a batch of one): one lock for
+  /// every plan's reservation (the allowlists; each plan its own eviction guard, in order),
+  /// copy_plans outside it, one lock to publish, write-behind, counters once. `new_keys` bounds
+  /// the keys the plans may insert; `granules` estimates the granules they take (a batch's: one
+  /// GranuleStash for the call; 0 for none). Results: each plan's writes and cached count.
+  void store_plans(std::span<StorePlan> plans, size_t new_keys, size_t granules = 0);
+  /// Phase 2: host plans copied now; device plans grouped per (device, stream)
+  /// (launch_groups.hpp): a group of one job is DevicePath::store (hidden_state_store_impl), a
+  /// group of several one DevicePath::store_batch launch whose fence every plan of it carries.
+  void copy_plans(std::span<StorePlan> plans);
+  /// Host stores: merges segments that continue each other in the source and the pool.
+  static void merge_host_runs(std::pmr::vector<kernels::WriteSegment>& segments,
+                              int64_t cols) noexcept;
+  /// The pool segments of the plan's granted writes (into plan.segments, reserved in phase 1)
+  /// and the caller's tensor as the kernels see it.
+  kernels::SourceView plan_segments(StorePlan& plan, const TensorView& hidden,
+                                    const StoreOptions& opt);
+  // Phase 1 of one plan, phase 3 and the withdrawal, with mutex held by the caller.
+  // `context`: what the plans of one call share (the lookups of plan.chunks, the stash).
+  void reserve_and_apply_locked(const TensorView& hidden, const StoreOptions& opt,
+                                kernels::ElemType storage, StorePlan& plan, PlanContext& context);
+  /// Its planning part: plan.writes (one per chunk to write, records found or inserted empty)
+  /// and the room everything after it needs. May throw; then the caller drops the empty records.
+  void plan_writes_locked(const TensorView& hidden, const StoreOptions& opt,
+                          kernels::ElemType storage, StorePlan& plan, PlanContext& context,
+                          uint64_t guard);
+  /// Erases the records of plan.writes[from..] that have no slot (inserted empty by the plan,
+  /// or emptied by a replacement, and not filled): a plan that throws or stops early.
+  void drop_empty_records_locked(StorePlan& plan, RecordLookups& lookups,
+                                 size_t from) noexcept;
+  void publish_locked(StorePlan& plan) noexcept;
+  void withdraw_locked(StorePlan& plan) noexcept;
+  /// The chunks a store with `token_offset` may write (those starting at or after it).
+  [[nodiscard]] static size_t chunks_to_write(std::span<const Chunk> chunks, int64_t token_offset);
+  /// The storage type of a store of `hidden` under this config.
+  [[nodiscard]] kernels::ElemType storage_for(const TensorView& hidden) const;
+
+  StoreState& store_;
+};
+
+// The store phases' plan, shared by the single and batch store paths.
+struct WritePipeline::Write {
+  size_t chunk = 0;
+  EntryRef entry;
+  const Entry* replaces = nullptr;  // an entry of the slot with another shape
+  KeyRecord* record = nullptr;      // where phase 1 put it (valid while plan.epoch holds)
+};
+
+struct WritePipeline::StorePlan {
+  // A batch gives every item's vectors one arena (one allocation for the batch instead of two
+  // per item); a single store uses the heap.
+  explicit StorePlan(std::pmr::memory_resource* memory = std::pmr::new_delete_resource())
+      : writes(memory), segments(memory) {}
+
+  // The item: set by the caller of store_plans.
+  std::span<const Chunk> chunks;
+  const TensorView* hidden = nullptr;
+  const StoreOptions* options = nullptr;
+  RecordLookups* lookups = nullptr;  // of `chunks` (shared by the plans of one list)
+  size_t slot_hint = 1;  // slot vector capacity for a new key (plans sharing the list)
+
+  bool allowed = false;            // the slot passed the allowlists (phase 1)
+  std::pmr::vector<Write> writes;  // planned; after phase 1: the granted ones, in chunk order
+  std::pmr::vector<kernels::WriteSegment> segments;
+  FenceRef fence;
+  int64_t cached = 0;
+  int64_t esize = 0;
+  uint64_t epoch = 0;  // index_.erasures() after phase 1: Write::record is valid while it holds
+};
+
+// What the store phase 1 of the items of one call share under the index lock.
+struct WritePipeline::PlanContext {
+  RecordLookups* lookups = nullptr;  // of the plan's chunk list
+  size_t slot_hint = 1;  // slot vector capacity for a new key (items sharing the list)
+  GranuleStash* stash = nullptr;  // a batch's granules, one pool lock per refill
+};
+
+}  // namespace hss::detail
