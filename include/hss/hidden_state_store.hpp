@@ -37,6 +37,7 @@
 #include "hss/detail/stats_fields.hpp"
 #include "hss/host_copy_stats.hpp"
 #include "hss/remote_stats.hpp"
+#include "hss/tier_stats.hpp"
 #include "hss/storage_manager.hpp"
 #include "hss/tensor.hpp"
 #include "hss/token_database.hpp"
@@ -120,6 +121,9 @@ struct HiddenStateStats {
   uint64_t device_launches = 0;
   std::array<KindStats, kNumActivationKinds> per_kind{};  ///< indexed by ActivationKind
   RemoteStats remote;  ///< the shared remote tier (all zero when hidden_state_remote_url is unset)
+  /// The backing tiers in the order a retrieve asks them, one shape for every tier (empty when
+  /// none is configured); `remote` keeps the Redis tier's own fields.
+  std::vector<TierStats> tiers;
   HostCopyStats host_copy;  ///< the host copy strategy chosen for this machine, copy threads
   TransferStats transfer;   ///< point-to-point exports and imports (hss/pool_transfer.hpp)
 };
@@ -154,6 +158,7 @@ constexpr void for_each_field(Self& s, Visit&& visit) {
   visit("copy_failures", s.copy_failures);
   visit("per_kind", s.per_kind);
   visit("remote", s.remote);
+  visit("tiers", s.tiers);
   visit("transfer", s.transfer);
   visit("host_copy", s.host_copy);
 }

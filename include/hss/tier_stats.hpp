@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "hss/detail/stats_fields.hpp"
+
 namespace hss {
 
 struct TierStats {
@@ -25,5 +27,25 @@ struct TierStats {
   uint64_t entries_held = 0;    ///< values the tier holds, where it knows (a shared server: 0)
   uint64_t bytes_held = 0;      ///< their payload bytes, where it knows (a shared server: 0)
 };
+
+/// TierStats's fields, each once, in the order stats() reports them (hss/detail/stats_fields.hpp).
+template <detail::MaybeConst<TierStats> Self, class Visit>
+constexpr void for_each_field(Self& s, Visit&& visit) {
+  visit("name", s.name);
+  visit("hits", s.hits);
+  visit("misses", s.misses);
+  visit("corrupt_values", s.corrupt_values);
+  visit("unauthenticated_values", s.unauthenticated_values);
+  visit("bytes_read", s.bytes_read);
+  visit("promotions", s.promotions);
+  visit("writes_enqueued", s.writes_enqueued);
+  visit("writes_done", s.writes_done);
+  visit("bytes_written", s.bytes_written);
+  visit("dropped_writes", s.dropped_writes);
+  visit("errors", s.errors);
+  visit("queue_bytes", s.queue_bytes);
+  visit("entries_held", s.entries_held);
+  visit("bytes_held", s.bytes_held);
+}
 
 }  // namespace hss

@@ -217,6 +217,7 @@ class HiddenStateStats(TypedDict):
     copy_failures: int
     per_kind: Dict[str, KindStats]  # keyed by ActivationKind name: "hidden", "query", ...
     remote: RemoteStats
+    tiers: List[TierStats]
     transfer: TransferStats
     host_copy: HostCopyStats
 
@@ -243,6 +244,23 @@ class RemoteStats(TypedDict):
     reconnects: int
     errors: int
     queue_bytes: int
+
+class TierStats(TypedDict):
+    name: str
+    hits: int
+    misses: int
+    corrupt_values: int
+    unauthenticated_values: int
+    bytes_read: int
+    promotions: int
+    writes_enqueued: int
+    writes_done: int
+    bytes_written: int
+    dropped_writes: int
+    errors: int
+    queue_bytes: int
+    entries_held: int
+    bytes_held: int
 
 class TransferStats(TypedDict):
     exports: int

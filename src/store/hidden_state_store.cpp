@@ -209,6 +209,7 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
     s.per_kind[k].chunks_written = state.counters.kind_chunks_written[k].load();
   }
   s.remote = detail::remote_stats_of(state.tiers);
+  s.tiers = state.tiers.stats();
   s.host_copy = state.host_copy.info;
   s.host_copy.copy_threads = state.copy_threads.threads;
   s.host_copy.copy_threads_auto = state.copy_threads.automatic;

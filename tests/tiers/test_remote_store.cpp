@@ -123,6 +123,12 @@ TEST(RemoteStore, TwoProcessesShareAMultiLayerPrefixBitIdentically) {
   EXPECT_EQ(s.remote.corrupt_values, 0U);
   EXPECT_EQ(s.remote.writes_enqueued, 0U);  // read-through never writes back
   EXPECT_EQ(s.entries_held, entries);
+  // The same tier in the one shape every tier reports.
+  ASSERT_EQ(s.tiers.size(), 1U);
+  EXPECT_EQ(s.tiers[0].name, "remote");
+  EXPECT_EQ(s.tiers[0].hits, entries);
+  EXPECT_EQ(s.tiers[0].promotions, entries);
+  EXPECT_EQ(s.tiers[0].writes_enqueued, 0U);
   EXPECT_EQ(b.coverage(chunks, kLayers), kChunk * kChunks);
   // Now local: a second retrieve asks the server for nothing.
   expect_layers(b.retrieve_layers(tokens, kLayers), tokens, kChunk * kChunks);

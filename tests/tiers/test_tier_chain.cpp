@@ -325,6 +325,15 @@ TEST(TierChain, ReadThroughAsksTheTiersInOrderAndPromotesFromTheFirstThatHolds) 
   EXPECT_EQ(far.fetch_asked_, 4U);
   EXPECT_EQ(far.hits_, 4U);
   EXPECT_EQ(reader.num_entries(), 4U);  // promoted into the pool
+  const HiddenStateStats stats = reader.stats();
+  ASSERT_EQ(stats.tiers.size(), 2U);  // in the order a retrieve asks them, one shape each
+  EXPECT_EQ(stats.tiers[0].name, "near");
+  EXPECT_EQ(stats.tiers[0].misses, 4U);
+  EXPECT_EQ(stats.tiers[0].promotions, 0U);
+  EXPECT_EQ(stats.tiers[1].name, "far");
+  EXPECT_EQ(stats.tiers[1].hits, 4U);
+  EXPECT_EQ(stats.tiers[1].promotions, 4U);
+  EXPECT_EQ(stats.tiers[1].entries_held, 4U);
   // Local now: no tier is asked again.
   expect_rows(reader.retrieve_hidden_states(tokens), tokens, 4 * kChunk);
   EXPECT_EQ(near.fetch_asked_ + far.fetch_asked_, 8U);
