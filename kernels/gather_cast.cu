@@ -3,6 +3,8 @@
 // batched form that writes every item of a batch straight into the device-mapped pool (one
 // launch). One block per tile. The per-element work is store_tile (hss/kernels/tiling.hpp); the
 // dispatch rules are hss/kernels/dispatch.hpp (shared with the host twins of the CUDA model).
+// Launches go through cudaLaunchKernelEx and check the status it returns: never the thread's
+// last error, which belongs to the engine (hss/kernels/cuda_check.hpp).
 
 #include "hss/error.hpp"
 #include "hss/kernels/cuda_check.hpp"
@@ -30,10 +32,8 @@ __global__ void __launch_bounds__(kBlockThreads)
 template <ElemType S, ElemType D>
 void launch(const SourceView& src, const WriteSegment* tiles, int64_t num_tiles,
             cudaStream_t stream) {
-  HSS_CUDA_CLEAR_STALE_ERROR();
-  gather_cast_kernel<S, D>
-      <<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(src, tiles);
-  HSS_CUDA_CHECK_LAUNCH();
+  const cudaLaunchConfig_t config = tile_launch(num_tiles, stream);
+  HSS_CUDA_CHECK(cudaLaunchKernelEx(&config, gather_cast_kernel<S, D>, src, tiles));
 }
 
 }  // namespace
@@ -48,9 +48,8 @@ void launch_gather_cast(const SourceView& src, ElemType dst_type, const WriteSeg
 
 void launch_store_batch(const BatchStoreTile* tiles, int64_t num_tiles, cudaStream_t stream) {
   if (!grid_needed(num_tiles, "store_batch")) return;
-  HSS_CUDA_CLEAR_STALE_ERROR();
-  store_batch_kernel<<<static_cast<unsigned>(num_tiles), kBlockThreads, 0, stream>>>(tiles);
-  HSS_CUDA_CHECK_LAUNCH();
+  const cudaLaunchConfig_t config = tile_launch(num_tiles, stream);
+  HSS_CUDA_CHECK(cudaLaunchKernelEx(&config, store_batch_kernel, tiles));
 }
 
 }  // namespace hss::kernels

@@ -33,8 +33,10 @@ void check(cudaError_t rc, const char* what) {
 int device_count() {
 #if HSS_WITH_CUDA
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
+  // No device (or no driver): 0. The failed call wrote its own error into the thread's slot;
+  // take it back only when it is that error, so an engine's pending error stays for the engine.
+  if (const cudaError_t rc = cudaGetDeviceCount(&count); rc != cudaSuccess) {
+    if (cudaPeekAtLastError() == rc) (void)cudaGetLastError();
     return 0;
   }
   return count;

@@ -5,8 +5,10 @@
 //
 // What it enforces (docs/design.md, "The CUDA runtime model"): memory kinds and copy directions,
 // kernel accesses (alignment, reachable allocations), host dereferences of device memory (memory
-// protection keys), stream order, events, the legacy default stream, host functions, stream
-// capture rules, sticky errors, contexts. Configuration from the environment, read once at the
+// protection keys), stream order, events, the legacy default stream and the per-thread default
+// streams, host functions, kernel launches (cudaLaunchKernel / cudaLaunchKernelExC: the status
+// returned; a failure also written to the calling thread's last-error slot, one per host thread),
+// stream capture rules, sticky errors, contexts. Configuration from the environment, read once at the
 // first CUDA call: HSS_CUDA_MODEL_DEVICES (0..8, default 1), HSS_CUDA_MODEL_DEVICE_MEMORY_MIB
 // (default 16384), HSS_CUDA_MODEL_MANUAL=1 (start in manual mode), HSS_CUDA_MODEL_PKEYS=0 (no
 // memory protection keys).
@@ -31,7 +33,8 @@ struct Counters {
   uint64_t device_allocations = 0;  ///< cudaMalloc calls
   uint64_t pinned_allocations = 0;  ///< cudaHostAlloc / cudaMallocHost calls
   uint64_t frees = 0;
-  uint64_t streams_created = 0;
+  uint64_t streams_created = 0;    ///< cudaStreamCreate* calls (per-thread default streams: not)
+  uint64_t streams_destroyed = 0;  ///< cudaStreamDestroy calls that destroyed a stream
   uint64_t events_created = 0;
   uint64_t module_loads = 0;  ///< first launches of a kernel on a device (lazy module loading)
   uint64_t host_waits = 0;    ///< calls that blocked the host on unfinished device work
@@ -76,12 +79,19 @@ size_t run_until_blocked();
 
 /// Faults, each for one call from now (0: the next one): an allocation call (cudaMalloc,
 /// cudaHostAlloc, cudaMallocHost) fails with cudaErrorMemoryAllocation; a kernel launch fails with
-/// `error` (cudaGetLastError reports it; nothing runs); a copy call is accepted but fails when it
-/// runs, with `error` as the device's sticky error.
+/// `error` (the launch returns it and writes it to the calling thread's last-error slot, as every
+/// failed runtime call does; nothing runs); a copy call is accepted but fails when it runs, with
+/// `error` as the device's sticky error.
 void fail_allocation(uint64_t nth);
 void fail_launch(uint64_t nth, cudaError_t error = cudaErrorLaunchOutOfResources);
 void fail_copy(uint64_t nth, cudaError_t error = cudaErrorIllegalAddress);
 void clear_faults();
+
+/// A kernel of no parameters that does nothing, for cudaLaunchKernel / cudaLaunchKernelExC: an
+/// engine's own launch in a test (with a bad configuration, say, whose error the engine leaves
+/// pending on its thread, as an unchecked <<<>>> launch does). Every other function address is
+/// cudaErrorInvalidDeviceFunction to the model, except the twins of hsstore's kernels.
+[[nodiscard]] const void* noop_kernel();
 
 /// The device's sticky error (cudaSuccess: none) and what caused it.
 [[nodiscard]] cudaError_t sticky_error(int device);

@@ -2,7 +2,9 @@
 // The launchers' rules, shared by the CUDA launchers (kernels/*.cu) and their host twins (the
 // CUDA runtime model, tests/cuda_model): the grid limit, which (source, storage) pairs a store
 // kernel supports and which output types a restore writes. Both sides reject exactly the same
-// calls with the same messages. Host code only.
+// calls with the same messages, and launch with the same configuration. Host code only.
+
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <string>
@@ -10,6 +12,7 @@
 #include "hss/error.hpp"
 #include "hss/kernels/convert.hpp"
 #include "hss/kernels/elem_visit.hpp"
+#include "hss/kernels/tiling.hpp"
 
 namespace hss::kernels {
 
@@ -22,6 +25,20 @@ inline bool grid_needed(int64_t num_tiles, const char* kernel) {
   if (num_tiles > kMaxGridBlocks)
     throw Error(std::string(kernel) + ": too many tiles for one grid");
   return true;
+}
+
+/// The launch of a tile kernel: one block of kBlockThreads per tile on `stream`, no dynamic shared
+/// memory, no attributes. Launched with cudaLaunchKernelEx, whose returned status is the launch's
+/// own (cuda_check.hpp says why not <<<>>> and cudaGetLastError). num_tiles: grid_needed() said so.
+inline cudaLaunchConfig_t tile_launch(int64_t num_tiles, cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(num_tiles), 1, 1);
+  config.blockDim = dim3(static_cast<unsigned>(kBlockThreads), 1, 1);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = nullptr;
+  config.numAttrs = 0;
+  return config;
 }
 
 /// Calls fn.template operator()<S, D>() for a store kernel's supported (source S, storage D)

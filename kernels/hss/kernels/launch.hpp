@@ -1,7 +1,9 @@
 #pragma once
 // Host-callable launchers for the kernels in kernels/*.cu. The .cu files only size the grid and
 // launch; what each thread does lives in the HSS_HOST_DEVICE headers (tiling.hpp, layout.hpp,
-// convert.hpp). Every launcher checks its launch and throws hss::Error with the CUDA error string.
+// convert.hpp). Every launcher checks the status its launch returns (cudaLaunchKernelEx) and
+// throws hss::Error with the CUDA error string; none reads or clears an error the engine left
+// pending on the calling thread (cuda_check.hpp).
 // Thread-safe: launchers keep no state.
 
 #include <cuda_runtime_api.h>
@@ -35,7 +37,10 @@ void launch_store_batch(const BatchStoreTile* tiles, int64_t num_tiles, cudaStre
 void launch_restore_batch(const BatchRestoreTile* tiles, int64_t num_tiles, cudaStream_t stream);
 
 /// cub::DeviceMemcpy::Batched over device arrays of source pointers, destination pointers and
-/// byte sizes. The first call sizes the temporary storage; the second copies.
+/// byte sizes. The first call sizes the temporary storage; the second copies. cub reads the
+/// thread's last error as its launches' status: with an error pending on the calling thread
+/// (detail::last_error_pending) the copy is refused with hss::Error, nothing launched and the
+/// pending error left where it is (the caller takes another implementation then).
 [[nodiscard]] size_t cub_batched_memcpy_temp_bytes(int64_t num_buffers);
 void launch_cub_batched_memcpy(void* temp, size_t temp_bytes, const void* const* srcs,
                                void* const* dsts, const uint64_t* sizes, int64_t num_buffers,

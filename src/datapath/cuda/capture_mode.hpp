@@ -9,13 +9,17 @@
 
 #include <cuda_runtime_api.h>
 
+#include "hss/kernels/cuda_check.hpp"
+
 namespace hss::detail::cuda {
 
 /// The calling thread's capture interaction mode is relaxed for the scope, then restored.
 class RelaxedCaptureMode {
  public:
-  RelaxedCaptureMode() noexcept { (void)cudaThreadExchangeStreamCaptureMode(&previous_); }
-  ~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&previous_); }
+  RelaxedCaptureMode() noexcept {
+    clear_own_error(cudaThreadExchangeStreamCaptureMode(&previous_));
+  }
+  ~RelaxedCaptureMode() { clear_own_error(cudaThreadExchangeStreamCaptureMode(&previous_)); }
   RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
   RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
 

@@ -1,16 +1,44 @@
 #include "datapath/cuda/cuda_raii.hpp"
 
+#include <cudaTypedefs.h>  // PFN_cuEventQuery: a type only, libcuda is not linked
+
 #include <algorithm>
 #include <cstring>
 
 #include "hss/kernels/cuda_check.hpp"
 
 namespace hss::detail::cuda {
+namespace {
+
+/// The driver API's cuEventQuery. The driver has no last-error slot: a query that finds the work
+/// still running returns CUDA_ERROR_NOT_READY and records nothing, where the runtime's
+/// cudaEventQuery writes cudaErrorNotReady over the error an engine left pending on the thread
+/// (hsstore's polls run on the engine's threads, every store and restore: hss/kernels/
+/// cuda_check.hpp). Resolved once through the runtime (binaries load without a driver, so
+/// libcuda is not linked); null where the driver does not offer it: the runtime's query then.
+PFN_cuEventQuery_v2000 driver_event_query() noexcept {
+#if CUDART_VERSION >= 12050  // cudaGetDriverEntryPointByVersion
+  static const PFN_cuEventQuery_v2000 query = []() -> PFN_cuEventQuery_v2000 {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t status =
+        cudaGetDriverEntryPointByVersion("cuEventQuery", &fn, 12000, cudaEnableDefault, &found);
+    clear_own_error(status);
+    if (status != cudaSuccess || found != cudaDriverEntryPointSuccess) return nullptr;
+    return reinterpret_cast<PFN_cuEventQuery_v2000>(fn);
+  }();
+  return query;
+#else
+  return nullptr;
+#endif
+}
+
+}  // namespace
 
 cudaPointerAttributes pointer_attributes(const void* p) noexcept {
   cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
-    (void)cudaGetLastError();
+  if (const cudaError_t status = cudaPointerGetAttributes(&attributes, p); status != cudaSuccess) {
+    clear_own_error(status);
     attributes = cudaPointerAttributes{};
     attributes.type = cudaMemoryTypeUnregistered;
   }
@@ -18,9 +46,15 @@ cudaPointerAttributes pointer_attributes(const void* p) noexcept {
 }
 
 EventStatus query_event(cudaEvent_t event, cudaError_t* error) noexcept {
+  if (const PFN_cuEventQuery_v2000 query = driver_event_query()) {
+    const CUresult r = query(event);  // a cudaEvent_t is a CUevent
+    if (r == CUDA_SUCCESS) return EventStatus::kDone;
+    if (r == CUDA_ERROR_NOT_READY) return EventStatus::kPending;
+    // Failed: the runtime's query below names the error in the runtime's terms.
+  }
   const cudaError_t status = cudaEventQuery(event);
   if (status == cudaSuccess) return EventStatus::kDone;
-  (void)cudaGetLastError();
+  clear_own_error(status);
   if (status == cudaErrorNotReady) return EventStatus::kPending;
   if (error != nullptr) *error = status;
   return EventStatus::kFailed;
@@ -33,9 +67,11 @@ DeviceGuard::DeviceGuard(int device) {
 
 DeviceGuard::~DeviceGuard() {
   int current = -1;
-  if (cudaGetDevice(&current) == cudaSuccess && current != previous_) {
-    (void)cudaSetDevice(previous_);
+  if (const cudaError_t status = cudaGetDevice(&current); status != cudaSuccess) {
+    clear_own_error(status);
+    return;
   }
+  if (current != previous_) clear_own_error(cudaSetDevice(previous_));
 }
 
 OwnedStream OwnedStream::create_non_blocking() {
@@ -45,7 +81,7 @@ OwnedStream OwnedStream::create_non_blocking() {
 }
 
 OwnedStream::~OwnedStream() {
-  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  if (stream_ != nullptr) clear_own_error(cudaStreamDestroy(stream_));
 }
 
 Event Event::create(bool blocking_sync) {
@@ -56,7 +92,7 @@ Event Event::create(bool blocking_sync) {
 }
 
 Event::~Event() {
-  if (event_ != nullptr) (void)cudaEventDestroy(event_);
+  if (event_ != nullptr) clear_own_error(cudaEventDestroy(event_));
 }
 
 DeviceBuffer DeviceBuffer::allocate(size_t bytes) {
@@ -67,7 +103,7 @@ DeviceBuffer DeviceBuffer::allocate(size_t bytes) {
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr_ != nullptr) (void)cudaFree(ptr_);
+  if (ptr_ != nullptr) clear_own_error(cudaFree(ptr_));
 }
 
 PinnedBuffer PinnedBuffer::allocate(size_t bytes) {
@@ -87,7 +123,7 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
 }
 
 PinnedBuffer::~PinnedBuffer() {
-  if (ptr_ != nullptr) (void)cudaFreeHost(ptr_);
+  if (ptr_ != nullptr) clear_own_error(cudaFreeHost(ptr_));
 }
 
 PinnedTable PinnedTable::allocate(size_t bytes) {

@@ -1,7 +1,8 @@
 #pragma once
 // Owning wrappers for the CUDA objects of the device path. Constructors throw hss::Error (via
 // HSS_CUDA_CHECK); destructors never throw and ignore errors, since they also run at process exit
-// after the runtime has shut down (cudaErrorCudartUnloading) and on a device that has failed.
+// after the runtime has shut down (cudaErrorCudartUnloading) and on a device that has failed (an
+// error they ignore is taken out of the thread's last-error slot: clear_own_error).
 // Not synchronised: each object has one owner.
 
 #include <cuda_runtime_api.h>
@@ -19,15 +20,18 @@ namespace hss::detail::cuda {
 
 /// What CUDA knows of `p`. An unregistered pointer (pageable memory) reads
 /// cudaMemoryTypeUnregistered; so does one CUDA cannot describe (CUDA before 11 failed the call
-/// for pageable memory; its error is cleared).
+/// for pageable memory; its error is taken out of the thread's last-error slot).
 [[nodiscard]] cudaPointerAttributes pointer_attributes(const void* p) noexcept;
 
 /// Where the work an event captured stands: still running, landed, or failed (any error but
 /// cudaErrorNotReady: it will never land; a sticky error means the device is lost).
 enum class EventStatus : uint8_t { kPending, kDone, kFailed };
-/// Queries `event` without blocking; on kFailed `*error` (when given) says why. A query may write
-/// cudaErrorNotReady to the thread's last-error slot; it is cleared here so that
-/// HSS_CUDA_CHECK_LAUNCH after a query does not report it.
+/// Queries `event` without blocking; on kFailed `*error` (when given) says why. Through the
+/// driver's cuEventQuery, which records nothing in the thread's last-error slot: the runtime's
+/// cudaEventQuery writes cudaErrorNotReady there, over an error the engine left pending (PyTorch's
+/// CUDAStream::query clears it afterwards, the engine's error with it). Only when the work failed
+/// (or the driver's query is not available) does the runtime's query run, its error taken out of
+/// the slot again (clear_own_error).
 [[nodiscard]] EventStatus query_event(cudaEvent_t event, cudaError_t* error = nullptr) noexcept;
 /// True once nothing more will run for `event`'s work: it landed or failed (a slot may be
 /// reused; a failure surfaces at the next checked call).

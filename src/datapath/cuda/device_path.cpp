@@ -15,10 +15,6 @@
 #include "hss/kernels/cuda_check.hpp"
 #include "hss/kernels/launch.hpp"
 
-#if HSS_HAVE_NVTX
-#include <nvtx3/nvToolsExtCudaRt.h>
-#endif
-
 namespace hss::detail {
 
 std::unique_ptr<DevicePath> create_platform_device_path(const Config& config) {
@@ -67,7 +63,8 @@ DeviceState::DeviceState(int index_, size_t staging_bytes, size_t launch_slots)
                            DeviceBuffer::allocate(std::max<size_t>(
                                kernels::cub_batched_memcpy_temp_bytes(kRestoreTilesPerSlot), 16)),
                            nullptr};
-      }) {
+      }),
+      copy_streams(index_) {
   // Load every kernel's module now (CUDA loads one at its first launch: milliseconds, on an
   // engine's hot path otherwise), through the first launch slot's table, on a stream of its own.
   OwnedStream warm = OwnedStream::create_non_blocking();
@@ -75,25 +72,6 @@ DeviceState::DeviceState(int index_, size_t staging_bytes, size_t launch_slots)
   kernels::warm_up(slot.table.host(), slot.table.device(), slot.cub_temp.get(),
                    slot.cub_temp.bytes(), warm.get());
   HSS_CUDA_CHECK(cudaStreamSynchronize(warm.get()));
-}
-
-cudaStream_t DeviceState::copy_stream_for(cudaStream_t caller) {
-  std::lock_guard lock(mutex_);
-  auto it = copy_streams_.find(caller);
-  if (it == copy_streams_.end()) {
-    it = copy_streams_.emplace(caller, OwnedStream::create_non_blocking()).first;
-#if HSS_HAVE_NVTX
-    const std::string name =
-        "hss/copy/" + std::to_string(index) + "/" + std::to_string(copy_streams_.size());
-    nvtxNameCudaStreamA(it->second.get(), name.c_str());
-#endif
-  }
-  return it->second.get();
-}
-
-void DeviceState::synchronize_copy_streams() noexcept {
-  std::lock_guard lock(mutex_);
-  for (auto& [caller, stream] : copy_streams_) (void)cudaStreamSynchronize(stream.get());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -106,7 +84,7 @@ bool EventFence::wait() noexcept {
     state_.store(State::kLanded, std::memory_order_release);
     return true;
   }
-  (void)cudaGetLastError();
+  clear_own_error(status);
   fail(status);
   return false;
 }
@@ -170,7 +148,7 @@ CudaDevicePath::~CudaDevicePath() {
   // before either goes, then drop what restores kept alive (the owner destroys the pool after us).
   for (auto& dev : devices_) {
     if (!dev) continue;
-    dev->synchronize_copy_streams();
+    dev->copy_streams.synchronize();
     dev->staging.synchronize();
     dev->restores.synchronize();
   }
@@ -220,10 +198,11 @@ void CudaDevicePath::check_stream(Stream stream_handle) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaError_t query = cudaStreamIsCapturing(stream, &status);
   if (query == cudaSuccess && status == cudaStreamCaptureStatusNone) return;
-  (void)cudaGetLastError();
-  const std::string which = stream == nullptr ? "the legacy default stream (which would "
-                                                "synchronise with a capturing stream)"
-                                              : "a stream that is capturing a CUDA graph";
+  clear_own_error(query);
+  const bool legacy = stream == nullptr || stream == cudaStreamLegacy;
+  const std::string which = legacy ? "the legacy default stream (which would synchronise with a "
+                                     "capturing stream)"
+                                   : "a stream that is capturing a CUDA graph";
   throw Error(
       "hsstore device calls cannot be captured: options.stream is " + which +
       "; a replay would not repeat what the call does on the host (pool addresses, "
@@ -276,7 +255,7 @@ FenceRef CudaDevicePath::store(const kernels::SourceView& src, int device_index,
   // Cast or not, the caller's stream carries only the gather into staging (device memory at
   // device bandwidth) and an event; the transfer to the pool runs on the copy stream, so the
   // engine's next kernels never wait for PCIe.
-  const cudaStream_t copy_stream = dev.copy_stream_for(stream);
+  const cudaStream_t copy_stream = dev.copy_streams.for_caller(stream);
   return fenced(copy_stream, [&] {
     size_t next = 0;
     int64_t consumed = 0;
@@ -298,8 +277,7 @@ FenceRef CudaDevicePath::fenced(cudaStream_t stream, Enqueue&& enqueue) {
   } catch (...) {
     // Work this call already enqueued may still write blocks the store is about to withdraw
     // and free: let it land first (error path only).
-    (void)cudaStreamSynchronize(stream);
-    (void)cudaGetLastError();
+    clear_own_error(cudaStreamSynchronize(stream));
     throw;
   }
   return fence;
@@ -542,7 +520,7 @@ void CudaDevicePath::flush() {
   }
   for (const auto& fence : fences) (void)fence->wait();  // errors surface at the entries' reads
   for (DeviceState* dev : devices_in_use()) {  // handles carry their device: no switch needed
-    dev->synchronize_copy_streams();
+    dev->copy_streams.synchronize();
     dev->restores.synchronize();
   }
   (void)release_finished();

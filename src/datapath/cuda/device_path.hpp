@@ -10,7 +10,8 @@
 //   The caller's stream carries the gather and the event only, never the transfer over PCIe (the
 //   engine's next kernels would wait for it: about 2.5 ms per 128 MiB); it may then overwrite its
 //   tensor. Copy streams are per caller stream, so work from stream B never queues behind stream
-//   A's copies.
+//   A's copies; cudaStreamPerThread, one handle for a stream per host thread, gets one per thread
+//   (copy_streams.hpp).
 // * Staging is counted in bytes (staging_arena.hpp): a round leases the bytes it needs of the
 //   device's hidden_state_staging_bytes (Config::tuning.staging_bytes, default 1 GiB). The host
 //   waits only when they do not fit beside the rounds in flight; a store that waited counts once
@@ -46,9 +47,9 @@
 #include <mutex>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "datapath/cuda/copy_streams.hpp"
 #include "datapath/cuda/cuda_raii.hpp"
 #include "datapath/cuda/slot_pool.hpp"
 #include "datapath/cuda/staging_arena.hpp"
@@ -83,17 +84,11 @@ struct RestoreSlot {
 /// Resources of one device, created on its first use.
 struct DeviceState {
   DeviceState(int index, size_t staging_bytes, size_t launch_slots);
-  /// The copy stream paired with `caller` (created on first use, named "hss/copy/<dev>/<n>").
-  cudaStream_t copy_stream_for(cudaStream_t caller);
-  void synchronize_copy_streams() noexcept;
 
   const int index;
   StagingArena staging;
   SlotPool<RestoreSlot> restores;
-
- private:
-  std::mutex mutex_;  // guards copy_streams_
-  std::unordered_map<cudaStream_t, OwnedStream> copy_streams_;
+  CopyStreams copy_streams;  // one per caller stream (per host thread for cudaStreamPerThread)
 };
 
 /// The call's fence: an event recorded after its last copy (blocking-sync: a host wait sleeps).

@@ -155,7 +155,10 @@ void CudaDevicePath::restore_launch(RestoreSlot& slot, std::span<const GatherSeg
                                     size_t& first, int64_t& consumed,
                                     const kernels::OutputView& out, cudaStream_t stream) {
   const bool contiguous = out.row_stride == out.cols;
-  if (restore_impl_ == RestoreImpl::kCub && contiguous && same_types(segments, out.type)) {
+  // cub takes the thread's last error as its launches' status (launch.hpp): with an error the
+  // engine left pending there, the custom kernel (which checks its own launch's status) instead.
+  if (restore_impl_ == RestoreImpl::kCub && contiguous && same_types(segments, out.type) &&
+      !last_error_pending()) {
     HSS_RANGE("restore/cub");
     // Three arrays in the slot's pinned table: sources, destinations, byte sizes.
     const size_t n = std::min(segments.size() - first, kRestoreTilesPerSlot);

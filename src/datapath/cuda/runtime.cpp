@@ -17,7 +17,7 @@ RuntimeInfo detect_runtime() {
     info.reason = status != cudaSuccess
                       ? std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status)
                       : std::string("no CUDA device found");
-    (void)cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    clear_own_error(status);  // not the engine's to find in its last-error slot
     return info;
   }
   // Properties only: nothing here creates a context (an allocation would, on whatever device
@@ -25,7 +25,10 @@ RuntimeInfo detect_runtime() {
   bool mappable = true;
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    if (const cudaError_t e = cudaGetDeviceProperties(&prop, i); e != cudaSuccess) {
+      clear_own_error(e);
+      continue;
+    }
     info.devices.push_back(DeviceInfo{i, prop.name, prop.major, prop.minor,
                                       static_cast<uint64_t>(prop.totalGlobalMem)});
     mappable = mappable && prop.canMapHostMemory != 0 && prop.unifiedAddressing != 0;
@@ -57,7 +60,7 @@ void* pinned_host_alloc(size_t bytes, int device) {
   cudaError_t status = cudaSuccess;
   cuda::run_on_device(device, [&] {
     status = cudaHostAlloc(&ptr, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
-    if (status != cudaSuccess) (void)cudaGetLastError();
+    clear_own_error(status);  // (on the helper thread: nobody else's slot)
   });
   if (status != cudaSuccess) {
     log(LogLevel::kWarn, std::string("cudaHostAlloc of ") + std::to_string(bytes) +
@@ -71,9 +74,9 @@ void* pinned_host_alloc(size_t bytes, int device) {
 void pinned_host_free(void* ptr, int device) noexcept {
   if (ptr == nullptr) return;
   try {
-    cuda::run_on_device(device, [&] { (void)cudaFreeHost(ptr); });
+    cuda::run_on_device(device, [&] { clear_own_error(cudaFreeHost(ptr)); });
   } catch (...) {  // no thread, or the device is lost: free it here
-    (void)cudaFreeHost(ptr);
+    clear_own_error(cudaFreeHost(ptr));
   }
 }
 

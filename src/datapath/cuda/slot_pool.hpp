@@ -52,7 +52,9 @@ class SlotPool {
     Lease& operator=(const Lease&) = delete;
     ~Lease() {
       if (!recorded_) {
-        for (int i = 0; i < touched_count_; ++i) (void)cudaStreamSynchronize(touched_[i]);
+        for (int i = 0; i < touched_count_; ++i) {
+          clear_own_error(cudaStreamSynchronize(touched_[i]));
+        }
       }
       pool_->give_back(slot_, recorded_);
     }
@@ -127,7 +129,7 @@ class SlotPool {
   void synchronize() noexcept {
     std::lock_guard lock(mutex_);
     for (auto& slot : slots_) {
-      if (slot->pending) (void)cudaEventSynchronize(slot->done.get());
+      if (slot->pending) clear_own_error(cudaEventSynchronize(slot->done.get()));
     }
   }
 

@@ -105,7 +105,7 @@ StagingArena::Lease::~Lease() {
   if (recorded_) return;
   // Dropped without record(), after an exception: work may still read the ranges.
   const RelaxedCaptureMode relaxed;
-  for (int i = 0; i < touched_count_; ++i) (void)cudaStreamSynchronize(touched_[i]);
+  for (int i = 0; i < touched_count_; ++i) clear_own_error(cudaStreamSynchronize(touched_[i]));
   std::lock_guard lock(arena_.mutex_);
   arena_.free_locked(round_);
   arena_.changed_.notify_all();
@@ -171,7 +171,7 @@ void StagingArena::free_locked(Round& round) noexcept {
 void StagingArena::synchronize() noexcept {
   const RelaxedCaptureMode relaxed;
   std::lock_guard lock(mutex_);
-  for (Round* round : in_flight_) (void)cudaEventSynchronize(round->done.get());
+  for (Round* round : in_flight_) clear_own_error(cudaEventSynchronize(round->done.get()));
   for (Round* round : in_flight_) free_locked(*round);
   in_flight_.clear();
 }

@@ -20,9 +20,20 @@ Counters counters() {
   Model& m = Model::get();
   std::lock_guard lock(m.mutex);
   const detail::Counters& c = m.counters;
-  return {c.kernel_launches,    c.copies,     c.host_funcs,      c.device_allocations,
-          c.pinned_allocations, c.frees,      c.streams_created, c.events_created,
-          c.module_loads,       c.host_waits, c.contexts_created};
+  Counters out;
+  out.kernel_launches = c.kernel_launches;
+  out.copies = c.copies;
+  out.host_funcs = c.host_funcs;
+  out.device_allocations = c.device_allocations;
+  out.pinned_allocations = c.pinned_allocations;
+  out.frees = c.frees;
+  out.streams_created = c.streams_created;
+  out.streams_destroyed = c.streams_destroyed;
+  out.events_created = c.events_created;
+  out.module_loads = c.module_loads;
+  out.host_waits = c.host_waits;
+  out.contexts_created = c.contexts_created;
+  return out;
 }
 
 size_t queued(cudaStream_t stream) {

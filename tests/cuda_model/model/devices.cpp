@@ -110,6 +110,25 @@ const char* cudaGetErrorName(cudaError_t error) { return error_name(error); }
 
 const char* cudaGetErrorString(cudaError_t error) { return error_string(error); }
 
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** funcPtr,
+                                             unsigned int cudaVersion, unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult* driverStatus) {
+  // The driver functions hsstore asks for: cuEventQuery (a query that leaves the runtime's
+  // last-error slot alone; cuda_raii.cpp). Any other symbol is not found.
+  if (symbol == nullptr || funcPtr == nullptr || cudaVersion < 2000 ||
+      (flags & ~static_cast<unsigned long long>(cudaEnablePerThreadDefaultStream)) != 0) {
+    return result(cudaErrorInvalidValue);
+  }
+  *funcPtr = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (std::strcmp(symbol, "cuEventQuery") == 0) {
+    *funcPtr = reinterpret_cast<void*>(&driver_event_query);
+    found = cudaDriverEntryPointSuccess;
+  }
+  if (driverStatus != nullptr) *driverStatus = found;
+  return found == cudaDriverEntryPointSuccess ? cudaSuccess : result(cudaErrorSymbolNotFound);
+}
+
 cudaError_t cudaDriverGetVersion(int* version) {
   if (version == nullptr) return result(cudaErrorInvalidValue);
   *version = CUDART_VERSION;

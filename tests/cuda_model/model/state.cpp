@@ -229,6 +229,18 @@ ThreadState& this_thread() {
   return state;
 }
 
+ThreadState::~ThreadState() {
+  if (per_thread.empty()) return;
+  // The thread has exited: its per-thread streams are gone, as a destroyed stream is (the work
+  // queued on them still runs; the executor drains it, then ends).
+  Model& m = Model::get();
+  std::lock_guard lock(m.mutex);
+  for (const StreamRef& s : per_thread) {
+    if (s) s->destroyed = true;
+  }
+  m.changed.notify_all();
+}
+
 cudaError_t enter() {
   if (this_thread().in_host_func) return cudaErrorNotPermitted;
   if (Model::get().device_count == 0) return cudaErrorNoDevice;
@@ -285,6 +297,35 @@ cudaError_t legacy_capture_check(Model& m, const StreamState& s) {
   return implicit ? cudaErrorStreamCaptureImplicit : cudaSuccess;
 }
 
+namespace {
+
+/// The calling thread's per-thread default stream on `d` (lock held). CUDA: "local to both the
+/// thread and the calling context, and does not synchronize with other streams (just like
+/// explicitly created streams)"; it "is not a non-blocking stream and will synchronize with the
+/// legacy default stream if both are used" (Driver API, Stream synchronization behavior). So: a
+/// blocking stream of its own per (host thread, device), made at first use, addressable only as
+/// cudaStreamPerThread from that thread, and gone when the thread exits (~ThreadState). Not
+/// counted in streams_created: no cudaStreamCreate made it.
+StreamRef per_thread_stream(Model& m, DeviceState& d) {
+  ThreadState& t = this_thread();
+  if (t.per_thread.size() <= static_cast<size_t>(d.index)) {
+    t.per_thread.resize(static_cast<size_t>(d.index) + 1);
+  }
+  StreamRef& s = t.per_thread[static_cast<size_t>(d.index)];
+  if (!s) {
+    s = std::make_shared<StreamState>();
+    s->id = m.next_id++;
+    s->device = d.index;
+    s->flags = cudaStreamDefault;
+    std::erase_if(d.streams, [](const std::weak_ptr<StreamState>& w) { return w.expired(); });
+    d.streams.push_back(s);
+    m.start_executor(s);
+  }
+  return s;
+}
+
+}  // namespace
+
 StreamRef stream_of(Model& m, cudaStream_t handle, std::unique_lock<std::mutex>& lock) {
   if (handle == nullptr || handle == cudaStreamLegacy) {
     DeviceState& d = current_device(lock);
@@ -292,8 +333,9 @@ StreamRef stream_of(Model& m, cudaStream_t handle, std::unique_lock<std::mutex>&
     return d.legacy;
   }
   if (handle == cudaStreamPerThread) {
-    std::fprintf(stderr, "cuda model: cudaStreamPerThread is not modelled\n");
-    return nullptr;
+    DeviceState& d = current_device(lock);
+    init_context(d);
+    return per_thread_stream(m, d);
   }
   const auto it = m.streams.find(handle_id(handle));
   return it == m.streams.end() ? nullptr : it->second;

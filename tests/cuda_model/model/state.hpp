@@ -10,6 +10,7 @@
 // (eager) mode each stream has an executor thread; in manual mode nothing runs until a test calls
 // step() or a host wait needs it (then the waiting thread runs exactly what it waits for).
 
+#include <cuda.h>  // CUresult, CUevent: the one driver function the model offers
 #include <cuda_runtime_api.h>
 
 #include <condition_variable>
@@ -135,6 +136,7 @@ struct Counters {
   uint64_t pinned_allocations = 0;  // cudaHostAlloc / cudaMallocHost
   uint64_t frees = 0;
   uint64_t streams_created = 0;
+  uint64_t streams_destroyed = 0;
   uint64_t events_created = 0;
   uint64_t module_loads = 0;
   uint64_t host_waits = 0;
@@ -196,11 +198,20 @@ class Model {
 
 /// Per host thread: the runtime's view of the calling thread.
 struct ThreadState {
+  ThreadState() = default;
+  ThreadState(const ThreadState&) = delete;
+  ThreadState& operator=(const ThreadState&) = delete;
+  /// The thread's per-thread default streams go with it (work queued on them still runs).
+  ~ThreadState();
+
   int device = 0;
   bool device_set = false;
-  cudaError_t last = cudaSuccess;
+  cudaError_t last = cudaSuccess;  // the last-error slot (cudaGetLastError), one per thread
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   bool in_host_func = false;
+  /// cudaStreamPerThread on each device, made at the thread's first use of it there (index:
+  /// device; empty: not made yet).
+  std::vector<StreamRef> per_thread;
 };
 ThreadState& this_thread();
 
@@ -253,8 +264,9 @@ void init_context(DeviceState& d);
 cudaError_t unsafe_call_check(Model& m);
 /// Invalidates `c` with `why`.
 void invalidate(CaptureState& c, cudaError_t why);
-/// The stream a handle names (nullptr / cudaStreamLegacy: the current device's legacy stream),
-/// or null for an unknown handle. Lock held.
+/// The stream a handle names (nullptr / cudaStreamLegacy: the current device's legacy stream;
+/// cudaStreamPerThread: the calling thread's per-thread default stream on the current device,
+/// made at its first use), or null for an unknown handle. Lock held.
 StreamRef stream_of(Model& m, cudaStream_t handle, std::unique_lock<std::mutex>& lock);
 /// cudaErrorStreamCaptureImplicit when `s` is a legacy stream while a blocking stream of its
 /// device captures (invalidating those captures). Lock held.
@@ -264,6 +276,10 @@ template <typename Handle>
 Handle handle_of(uint64_t id) {
   return reinterpret_cast<Handle>(static_cast<uintptr_t>(id));
 }
+
+/// cuEventQuery, as cudaGetDriverEntryPointByVersion hands it out (streams.cpp): cudaEventQuery's
+/// answer, without touching the calling thread's last-error slot.
+CUresult driver_event_query(CUevent event);
 
 /// A failure of a kernel twin or copy while it runs (becomes the device's sticky error).
 struct Fault {

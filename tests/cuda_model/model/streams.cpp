@@ -74,6 +74,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   it->second->destroyed = true;
   if (it->second->capture) invalidate(*it->second->capture, cudaErrorStreamCaptureInvalidated);
   m.streams.erase(it);
+  ++m.counters.streams_destroyed;
   m.changed.notify_all();
   return cudaSuccess;
 }
@@ -220,22 +221,40 @@ cudaError_t captured_event_check(EventState& ev) {
 
 }  // namespace
 
-cudaError_t cudaEventQuery(cudaEvent_t event) {
-  if (const cudaError_t e = enter(); e != cudaSuccess) return result(e);
+namespace {
+
+/// An event query's status, the runtime's (cudaEventQuery) and the driver's (cuEventQuery) alike.
+cudaError_t query_event_status(cudaEvent_t event) {
+  if (const cudaError_t e = enter(); e != cudaSuccess) return e;
   Model& m = Model::get();
   std::unique_lock lock(m.mutex);
   const auto it = m.events.find(handle_id(event));
-  if (it == m.events.end()) return result(cudaErrorInvalidResourceHandle);
+  if (it == m.events.end()) return cudaErrorInvalidResourceHandle;
   EventState& ev = *it->second;
-  if (const cudaError_t e = captured_event_check(ev); e != cudaSuccess) return result(e);
-  if (const cudaError_t e = unsafe_call_check(m); e != cudaSuccess) return result(e);
+  if (const cudaError_t e = captured_event_check(ev); e != cudaSuccess) return e;
+  if (const cudaError_t e = unsafe_call_check(m); e != cudaSuccess) return e;
   if (const cudaError_t sticky = m.devices[static_cast<size_t>(ev.device)].sticky;
       sticky != cudaSuccess) {
-    return result(sticky);
+    return sticky;
   }
   if (!ev.recorded || Model::reached(ev.at)) return cudaSuccess;
-  return result(cudaErrorNotReady);
+  return cudaErrorNotReady;
 }
+
+}  // namespace
+
+cudaError_t cudaEventQuery(cudaEvent_t event) { return result(query_event_status(event)); }
+
+namespace hss::cuda_model::detail {
+
+CUresult driver_event_query(CUevent event) {
+  // The driver API has no last-error slot: the status is returned, never recorded. The codes the
+  // model returns here have the same values in both APIs (cudaErrorNotReady and
+  // CUDA_ERROR_NOT_READY are 600, cudaErrorIllegalAddress and CUDA_ERROR_ILLEGAL_ADDRESS 700...).
+  return static_cast<CUresult>(query_event_status(event));
+}
+
+}  // namespace hss::cuda_model::detail
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (const cudaError_t e = enter(); e != cudaSuccess) return result(e);
