@@ -61,6 +61,13 @@ struct Config {
   int64_t chunk_size = 256;
   bool save_unfull_chunk = false;
   double max_local_cpu_size = 5.0;  ///< GiB, KV pool
+  /// Local disk tier (LMCache's key and spelling): a directory, as a plain path or a
+  /// `file:///path/` URL. Empty (default) = no disk tier. Hidden states go in its subdirectory
+  /// `hsstore/`, apart from LMCache's KV files (hidden_state_disk_path overrides the directory).
+  std::string local_disk;
+  /// GiB of hidden-state files the disk tier keeps (LMCache's key; its KV files have their own
+  /// budget of the same size). > 0 when a disk directory is set.
+  double max_local_disk_size = 5.0;
 
   bool enable_hidden_state_cache = false;
   double max_hidden_state_cpu_size = 0.0;                   ///< GiB, hidden-state pool
@@ -74,6 +81,10 @@ struct Config {
   /// Optional allowlist of activation kinds accepted on store; unset = every kind.
   /// hidden_state_layers filters the layers of every kind.
   std::optional<std::vector<ActivationKind>> hidden_state_kinds;
+
+  /// The disk tier's directory for hidden states, overriding local_disk (a plain path or a
+  /// `file:///path/` URL; its subdirectory `hsstore/` holds the files). Empty (default): local_disk.
+  std::string hidden_state_disk_path;
 
   /// Shared remote tier (Redis/Valkey): redis://[user:password@]host:port[/db] URLs; several are
   /// sharded by rendezvous hashing of the chunk key. Empty (default) = no remote tier. Needs a
@@ -175,6 +186,11 @@ struct Config {
 
   /// Bytes of the hidden-state pool (max_hidden_state_cpu_size GiB).
   [[nodiscard]] uint64_t hidden_state_pool_bytes() const;
+  /// The directory the disk tier keeps hidden states in: `<hidden_state_disk_path or
+  /// local_disk>/hsstore` with a `file://` prefix removed; empty when neither is set.
+  [[nodiscard]] std::string hidden_state_disk_dir() const;
+  /// Bytes of the disk tier's budget (max_local_disk_size GiB).
+  [[nodiscard]] uint64_t disk_tier_bytes() const;
   /// Bytes of the KV pool (max_local_cpu_size GiB).
   [[nodiscard]] uint64_t kv_pool_bytes() const;
   /// True when layer_idx passes the hidden_state_layers allowlist (always, when unset). Layer

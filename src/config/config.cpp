@@ -269,6 +269,17 @@ uint64_t Config::hidden_state_pool_bytes() const { return gib_to_bytes(max_hidde
 
 uint64_t Config::kv_pool_bytes() const { return gib_to_bytes(max_local_cpu_size); }
 
+uint64_t Config::disk_tier_bytes() const { return gib_to_bytes(max_local_disk_size); }
+
+std::string Config::hidden_state_disk_dir() const {
+  // LMCache writes local_disk as "file:///path/" or a plain path; validate() rejects the rest.
+  std::string dir = hidden_state_disk_path.empty() ? local_disk : hidden_state_disk_path;
+  if (dir.starts_with("file://")) dir.erase(0, 7);
+  if (dir.empty()) return dir;
+  if (dir.back() != '/') dir += '/';
+  return dir + "hsstore";
+}
+
 bool Config::layer_allowed(int64_t layer_idx) const {
   return !hidden_state_layers ||
          std::ranges::find(*hidden_state_layers, layer_idx) != hidden_state_layers->end();

@@ -211,6 +211,22 @@ void check_gib(double gib, const KeyCheck& check) {
   if (gib * kBytesPerGiB >= kUint64Limit) check.fail("must be less than 2^34 GiB");
 }
 
+/// local_disk, hidden_state_disk_path: empty, a plain path, or a file:// URL of an absolute path
+/// (LMCache's spelling). Config::hidden_state_disk_dir turns it into the tier's directory.
+void check_disk_path(const std::string& path, const KeyCheck& check) {
+  if (path.empty()) return;
+  if (path.find('\0') != std::string::npos) check.fail("must not contain a NUL byte");
+  if (path.starts_with("file://")) {
+    if (path.size() == 7 || path[7] != '/') {
+      check.fail("must be a plain path or a file:// URL of an absolute path (file:///dir/)");
+    }
+    return;
+  }
+  if (path.find("://") != std::string::npos) {
+    check.fail("must be a plain path or a file:// URL (no other scheme)");
+  }
+}
+
 /// A rule "lo <= value <= hi" with its message.
 template <int64_t Lo, int64_t Hi>
 void check_range(int64_t value, const KeyCheck& check, std::string_view problem) {
@@ -246,6 +262,19 @@ constexpr std::array kKeys = {
           if (c.kv_pool_bytes() == 0) k.fail("must be > 0 (the KV pool needs at least one byte)");
         },
         "GiB, KV pool (`LocalCpuBackend`)"),
+    key<OptionalStringCodec>("local_disk", HSS_MEMBER(local_disk),
+        [](const Config& c, const KeyCheck& k) { check_disk_path(c.local_disk, k); },
+        "directory of the local disk tier (`file:///path/` or a plain path); hidden states go "
+        "in its subdirectory `hsstore/`. Null: no disk tier"),
+    key<GiBCodec>("max_local_disk_size", HSS_MEMBER(max_local_disk_size),
+        [](const Config& c, const KeyCheck& k) {
+          check_gib(c.max_local_disk_size, k);
+          if (!c.hidden_state_disk_dir().empty() && c.disk_tier_bytes() == 0) {
+            k.fail("must be > 0 when local_disk or hidden_state_disk_path is set");
+          }
+        },
+        "GiB of hidden-state files the disk tier keeps (the least recently used are deleted "
+        "beyond it)"),
     key<BoolCodec>("enable_hidden_state_cache", HSS_MEMBER(enable_hidden_state_cache), nullptr,
         "master switch; when false `hidden_state_store()` is `nullptr`"),
     key<GiBCodec>("max_hidden_state_cpu_size", HSS_MEMBER(max_hidden_state_cpu_size),
@@ -289,6 +318,10 @@ constexpr std::array kKeys = {
     key<KindsCodec>("hidden_state_kinds", HSS_MEMBER(hidden_state_kinds), nullptr,
         "optional allowlist of activation kinds (`hidden`, `query`, `key`, `value`, "
         "`mlp_intermediate`)"),
+    key<OptionalStringCodec>("hidden_state_disk_path", HSS_MEMBER(hidden_state_disk_path),
+        [](const Config& c, const KeyCheck& k) { check_disk_path(c.hidden_state_disk_path, k); },
+        "the disk tier's directory for hidden states, overriding `local_disk` (its "
+        "subdirectory `hsstore/` holds the files)"),
     key<UrlsCodec>("hidden_state_remote_url", HSS_MEMBER(hidden_state_remote_url),
         [](const Config& c, const KeyCheck& k) {
           try {

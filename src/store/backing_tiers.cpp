@@ -1,5 +1,6 @@
 #include "store/backing_tiers.hpp"
 
+#include "tiers/disk/disk_tier.hpp"
 #include "tiers/remote/remote_tier.hpp"
 
 namespace hss::detail {
@@ -16,6 +17,7 @@ void set_extra_tiers_for_testing(ExtraTiersForTesting make) { extra_tiers() = st
 std::vector<std::unique_ptr<BackingTier>> make_backing_tiers(const Config& config) {
   std::vector<std::unique_ptr<BackingTier>> tiers;
   // The order a retrieve asks them: the nearest (cheapest) tier first.
+  if (auto disk = DiskTier::create(config)) tiers.push_back(std::move(disk));
   if (auto remote = RemoteTier::create(config)) tiers.push_back(std::move(remote));
   if (extra_tiers()) {
     for (auto& tier : extra_tiers()(config)) tiers.push_back(std::move(tier));

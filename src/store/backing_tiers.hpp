@@ -13,9 +13,10 @@
 
 namespace hss::detail {
 
-/// The configured tiers in the order a retrieve asks them: the Redis/Valkey tier when
-/// hidden_state_remote_url is set. ConfigError when a configured tier cannot be built (no
-/// hiredis in this build); nothing is left running then.
+/// The configured tiers in the order a retrieve asks them: the local disk tier when local_disk
+/// or hidden_state_disk_path is set, then the Redis/Valkey tier when hidden_state_remote_url
+/// is. ConfigError when a configured tier cannot be built (no hiredis in this build, a MAC key
+/// without OpenSSL); nothing is left running then.
 [[nodiscard]] std::vector<std::unique_ptr<BackingTier>> make_backing_tiers(const Config& config);
 
 /// Tests of the seam: tiers appended after the configured ones to every store constructed

@@ -196,6 +196,8 @@ void print_host_copy(const std::string& file) {
   config.enable_hidden_state_cache = true;
   config.max_hidden_state_cpu_size = 72.0 / 1024;
   config.hidden_state_remote_url.clear();
+  config.local_disk.clear();  // the probe store must not scan or write the disk tier's directory
+  config.hidden_state_disk_path.clear();
   try {
     const hss::ChunkedTokenDatabase db(config.chunk_size, false);
     const hss::HiddenStateStore store(config, db);
@@ -244,6 +246,14 @@ int info(Args& args) {
                 std::string(hss::to_string(static_cast<hss::ActivationKind>(k))).c_str());
   }
   std::printf(" (slot = chunk key, kind, layer)\n");
+  const hss::Config config =
+      config_file.empty() ? hss::Config{} : hss::Config::from_file(config_file);
+  if (const std::string dir = config.hidden_state_disk_dir(); !dir.empty()) {
+    std::printf("disk tier: %s, budget %s\n", dir.c_str(),
+                hss::cli::format_bytes(static_cast<double>(config.disk_tier_bytes())).c_str());
+  } else {
+    std::printf("disk tier: off (local_disk, hidden_state_disk_path unset)\n");
+  }
   print_host_copy(config_file);
   return hss::cli::kExitOk;
 }
