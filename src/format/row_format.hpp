@@ -40,9 +40,15 @@ struct RowFormat {
     return std::nullopt;
   }
   /// The same for a shape already checked (an entry's: its rows and cols were validated when it
-  /// was planned, and its payload fits in the pool).
+  /// was planned, and its payload fits in the pool), unchecked: it is on every grant's path.
   [[nodiscard]] constexpr uint64_t payload_bytes(int64_t rows, int64_t cols) const {
-    return checked_payload_bytes(rows, cols).value_or(0);
+    const uint64_t data =
+        static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) * kernels::elem_bytes(elem);
+    switch (scales) {
+      case ScaleLayout::kNone:
+        return data;
+    }
+    return data;
   }
 
   friend constexpr bool operator==(const RowFormat&, const RowFormat&) = default;

@@ -202,10 +202,7 @@ void ReadPipeline::check_read(const ReadCall& call) const {
   if (call.row_begin < 0) {
     throw InvalidArgument("row_begin = " + std::to_string(call.row_begin) + " is negative");
   }
-  if (call.slot_from_options) {
-    detail::check_retrieve_options(RetrieveOptions{call.slots.front().layer_idx, call.row_begin,
-                                                   call.slots.front().kind});
-  }
+  if (call.slot_from_options) detail::check_kind(call.slots.front().kind, "options.kind");
   if (call.chunk_form) store_.check_chunks(call.chunks);
   if (call.allocate != nullptr) {
     detail::check_slots(call.slots);
@@ -239,14 +236,20 @@ int64_t ReadPipeline::retrieve(const ReadCall& call) {
 void ReadPipeline::allocate_outputs(const Walk& w, const ReadItem& read) {
   AllocatedOutputs& out = *read.allocate;
   out.tensors.clear();
-  out.views.clear();
+  out.views = {};
   if (read.row_begin >= w.prefix_tokens) return;
+  const int64_t rows = w.prefix_tokens - read.row_begin;
   out.tensors.reserve(read.slots.size());
-  out.views.reserve(read.slots.size());
-  for (size_t s = 0; s < read.slots.size(); ++s) {
-    out.tensors.emplace_back(w.prefix_tokens - read.row_begin, w.cols(s));
-    out.views.push_back(out.tensors.back().mutable_view());
+  for (size_t s = 0; s < read.slots.size(); ++s) out.tensors.emplace_back(rows, w.cols(s));
+  if (out.tensors.size() == 1) {
+    out.one_view = out.tensors.front().mutable_view();
+    out.views = std::span<const MutableTensorView>(&out.one_view, 1);
+    return;
   }
+  out.many_views.clear();
+  out.many_views.reserve(out.tensors.size());
+  for (HostTensor& t : out.tensors) out.many_views.push_back(t.mutable_view());
+  out.views = out.many_views;
 }
 
 void ReadPipeline::check_outputs(std::span<const Slot> slots,
@@ -280,20 +283,19 @@ void ReadPipeline::retrieve_reads(std::span<const ReadItem> reads, std::span<Wal
                                             std::span<int64_t> rows, bool name_items) {
   // Each read's KV answers: the list's (a batch's reads of one list share them), or, where the
   // read-through asks KV too, the read's own, so each chunk's KV is asked once per call.
-  std::vector<detail::KvAnswers*> kv_answers(reads.size());
-  std::vector<detail::KvAnswers> own_answers;
+  // (No allocation unless tiers and a KV side are both there: a single read is the hot path.)
   const bool read_through_asks_kv =
       !store_.tiers.empty() && store_.storage_manager.load(std::memory_order_acquire) != nullptr;
+  std::vector<detail::KvAnswers> own_answers;
   if (read_through_asks_kv) own_answers.resize(reads.size());
-  for (size_t i = 0; i < reads.size(); ++i) {
-    kv_answers[i] = reads[i].kv_answers != nullptr ? reads[i].kv_answers
-                    : read_through_asks_kv         ? &own_answers[i]
-                                                   : nullptr;
-  }
+  const auto kv_answers = [&](size_t i) -> detail::KvAnswers* {
+    if (reads[i].kv_answers != nullptr) return reads[i].kv_answers;
+    return read_through_asks_kv ? &own_answers[i] : nullptr;
+  };
   // The backing tiers fill the pool where a walk would stop (no-op without one), before the lock.
   if (!store_.tiers.empty()) {
     for (size_t i = 0; i < reads.size(); ++i) {
-      (void)tier_reads_.read_through(reads[i].chunks, reads[i].slots, kv_answers[i]);
+      (void)tier_reads_.read_through(reads[i].chunks, reads[i].slots, kv_answers(i));
     }
   }
   // One lock for every walk's index part; KV checks and fence waits outside it.
@@ -313,7 +315,7 @@ void ReadPipeline::retrieve_reads(std::span<const ReadItem> reads, std::span<Wal
         std::all_of(outs.begin(), outs.end(),
                     [](const MutableTensorView& o) { return o.device == Device::kCuda; });
     walk_finish(walks[i], all_device ? PendingCopies::kOrderOnDevice : PendingCopies::kWaitOnHost,
-                kv_answers[i]);
+                kv_answers(i));
   }
   // Outputs the pipeline makes, then every output against its walk before anything is written.
   for (size_t i = 0; i < reads.size(); ++i) {
@@ -344,7 +346,9 @@ void ReadPipeline::retrieve_reads(std::span<const ReadItem> reads, std::span<Wal
       apply_walk_locked(walks[i], reads[i].lookups, touch_from.empty() ? 0 : touch_from[i]);
     }
   }
-  for (const Walk& w : walks) discard_orphan(w);
+  if (!store_.tiers.empty()) {
+    for (const Walk& w : walks) discard_orphan(w);
+  }
   uint64_t hit_tokens = 0, miss_tokens = 0;
   for (size_t i = 0; i < reads.size(); ++i) {
     hit_tokens += static_cast<uint64_t>(walks[i].prefix_tokens);

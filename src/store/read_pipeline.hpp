@@ -35,7 +35,10 @@ class ReadPipeline {
   /// the walk (their size is the walk's answer) and before anything is restored.
   struct AllocatedOutputs {
     std::vector<HostTensor> tensors;
-    std::vector<MutableTensorView> views;
+    /// Views of the tensors: inline for one slot (the common call makes no second allocation).
+    std::span<const MutableTensorView> views;
+    MutableTensorView one_view{};
+    std::vector<MutableTensorView> many_views;
   };
   /// One retrieve call's arguments as the public surface received them. Every single retrieve
   /// (token or chunk form, one slot or several, into caller buffers or into tensors the store
@@ -144,7 +147,7 @@ class ReadPipeline {
 
     /// The views the read restores into.
     [[nodiscard]] std::span<const MutableTensorView> outputs() const {
-      return allocate != nullptr ? std::span<const MutableTensorView>(allocate->views) : outs;
+      return allocate != nullptr ? allocate->views : outs;
     }
   };
   /// A read's AllocatedOutputs, for the prefix its walk found (none when row_begin is past it).

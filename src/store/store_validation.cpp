@@ -13,12 +13,6 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-void check_kind(ActivationKind kind, const char* name) {
-  if (!is_valid(kind)) {
-    throw InvalidArgument(std::string(name) + " has an unknown value " +
-                          str(static_cast<int>(kind)));
-  }
-}
 
 // Every condition of check_view in one expression, without a call or a string: the accepted
 // view, which is every view of a correct caller, costs a few compares. The limits are
@@ -40,6 +34,13 @@ bool view_is_valid(const TensorView& v, bool device_ok) noexcept {
 }
 
 }  // namespace
+
+void check_kind(ActivationKind kind, const char* name) {
+  if (!is_valid(kind)) {
+    throw InvalidArgument(std::string(name) + " has an unknown value " +
+                          str(static_cast<int>(kind)));
+  }
+}
 
 void check_view(const TensorView& view, const char* name, bool device_ok) {
   if (view_is_valid(view, device_ok)) [[likely]]

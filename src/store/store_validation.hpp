@@ -24,6 +24,9 @@ void check_view(const TensorView& view, const char* name, bool device_ok);
 void check_store_arguments(int64_t n_tokens, const TensorView& hidden, const StoreOptions& opt,
                            bool device_ok);
 
+/// A kind inside the enum (InvalidArgument naming `name` and the value otherwise).
+void check_kind(ActivationKind kind, const char* name);
+
 /// row_begin >= 0, a valid kind.
 void check_retrieve_options(const RetrieveOptions& opt);
 
