@@ -416,6 +416,10 @@ void ReadPipeline::restore_walks(std::span<Walk> walks, std::span<const ReadItem
   // The pins of a walk whose jobs are all in one group move into it; groups sharing a walk (its
   // outputs on several devices) or holding several walks share or copy them.
   // Pins on the heap move; pins in a batch's arena are copied out (the arena dies with the call).
+  if (groups.empty()) {  // host outputs only (the common call): nothing to hand on
+    for (Walk& w : walks) w.pinned.clear();
+    return;
+  }
   std::pmr::memory_resource* const heap = std::pmr::new_delete_resource();
   std::vector<std::shared_ptr<Walk::Pins>> walk_pins(walks.size());
   const auto pins_of = [&](size_t i) {
