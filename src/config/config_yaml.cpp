@@ -218,8 +218,18 @@ std::string plain_double(double value) {
 
 std::string yaml_quoted(std::string_view text) {
   // Double-quoted YAML: a password or path may hold characters YAML would otherwise read.
+  // Control characters are escaped (\xHH): a raw line break inside a double-quoted scalar is
+  // folded into a space when read back, so the value would not round-trip.
+  static constexpr char kHex[] = "0123456789abcdef";
   std::string q = "\"";
   for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      q += "\\x";
+      q += kHex[byte >> 4];
+      q += kHex[byte & 0xf];
+      continue;
+    }
     if (c == '"' || c == '\\') q += '\\';
     q += c;
   }

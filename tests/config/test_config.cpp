@@ -631,3 +631,24 @@ TEST(ConfigToYaml, AwkwardDoublesRoundTripExactly) {
 }
 
 }  // namespace
+
+namespace hss {
+namespace {
+
+// Found by the config fuzzer (2026-12-03): a line break inside a string value was written raw
+// into its double-quoted scalar, which YAML folds into a space when read back.
+TEST(Config, StringsWithControlCharactersRoundTripThroughToYaml) {
+  const std::string odd = std::string("a\nb\tc\rd\x01") + '\x7f' + "e\\\"f\xff";
+  Config c;
+  c.local_disk = "/tmp/" + odd;
+  c.hidden_state_mac_key_file = odd + std::string(1, '\0') + "g";
+  const std::string yaml = c.to_yaml();
+  const Config again = Config::from_yaml(yaml);
+  EXPECT_EQ(again.local_disk, c.local_disk);
+  EXPECT_EQ(again.hidden_state_mac_key_file, c.hidden_state_mac_key_file);
+  EXPECT_EQ(again.to_yaml(), yaml);
+  EXPECT_EQ(yaml.find("a\nb"), std::string::npos) << yaml;  // escaped, not raw
+}
+
+}  // namespace
+}  // namespace hss
