@@ -272,9 +272,21 @@ uint64_t Config::kv_pool_bytes() const { return gib_to_bytes(max_local_cpu_size)
 uint64_t Config::disk_tier_bytes() const { return gib_to_bytes(max_local_disk_size); }
 
 std::string Config::hidden_state_disk_dir() const {
-  // LMCache writes local_disk as "file:///path/" or a plain path; validate() rejects the rest.
-  std::string dir = hidden_state_disk_path.empty() ? local_disk : hidden_state_disk_path;
-  if (dir.starts_with("file://")) dir.erase(0, 7);
+  // Read as LMCache's _parse_local_disk reads local_disk: comma-separated paths, each maybe
+  // prefixed with file:// (stripped, so "file://local_disk/" is relative). Hidden states take the
+  // first (an engine that stripes KV over several disks keeps its hidden states on one).
+  const std::string& value = hidden_state_disk_path.empty() ? local_disk : hidden_state_disk_path;
+  std::string dir;
+  size_t at = 0;
+  while (dir.empty() && at <= value.size()) {
+    const size_t comma = std::min(value.find(',', at), value.size());
+    std::string_view part(value.data() + at, comma - at);
+    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.front()))) part.remove_prefix(1);
+    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.back()))) part.remove_suffix(1);
+    if (part.starts_with("file://")) part.remove_prefix(7);
+    dir = std::string(part);
+    at = comma + 1;
+  }
   if (dir.empty()) return dir;
   if (dir.back() != '/') dir += '/';
   return dir + "hsstore";

@@ -211,20 +211,29 @@ void check_gib(double gib, const KeyCheck& check) {
   if (gib * kBytesPerGiB >= kUint64Limit) check.fail("must be less than 2^34 GiB");
 }
 
-/// local_disk, hidden_state_disk_path: empty, a plain path, or a file:// URL of an absolute path
-/// (LMCache's spelling). Config::hidden_state_disk_dir turns it into the tier's directory.
+/// local_disk, hidden_state_disk_path: read as LMCache's _parse_local_disk reads local_disk (a
+/// path, or several comma-separated, each optionally prefixed with file://, which is stripped:
+/// "file://local_disk/" is the relative "local_disk/"), so a config LMCache accepts is never
+/// rejected here. Config::hidden_state_disk_dir takes the first path. Refused: a NUL byte (no
+/// path holds one), another URL scheme, a list with no path in it.
 void check_disk_path(const std::string& path, const KeyCheck& check) {
   if (path.empty()) return;
   if (path.find('\0') != std::string::npos) check.fail("must not contain a NUL byte");
-  if (path.starts_with("file://")) {
-    if (path.size() == 7 || path[7] != '/') {
-      check.fail("must be a plain path or a file:// URL of an absolute path (file:///dir/)");
+  bool any = false;
+  size_t at = 0;
+  while (at <= path.size()) {
+    const size_t comma = std::min(path.find(',', at), path.size());
+    std::string_view part(path.data() + at, comma - at);
+    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.front()))) part.remove_prefix(1);
+    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.back()))) part.remove_suffix(1);
+    if (part.starts_with("file://")) part.remove_prefix(7);
+    if (part.find("://") != std::string_view::npos) {
+      check.fail("must be a path or file:// paths, comma-separated (no other URL scheme)");
     }
-    return;
+    any = any || !part.empty();
+    at = comma + 1;
   }
-  if (path.find("://") != std::string::npos) {
-    check.fail("must be a plain path or a file:// URL (no other scheme)");
-  }
+  if (!any) check.fail("names no directory");
 }
 
 /// A rule "lo <= value <= hi" with its message.
@@ -264,8 +273,9 @@ constexpr std::array kKeys = {
         "GiB, KV pool (`LocalCpuBackend`)"),
     key<OptionalStringCodec>("local_disk", HSS_MEMBER(local_disk),
         [](const Config& c, const KeyCheck& k) { check_disk_path(c.local_disk, k); },
-        "directory of the local disk tier (`file:///path/` or a plain path); hidden states go "
-        "in its subdirectory `hsstore/`. Null: no disk tier"),
+        "directory of the local disk tier, read as LMCache reads it (a path or comma-separated "
+        "paths, each maybe `file://`-prefixed; hidden states take the first); they go in its "
+        "subdirectory `hsstore/`. Null: no disk tier"),
     key<GiBCodec>("max_local_disk_size", HSS_MEMBER(max_local_disk_size),
         [](const Config& c, const KeyCheck& k) {
           check_gib(c.max_local_disk_size, k);
