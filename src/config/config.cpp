@@ -276,18 +276,9 @@ std::string Config::hidden_state_disk_dir() const {
   // prefixed with file:// (stripped, so "file://local_disk/" is relative). Hidden states take the
   // first (an engine that stripes KV over several disks keeps its hidden states on one).
   const std::string& value = hidden_state_disk_path.empty() ? local_disk : hidden_state_disk_path;
-  std::string dir;
-  size_t at = 0;
-  while (dir.empty() && at <= value.size()) {
-    const size_t comma = std::min(value.find(',', at), value.size());
-    std::string_view part(value.data() + at, comma - at);
-    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.front()))) part.remove_prefix(1);
-    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.back()))) part.remove_suffix(1);
-    if (part.starts_with("file://")) part.remove_prefix(7);
-    dir = std::string(part);
-    at = comma + 1;
-  }
-  if (dir.empty()) return dir;
+  const std::vector<std::string_view> dirs = detail::disk_paths(value);
+  if (dirs.empty()) return {};
+  std::string dir(dirs.front());
   if (dir.back() != '/') dir += '/';
   return dir + "hsstore";
 }

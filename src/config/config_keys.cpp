@@ -219,21 +219,13 @@ void check_gib(double gib, const KeyCheck& check) {
 void check_disk_path(const std::string& path, const KeyCheck& check) {
   if (path.empty()) return;
   if (path.find('\0') != std::string::npos) check.fail("must not contain a NUL byte");
-  bool any = false;
-  size_t at = 0;
-  while (at <= path.size()) {
-    const size_t comma = std::min(path.find(',', at), path.size());
-    std::string_view part(path.data() + at, comma - at);
-    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.front()))) part.remove_prefix(1);
-    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.back()))) part.remove_suffix(1);
-    if (part.starts_with("file://")) part.remove_prefix(7);
-    if (part.find("://") != std::string_view::npos) {
+  const std::vector<std::string_view> dirs = disk_paths(path);
+  for (const std::string_view dir : dirs) {
+    if (dir.find("://") != std::string_view::npos) {
       check.fail("must be a path or file:// paths, comma-separated (no other URL scheme)");
     }
-    any = any || !part.empty();
-    at = comma + 1;
   }
-  if (!any) check.fail("names no directory");
+  if (dirs.empty()) check.fail("names no directory");
 }
 
 /// A rule "lo <= value <= hi" with its message.
@@ -533,6 +525,21 @@ void KeyCheck::fail(std::string_view key, std::string_view problem) const {
   std::string text =
       it != origins_.end() && !spec->secret ? it->second.text : spec->describe(config_);
   fail_config_key(key, problem, text, origin(key));
+}
+
+std::vector<std::string_view> disk_paths(std::string_view value) {
+  std::vector<std::string_view> dirs;
+  size_t at = 0;
+  while (at <= value.size()) {
+    const size_t comma = std::min(value.find(',', at), value.size());
+    std::string_view part = value.substr(at, comma - at);
+    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.front()))) part.remove_prefix(1);
+    while (!part.empty() && std::isspace(static_cast<unsigned char>(part.back()))) part.remove_suffix(1);
+    if (part.starts_with("file://")) part.remove_prefix(7);
+    if (!part.empty()) dirs.push_back(part);
+    at = comma + 1;
+  }
+  return dirs;
 }
 
 void validate_keys(const Config& config, const KeyOrigins& origins) {

@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "hss/config.hpp"
 
@@ -79,6 +80,11 @@ class KeyCheck {
   const KeyOrigins& origins_;
   std::string_view key_;
 };
+
+/// The directories a local_disk value names, read as LMCache 0.5.6's _parse_local_disk reads
+/// it: comma-separated, each part trimmed and maybe prefixed with file:// (stripped, so
+/// "file://local_disk/" is relative); empty parts are skipped. Views into `value`.
+[[nodiscard]] std::vector<std::string_view> disk_paths(std::string_view value);
 
 /// Runs every row's validator in table order; the first failure throws ConfigError.
 void validate_keys(const Config& config, const KeyOrigins& origins);

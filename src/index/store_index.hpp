@@ -157,6 +157,12 @@ struct KeyRecord {
     }
     return nullptr;
   }
+  /// True when `slot` holds a published entry of exactly `rows` rows (a tier read-through or a
+  /// transfer export takes nothing less).
+  [[nodiscard]] bool holds_ready(Slot slot, int64_t rows) const {
+    const EntryRef* entry = find(slot);
+    return entry != nullptr && (*entry)->ready() && (*entry)->rows == rows;
+  }
   /// True when no slot may be evicted now (a copy into it is pending or in flight).
   [[nodiscard]] bool busy() const {
     for (const EntryRef& entry : slots) {

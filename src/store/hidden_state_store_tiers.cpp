@@ -20,11 +20,6 @@ namespace hss::detail {
 
 namespace {
 
-bool held_ready(const detail::KeyRecord* record, Slot slot, int64_t rows) {
-  const EntryRef* entry = record != nullptr ? record->find(slot) : nullptr;
-  return entry != nullptr && (*entry)->ready() && (*entry)->rows == rows;
-}
-
 // A tier checks what it returns (tiers/backing_tier.hpp); the store still takes only a value of
 // the chunk's rows in a storage type whose payload is exactly rows x cols elements, so that no
 // tier's slip becomes an exception out of a retrieve or rows served short.
@@ -58,7 +53,7 @@ size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
       detail::KeyRecord* record = store_.index.find(chunks[i].key);
       if (record != nullptr) record->guard = guard;
       for (const Slot& slot : slots) {
-        if (held_ready(record, slot, chunks[i].size())) continue;
+        if (record != nullptr && record->holds_ready(slot, chunks[i].size())) continue;
         from = std::min(from, i);
         if (store_.config.slot_allowed(slot.kind, slot.layer_idx)) missing.push_back({i, slot});
       }
@@ -117,7 +112,7 @@ int64_t TierReadThrough::coverage_with_tiers(std::span<const Chunk> chunks,
     for (size_t i = from; i < end; ++i) {
       const detail::KeyRecord* record = store_.index.find(chunks[i].key);
       for (const Slot& slot : slots) {
-        if (held_ready(record, slot, chunks[i].size())) continue;
+        if (record != nullptr && record->holds_ready(slot, chunks[i].size())) continue;
         requests.push_back({chunks[i].key, slot, chunks[i].size(), 0});
         chunk_of.push_back(i);
       }

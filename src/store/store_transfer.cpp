@@ -28,11 +28,6 @@ constexpr std::chrono::milliseconds kMaxLease{3600000};
 // need 2^26; a real producer merges adjacent granules into one extent).
 constexpr size_t kMaxExtentsPerEntry = size_t{1} << 26;
 
-bool held_ready(const detail::KeyRecord* record, Slot slot, int64_t rows) {
-  const EntryRef* entry = record != nullptr ? record->find(slot) : nullptr;
-  return entry != nullptr && (*entry)->ready() && (*entry)->rows == rows;
-}
-
 // The entry's granules as absolute extents, adjacent ones merged.
 std::vector<Extent> entry_extents(const detail::Entry& entry, const detail::BlockPool& pool) {
   std::vector<Extent> extents;
@@ -148,7 +143,7 @@ std::pair<size_t, size_t> StoreTransfer::missing_range(std::span<const Chunk> ch
     for (size_t i = 0; i < chunks.size() && from == chunks.size(); ++i) {
       const detail::KeyRecord* record = store_.index.find(chunks[i].key);
       for (const Slot& slot : slots) {
-        if (!held_ready(record, slot, chunks[i].size())) {
+        if (record == nullptr || !record->holds_ready(slot, chunks[i].size())) {
           from = i;
           break;
         }
