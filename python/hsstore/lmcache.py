@@ -22,6 +22,7 @@ on the workers' ``PYTHONPATH``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 import weakref
@@ -33,6 +34,32 @@ from . import _hsstore
 __all__ = ["HiddenStateStore", "install", "uninstall", "installed"]
 
 _GIB = 1024**3
+
+
+class _ReleasedStore:
+    """What a drop-in store holds after interpreter exit released its native store: every call
+    says so (a daemon thread of LMCache's may still call in while the interpreter stops)."""
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"hsstore.lmcache: {name}() after the interpreter's exit released the store")
+
+
+# Every drop-in store alive, closed and released at interpreter exit: LMCache 0.5.6 keeps its
+# engine (and so the store) reachable from threads and registries it never stops (its lookup
+# server's thread, PeriodicThreadRegistry), so without this the native store outlived the
+# interpreter's last collection (nanobind's "leaked instance" warnings) and its write-behind
+# was never finished.
+_live: "weakref.WeakSet[HiddenStateStore]" = weakref.WeakSet()
+
+
+@atexit.register
+def _release_live_stores() -> None:
+    for store in list(_live):
+        _live.discard(store)
+        store._release()
 
 
 def _native_key(key: Any) -> _hsstore.CacheEngineKey:
@@ -47,6 +74,34 @@ def _native_key(key: Any) -> _hsstore.CacheEngineKey:
         kv_dtype=key.dtype,
         fmt=fmt,
     )
+
+
+def _native_config(config: Any) -> _hsstore.Config:
+    """hsstore's config of the drop-in: every hsstore key LMCache's config has as an attribute
+    (chunk_size, max_hidden_state_cpu_size, ...), then hsstore keys LMCache has no attribute for
+    (hidden_state_mac_key_file, hidden_state_remote_url, ...) from its ``extra_config`` (LMCache's
+    free-form dict: ``extra_config:`` in its YAML, ``LMCACHE_EXTRA_CONFIG``, or
+    ``"lmcache.extra_config": {...}`` in vLLM's kv_connector_extra_config). An attribute wins over
+    an extra_config entry of the same name. Validated as any hsstore config (ConfigError)."""
+    if isinstance(config, (dict, str, _hsstore.Config)) or config is None:
+        return _hsstore.Config(config)
+    values: Dict[str, Any] = {}
+    found_any = False
+    for key in _hsstore.Config.keys():
+        if hasattr(config, key):
+            found_any = True
+            value = getattr(config, key)
+            if value is not None:
+                values[key] = value
+    extra = getattr(config, "extra_config", None)
+    if isinstance(extra, dict):
+        for key in _hsstore.Config.keys():
+            if key not in values and not hasattr(config, key) and extra.get(key) is not None:
+                values[key] = extra[key]
+                found_any = True
+    if not found_any:
+        return _hsstore.Config(config)  # its error message names what was expected
+    return _hsstore.Config(values)
 
 
 class _KVPresence:
@@ -71,7 +126,8 @@ class HiddenStateStore:
     Args:
         config: LMCache engine config (LMCacheEngineConfig or anything with its attributes).
             Reads enable_hidden_state_cache, max_hidden_state_cpu_size (GB),
-            hidden_state_layers and chunk_size.
+            hidden_state_layers and chunk_size, and hsstore's own keys from its extra_config
+            (``{"hidden_state_mac_key_file": "/etc/hss/mac.key"}``, say: _native_config).
         token_database: the engine's TokenDatabase, so chunk boundaries and keys match KV.
     """
 
@@ -85,7 +141,7 @@ class HiddenStateStore:
             raise ValueError(
                 "max_hidden_state_cpu_size must be > 0 when enable_hidden_state_cache=True"
             )
-        native_config = _hsstore.Config(config)
+        native_config = _native_config(config)
         # The native store needs a token database of its own; this one is only a formality,
         # every call below passes LMCache's chunks.
         self._native_token_database = _hsstore.ChunkedTokenDatabase(native_config)
@@ -100,6 +156,7 @@ class HiddenStateStore:
         self._call = threading.local()
         self._stored_keys: Dict[_hsstore.CacheEngineKey, Any] = {}
         self._stored_keys_lock = threading.Lock()
+        _live.add(self)
 
     # -- wiring --------------------------------------------------------------------------------
 
@@ -173,6 +230,21 @@ class HiddenStateStore:
         self._store.close()
         with self._stored_keys_lock:
             self._stored_keys.clear()
+
+    def _release(self) -> None:
+        """Closes the store (its tiers finish their write-behind) and drops the native objects,
+        so nothing native outlives the interpreter; later calls raise RuntimeError."""
+        with contextlib.suppress(Exception):
+            self._store.bind_storage_manager(None)
+        with contextlib.suppress(Exception):
+            self._store.close()
+        with self._stored_keys_lock:
+            self._stored_keys.clear()
+        released = _ReleasedStore()
+        self._store = released
+        self._allocator = released
+        self._native_token_database = None
+        self._storage_manager = None
 
     # -- LMCache's private helpers that its tests use -------------------------------------------
 

@@ -20,7 +20,7 @@ DIM = 16
 
 
 class RealEngine:
-    def __init__(self, *, layers=None, enable=True, instance="hsstore_dropin"):
+    def __init__(self, *, layers=None, enable=True, instance="hsstore_dropin", extra_config=None):
         self.config = LMCacheEngineConfig.from_defaults(
             chunk_size=CHUNK,
             local_cpu=True,
@@ -35,6 +35,7 @@ class RealEngine:
             enable_async_loading=False,
             use_layerwise=False,
             lmcache_instance_id=instance,
+            extra_config=extra_config,
         )
         self.metadata = LMCacheMetadata(
             model_name="test_model", world_size=1, local_world_size=1, worker_id=0,

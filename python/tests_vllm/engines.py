@@ -140,13 +140,17 @@ def engine(model_dir: pathlib.Path, hs: Any, *, lmcache: Optional[Dict[str, Any]
 
 
 def generate(llm: Any, prompts: Sequence[List[int]], *, max_tokens: int = 1,
-             skip_prefix_cache: bool = False) -> List[Any]:
-    """Greedy generation from token-id prompts, in order."""
+             skip_prefix_cache: bool = False,
+             kv_transfer_params: Optional[Dict[str, Any]] = None) -> List[Any]:
+    """Greedy generation from token-id prompts, in order (`kv_transfer_params`: the requests'
+    kv_transfer_params, as a P/D router sets them)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    extra_args = {"kv_transfer_params": dict(kv_transfer_params)} if kv_transfer_params else None
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False,
-                            skip_reading_prefix_cache=skip_prefix_cache or None)
+                            skip_reading_prefix_cache=skip_prefix_cache or None,
+                            extra_args=extra_args)
     return llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
                         use_tqdm=False)
 

@@ -6,9 +6,11 @@ fd 1, which goes to stderr here). Also the driver's side, for the test and bench
 EngineProcess (one such process) and Redis (a throw-away redis-server).
 
     python pd_engine.py '{"model": DIR, "redis_port": P, "nixl": {...}, "layers": [...],
-                          "step_tokens": N, "lookup_timeout_ms": MS}'
+                          "step_tokens": N, "lookup_timeout_ms": MS,
+                          "lmcache_extra": {...}}'      (optional: LMCache's extra_config)
 
-Commands: {"cmd": "generate", "prompt": [...], "skip_prefix_cache": bool, "save": PATH} (the
+Commands: {"cmd": "generate", "prompt": [...], "skip_prefix_cache": bool, "save": PATH,
+"kv_transfer_params": {...}} (the request's kv_transfer_params, optional; the
 prompt's hidden states go to PATH with torch.save; the reply has the output, num_cached_tokens,
 the seconds from generate() to take() returning the whole prompt's rows, the request's counter
 deltas, the LMCache chunk keys and the NIXL agent's stats), {"cmd": "stats"},
@@ -103,9 +105,11 @@ class EngineProcess:
         self.proc.stdin.flush()
         return self.read()
 
-    def generate(self, prompt, path: pathlib.Path, skip_prefix_cache: bool = False) -> dict:
+    def generate(self, prompt, path: pathlib.Path, skip_prefix_cache: bool = False,
+                 kv_transfer_params: dict = None) -> dict:
         reply = self.send(cmd="generate", prompt=prompt, save=str(path),
-                          skip_prefix_cache=skip_prefix_cache)
+                          skip_prefix_cache=skip_prefix_cache,
+                          kv_transfer_params=kv_transfer_params)
         import torch
 
         reply["states"] = torch.load(path)
@@ -143,6 +147,8 @@ def main() -> None:
     lmcache = engines.lmcache_config(remote_url=f"redis://127.0.0.1:{spec['redis_port']}",
                                      remote_serde="naive",
                                      lookup_timeout_ms=spec["lookup_timeout_ms"])
+    if spec.get("lmcache_extra"):
+        lmcache["extra_config"] = spec["lmcache_extra"]
 
     def reply(obj) -> None:
         replies.write(json.dumps(obj) + "\n")
@@ -166,7 +172,8 @@ def main() -> None:
                 before = counters()
                 started = time.perf_counter()
                 out = engines.generate(llm, [cmd["prompt"]],
-                                       skip_prefix_cache=cmd.get("skip_prefix_cache", False))[0]
+                                       skip_prefix_cache=cmd.get("skip_prefix_cache", False),
+                                       kv_transfer_params=cmd.get("kv_transfer_params"))[0]
                 states = hs.take(out)
                 seconds = time.perf_counter() - started
                 after = counters()

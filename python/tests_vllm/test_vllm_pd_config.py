@@ -5,7 +5,7 @@ import pytest
 
 import hsstore
 import hsstore.vllm
-from hsstore.vllm.transfer import parse_options, pull_timeout_ms
+from hsstore.vllm.transfer import parse_options, pull_timeout_ms, request_producer
 
 pytest.importorskip("nixl", reason="the nixl package is not in this venv (scripts/vllm_venv.lock)")
 
@@ -43,6 +43,8 @@ def test_options_map_to_hsstore_transfer_keys():
     ({"listen": "no-port"}, hsstore.ConfigError, "hidden_state_transfer_listen"),
     ({"producer": "h:1", "timeout_ms": 0}, hsstore.ConfigError, "hidden_state_transfer_timeout_ms"),
     ({"listen": "h:1", "backend": "U C X"}, hsstore.ConfigError, "hidden_state_transfer_backend"),
+    ({"pull": False}, ValueError, "needs 'listen'"),
+    ({"pull": "yes"}, ValueError, "'pull' must be true or false"),
 ])
 def test_bad_values_fail_at_configuration_time_naming_the_key(value, error, match):
     with pytest.raises(error, match=match):
@@ -66,3 +68,25 @@ def test_a_pull_is_bounded_below_lmcaches_lookup_timeout():
     with pytest.raises(ValueError, match=r"timeout_ms \(3000\) must be below LMCache's "
                                          r"lookup_timeout_ms \(3000\)"):
         pull_timeout_ms(parse_options({"producer": "h:1", "timeout_ms": 3000}), 3000)
+
+
+def test_the_producer_a_request_names():
+    # kv_transfer_params, as a router sets them: "hsstore.producer", or NixlConnector's
+    # remote_host with hsstore's port (the request's, else the configured producer's); None:
+    # the configured producer. NixlConnector's remote_port is its side channel, never used.
+    decode = parse_options({"producer": "prefill-a:5555"})
+    assert request_producer({"hsstore.producer": "prefill-b:6000"}, decode) == "prefill-b:6000"
+    assert request_producer({"remote_host": "prefill-b", "remote_port": 1}, decode) == (
+        "prefill-b:5555")
+    assert request_producer({"remote_host": "prefill-b", "hsstore.producer_port": 6000},
+                            decode) == "prefill-b:6000"
+    assert request_producer({"do_remote_prefill": True}, decode) is None
+    assert request_producer(None, decode) is None
+    # No default producer: "pull": true; remote_host then needs the request's port.
+    pull_only = parse_options({"pull": True})
+    assert pull_only.pull and pull_only.producer is None and not pull_only.serve
+    assert request_producer({"hsstore.producer": "p:1"}, pull_only) == "p:1"
+    assert request_producer({"remote_host": "p"}, pull_only) is None
+    # An engine that only serves, or has no hsstore.nixl, ignores the name.
+    assert request_producer({"hsstore.producer": "p:1"}, parse_options({"listen": "h:1"})) is None
+    assert request_producer({"hsstore.producer": "p:1"}, None) is None

@@ -132,7 +132,9 @@ class HiddenStates:
         worker_init: "module:function" to call in each worker before LMCache starts.
         nixl: prefill/decode over NIXL (hsstore.vllm.transfer): {"listen": "host:port"} serves
             this engine's hidden states, {"producer": "host:port"} pulls those a KV hit lacks
-            from that engine before the hit is capped. Needs LMCache and store="hsstore".
+            from that engine before the hit is capped, unless the request's kv_transfer_params
+            name another ("hsstore.producer"; {"pull": True}: no default). Needs LMCache and
+            store="hsstore".
     """
 
     def __init__(self, layers: Sequence[LayerSpec] = (FINAL,), *, lmcache: bool = True,

@@ -10,7 +10,9 @@ truncated prefix.
 Both cap every prefix hit at the chunk-aligned hidden-state coverage of every required layer:
 
 * LMCache's hit (``get_num_new_matched_tokens``): the worker's ``LMCacheEngine.lookup``, which
-  LMCache's lookup server calls, answers min(KV hit, hidden-state coverage) (LMCache#4824).
+  LMCache's lookup server calls, answers min(KV hit, hidden-state coverage) (LMCache#4824). With
+  ``enable_async_loading``, the async lookup server's answer is capped the same way when the
+  prefetch is done (``cap_async_lookups``); until then LMCache answers None and vLLM waits.
 * vLLM's own prefix-cache hit: the scheduler's ``KVCacheManager.get_computed_blocks`` (bound to
   the connector by vLLM) is truncated at the same coverage, asked through LMCache's lookup, or of
   the worker's store when it shares the scheduler's process.
@@ -29,7 +31,13 @@ Configuration is ``kv_connector_extra_config`` (hsstore.vllm.HiddenStates writes
     hsstore.nixl          prefill/decode over NIXL (HiddenStateLMCacheConnector, hsstore's store):
                           {"listen": "host:port"} serves this worker's hidden states,
                           {"producer": "host:port"} pulls the ones a KV hit lacks from there
-                          before the hit is capped (hsstore.vllm.transfer has the keys)
+                          before the hit is capped, {"pull": true} only from the producer a
+                          request names in kv_transfer_params ("hsstore.producer", or
+                          "remote_host" + "hsstore.producer_port"; hsstore.vllm.transfer has the
+                          keys)
+
+hsstore's own store keys (a MAC key, a Redis tier) come from LMCache's config for the drop-in:
+``"lmcache.extra_config": {"hidden_state_mac_key_file": ...}`` (hsstore.lmcache).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -48,7 +56,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCac
 
 from .capture import PromptCapture
 from .layers import check_specs, resolve_layers
-from .transfer import HiddenStateTransfer, parse_options
+from .transfer import PRODUCER_CONFIG, HiddenStateTransfer, parse_options, request_producer
 
 __all__ = ["HiddenStateConnector", "HiddenStateLMCacheConnector", "worker_connector"]
 
@@ -58,6 +66,15 @@ logger = logging.getLogger("hsstore.vllm")
 # and a scheduler in the same process asks the store for coverage.
 _WORKERS: Dict[str, "_HiddenStates"] = {}
 _COUNTERS: Dict[str, Any] = {}
+
+
+def producer_of(request_configs: Any) -> Optional[str]:
+    """The producer a request named (kv_transfer_params, carried to the worker's lookup in
+    LMCache's request configs by the scheduler side: HiddenStateLMCacheConnector)."""
+    if isinstance(request_configs, dict):
+        value = request_configs.get(PRODUCER_CONFIG)
+        return str(value) if value else None
+    return None
 
 
 def worker_connector(engine_id: Optional[str] = None) -> "_HiddenStates":
@@ -99,10 +116,12 @@ class _HiddenStates:
         self.store: Any = None
         self.capture: Optional[PromptCapture] = None
         self.transfer: Optional[HiddenStateTransfer] = None
+        self._async_sender: Any = None  # cap_async_lookups' response thread
         # One set of counters per engine and process: a scheduler that shares its worker's
         # process (in-process engines, vLLM's default engine core) counts into the same one.
         self.lock, self.counters = _COUNTERS.setdefault(self.engine_id, (threading.Lock(), {
-            "lookups": 0, "lookup_hits_capped": 0, "lookup_tokens_capped": 0,
+            "lookups": 0, "async_lookups": 0, "lookup_hits_capped": 0,
+            "lookup_tokens_capped": 0,
             "local_hits_capped": 0, "local_tokens_capped": 0,
             # hsstore.nixl pulls (decode side): attempts, chunks brought, misses, time.
             "pulls": 0, "pulled_chunks": 0, "pulls_missed": 0, "pull_ns": 0}))
@@ -139,7 +158,14 @@ class _HiddenStates:
         if transfer is not None:
             transfer.close()
 
+    def stop_async_sender(self) -> None:
+        """Answers the async lookups still queued, then stops the response thread."""
+        sender, self._async_sender = self._async_sender, None
+        if sender is not None:
+            sender.shutdown(wait=True)
+
     def unregister(self) -> None:
+        self.stop_async_sender()
         self.close_transfer()
         if _WORKERS.get(self.engine_id) is self:
             del _WORKERS[self.engine_id]
@@ -171,12 +197,28 @@ class _HiddenStates:
 
     # -- caps -----------------------------------------------------------------------------------
 
+    def cap_hit(self, chunks: List[Any], hit: int, producer: Optional[str] = None) -> int:
+        """min(hit, hidden-state coverage of every label) over `chunks` (LMCache's (start, end,
+        key) of the request). With a producer (the request's, else hsstore.nixl's), the chunks
+        of the hit the store lacks are pulled from it first."""
+        if hit <= 0:
+            return hit
+        chunks = [chunk for chunk in chunks if chunk[0] < hit]
+        covered = self.store.coverage(chunks, self.labels)
+        if covered < hit and self.transfer is not None:
+            self.transfer.fill(chunks, self.labels, hit, producer)
+            covered = self.store.coverage(chunks, self.labels)
+        if covered < hit:
+            self.count(lookup_hits_capped=1, lookup_tokens_capped=hit - covered)
+            return covered
+        return hit
+
     def cap_lmcache_lookups(self, engine: Any) -> None:
-        """Wraps engine.lookup (LMCache's lookup server calls it, on its own thread): the hit is
-        at most the hidden-state coverage of every label. With a producer (hsstore.nixl), the
-        chunks of the hit the store lacks are pulled from it first."""
+        """Wraps engine.lookup (LMCache's synchronous lookup server calls it, on its own thread;
+        so does a scheduler-bypass lookup sharing the worker's engine): the hit is at most the
+        hidden-state coverage of every label (cap_hit)."""
         original = engine.lookup
-        store, labels, token_database = self.store, self.labels, engine.token_database
+        token_database = engine.token_database
 
         def lookup(tokens=None, hashes=None, offsets=None, search_range=None, lookup_id=None,
                    pin=False, request_configs=None):
@@ -193,16 +235,70 @@ class _HiddenStates:
                 if chunk[0] >= hit:
                     break
                 chunks.append(chunk)
-            covered = store.coverage(chunks, labels)
-            if covered < hit and self.transfer is not None:
-                self.transfer.fill(chunks, labels, hit)
-                covered = store.coverage(chunks, labels)
-            if covered < hit:
-                self.count(lookup_hits_capped=1, lookup_tokens_capped=hit - covered)
-                return covered
-            return hit
+            return self.cap_hit(chunks, hit, producer_of(request_configs))
 
         engine.lookup = lookup
+
+    def cap_async_lookups(self, engine: Any, server: Any) -> None:
+        """LMCache's async lookup (``enable_async_loading``): the scheduler's
+        LMCacheAsyncLookupClient sends the request's chunk hashes to every worker's
+        LMCacheAsyncLookupServer, which calls engine.async_lookup_and_prefetch; the storage
+        manager answers, when the prefetch is done, with server.send_response_to_scheduler(
+        lookup_id, hit) from its event loop, and until then the client answers None ("not yet":
+        vLLM skips the request this step). Both are wrapped: the first keeps the request's chunks
+        by lookup id, the second caps the hit it sends (cap_hit) on a thread of its own, so a
+        pull never stalls LMCache's event loop. Every response goes through that one thread (a
+        ZMQ socket is used by one thread at a time). A capped hit leaves prefetched KV chunks
+        unused: LMCache's retrieve releases those past the hit, its wait_for_save cleanup the
+        rest (a hit capped to 0)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        original_lookup = engine.async_lookup_and_prefetch
+        original_send = server.send_response_to_scheduler
+        token_database = engine.token_database
+        pending: Dict[str, Any] = {}  # lookup id -> (chunks, producer)
+        pending_lock = threading.Lock()
+        sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hsstore-async-lookup")
+        self._async_sender = sender
+
+        def async_lookup_and_prefetch(lookup_id, tokens=None, hashes=None, offsets=None,
+                                      search_range=None, pin=False, request_configs=None):
+            chunks = list(token_database.process_tokens(tokens=tokens, hashes=hashes,
+                                                        offsets=offsets,
+                                                        request_configs=request_configs))
+            with pending_lock:
+                pending[lookup_id] = (chunks, producer_of(request_configs))
+            return original_lookup(lookup_id=lookup_id, tokens=tokens, hashes=hashes,
+                                   offsets=offsets, search_range=search_range, pin=pin,
+                                   request_configs=request_configs)
+
+        def respond(lookup_id, num_hit_tokens):
+            with pending_lock:
+                chunks, producer = pending.pop(lookup_id, (None, None))
+            self.count(lookups=1, async_lookups=1)
+            hit = num_hit_tokens
+            if hit > 0:
+                if chunks is None:  # not seen (a lookup sent before the wrap): unverifiable
+                    self.count(lookup_hits_capped=1, lookup_tokens_capped=hit)
+                    hit = 0
+                else:
+                    try:
+                        hit = self.cap_hit(chunks, hit, producer)
+                    except Exception:  # noqa: BLE001 (the scheduler must get an answer)
+                        logger.exception("hsstore.vllm: capping async lookup %s failed; "
+                                         "reporting no hit", lookup_id)
+                        self.count(lookup_hits_capped=1, lookup_tokens_capped=hit)
+                        hit = 0
+            original_send(lookup_id, hit)
+
+        def send_response_to_scheduler(lookup_id, num_hit_tokens):
+            try:
+                sender.submit(respond, lookup_id, num_hit_tokens)
+            except RuntimeError:  # the sender is shut down (the connector is closing)
+                original_send(lookup_id, 0)
+
+        engine.async_lookup_and_prefetch = async_lookup_and_prefetch
+        server.send_response_to_scheduler = send_response_to_scheduler
 
     def cap_local_hits(self, kv_cache_manager: Any, coverage) -> None:
         """Truncates vLLM's own prefix-cache hits at coverage(request) (None: unknown here, the
@@ -249,6 +345,7 @@ class _StepMetadata:
         return meta
 
     def shutdown(self) -> None:
+        self._hs.stop_async_sender()  # before LMCache closes the lookup server's sockets
         self._hs.close_transfer()  # first: the store's pool goes with LMCache's engine
         try:
             super().shutdown()  # type: ignore[misc]
@@ -280,14 +377,37 @@ class HiddenStateLMCacheConnector(_StepMetadata, LMCacheConnectorV1):
             self._hs.register_worker(store_for_lmcache_engine(engine))
             self._hs.start_transfer(int(engine.config.lookup_timeout_ms))
             self._hs.cap_lmcache_lookups(engine)
+            server = getattr(self._lmcache_engine, "lookup_server", None)
+            if engine.config.enable_async_loading and server is not None:
+                self._hs.cap_async_lookups(engine, server)
 
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         super().bind_kv_cache_manager(kv_cache_manager)
         self._hs.cap_local_hits(kv_cache_manager, self._lmcache_coverage)
 
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
+        self._name_producer(request)
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def _name_producer(self, request: Any) -> None:
+        """hsstore.nixl: the producer the request's kv_transfer_params name (transfer.py), put
+        where LMCache carries it to the worker's lookup: its request configs, from the
+        "lmcache.*" keys of kv_transfer_params (lmcache.hsstore.producer; not a key tag)."""
+        params = getattr(request, "kv_transfer_params", None)
+        producer = request_producer(params, self._hs.transfer_options)
+        if producer is None or params.get(PRODUCER_CONFIG) == producer:
+            return
+        params[PRODUCER_CONFIG] = producer
+        # LMCache reads sampling_params.extra_args["kv_transfer_params"] (vLLM's Request keeps
+        # the same dict as request.kv_transfer_params; set it there too should that change).
+        extra = getattr(getattr(request, "sampling_params", None), "extra_args", None)
+        if isinstance(extra, dict) and isinstance(extra.get("kv_transfer_params"), dict):
+            extra["kv_transfer_params"][PRODUCER_CONFIG] = producer
+
     def _lmcache_coverage(self, request: Any) -> Optional[int]:
         """The capped LMCache lookup (KV and hidden states both present), primed for LMCache's
         own get_num_new_matched_tokens of the same request (its lookup cache, by request id)."""
+        self._name_producer(request)
         impl = self._lmcache_engine
         client = getattr(impl, "lookup_client", None)
         if client is None:

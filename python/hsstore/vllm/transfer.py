@@ -7,6 +7,24 @@ Configuration, one key of ``kv_connector_extra_config`` (``HiddenStates(nixl=...
     prefill:  "hsstore.nixl": {"listen": "0.0.0.0:5555"}          serve this worker's pool
     decode:   "hsstore.nixl": {"producer": "prefill-host:5555"}    pull what is missing from it
 
+A router that picks the prefill host per request names it in the request's ``kv_transfer_params``
+(where vLLM's NixlConnector takes its remote host), and that producer is pulled from instead of
+the configured one::
+
+    "hsstore.producer": "prefill-b:5555"      the producer's "listen" address, or
+    "remote_host": "prefill-b"                 NixlConnector's key, with the port of
+                                               "hsstore.producer_port" (a request key) or, when
+                                               absent, of the configured "producer"
+
+(NixlConnector's ``remote_port`` is its own side channel, not hsstore's, and is not used.) A
+decode engine with no default producer says ``{"pull": true}``. Without a named producer, the
+configured ``producer`` is used; with neither, nothing is pulled. A producer that is unknown,
+malformed, dead or hung is a counted miss (``pulls_missed``) within ``timeout_ms``: the hit is
+capped and vLLM recomputes. The scheduler side carries the name to the worker's lookup in LMCache's
+request configs (key ``lmcache.hsstore.producer``: LMCache forwards ``lmcache.*`` keys of
+``kv_transfer_params`` to the lookup, and keys chunks only by ``lmcache.tag.*``, so the KV keys do
+not change).
+
 ``listen``, ``backend``, ``lease_ms`` and ``timeout_ms`` are hsstore's ``hidden_state_transfer_*``
 config keys (README, "Configuration keys"), validated by the same table; ``producer`` is the
 prefill worker's ``listen`` address. Both may be given (a worker that serves and pulls).
@@ -32,7 +50,8 @@ import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-__all__ = ["HiddenStateTransfer", "TransferOptions", "parse_options"]
+__all__ = ["PRODUCER_CONFIG", "HiddenStateTransfer", "TransferOptions", "parse_options",
+           "request_producer"]
 
 logger = logging.getLogger("hsstore.vllm")
 
@@ -43,7 +62,10 @@ _CONFIG_KEYS = {
     "lease_ms": "hidden_state_transfer_lease_ms",
     "timeout_ms": "hidden_state_transfer_timeout_ms",
 }
-_KEYS = ("producer", *_CONFIG_KEYS)
+_KEYS = ("producer", "pull", *_CONFIG_KEYS)
+# The request config (LMCache's, from kv_transfer_params' "lmcache.*" keys) that carries a
+# request's producer from the scheduler to the worker's lookup.
+PRODUCER_CONFIG = "lmcache.hsstore.producer"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +74,9 @@ class TransferOptions:
 
     config: Any  # hsstore.Config with hidden_state_transfer: nixl and the keys given
     serve: bool  # "listen" given: this worker serves its pool
-    producer: Optional[str]  # "producer" given: this worker pulls from there
+    producer: Optional[str]  # "producer" given: this worker pulls from there by default
     timeout_ms: Optional[int]  # "timeout_ms" as given (None: derived from LMCache's lookup)
+    pull: bool = False  # this worker pulls ("producer" given, or "pull": true)
 
 
 def _check_address(value: Any) -> str:
@@ -82,9 +105,12 @@ def parse_options(value: Any, *, lmcache: bool = True,
     unknown = sorted(set(value) - set(_KEYS))
     if unknown:
         raise ValueError(f"hsstore.nixl: unknown keys {unknown} (known: {list(_KEYS)})")
-    if "listen" not in value and "producer" not in value:
-        raise ValueError("hsstore.nixl needs 'listen' (prefill: serve this worker's hidden states) "
-                         "or 'producer' (decode: pull missing ones from that address), or both")
+    if "pull" in value and not isinstance(value["pull"], bool):
+        raise ValueError(f"hsstore.nixl: 'pull' must be true or false, got {value['pull']!r}")
+    if "listen" not in value and "producer" not in value and not value.get("pull"):
+        raise ValueError("hsstore.nixl needs 'listen' (prefill: serve this worker's hidden states), "
+                         "'producer' (decode: pull missing ones from that address) or 'pull': "
+                         "true (decode: pull from the producer each request names), or several")
     producer = _check_address(value["producer"]) if "producer" in value else None
     import hsstore
 
@@ -92,7 +118,31 @@ def parse_options(value: Any, *, lmcache: bool = True,
     settings.update({_CONFIG_KEYS[k]: v for k, v in value.items() if k in _CONFIG_KEYS})
     config = hsstore.Config(settings)  # the table's checks; ConfigError without nixl
     return TransferOptions(config=config, serve="listen" in value, producer=producer,
-                           timeout_ms=int(value["timeout_ms"]) if "timeout_ms" in value else None)
+                           timeout_ms=int(value["timeout_ms"]) if "timeout_ms" in value else None,
+                           pull=producer is not None or bool(value.get("pull")))
+
+
+def request_producer(params: Any, options: Optional[TransferOptions]) -> Optional[str]:
+    """The producer a request's kv_transfer_params name ("hsstore.producer", or NixlConnector's
+    "remote_host" with "hsstore.producer_port" or the configured producer's port), or None (use
+    the configured one). Not checked here: a malformed name is a counted miss when pulled."""
+    if options is None or not options.pull or not isinstance(params, dict):
+        return None
+    named = params.get("hsstore.producer")
+    if named:
+        return str(named)
+    host = params.get("remote_host")
+    if not host:
+        return None
+    port = params.get("hsstore.producer_port")
+    if port is None and options.producer is not None:
+        port = options.producer.rpartition(":")[2]
+    if port is None:
+        logger.warning("hsstore.vllm: a request names remote_host %r but no hsstore port "
+                       "(\"hsstore.producer_port\", or a configured producer): not pulling "
+                       "from it", host)
+        return None
+    return f"{host}:{port}"
 
 
 def pull_timeout_ms(options: TransferOptions, lookup_timeout_ms: int) -> int:
@@ -126,19 +176,22 @@ class HiddenStateTransfer:
         if options.serve:
             logger.info("hsstore.vllm: serving hidden states over NIXL on %s", self.agent.address)
 
-    def fill(self, chunks: Sequence[Any], labels: List[int], hit: int) -> None:
-        """Pulls, from the producer, the chunks of the hit [0, hit) that the local store lacks
-        (only those whose KV is present here); the caller then caps the hit at the coverage."""
-        if self.producer is None:
+    def fill(self, chunks: Sequence[Any], labels: List[int], hit: int,
+             producer: Optional[str] = None) -> None:
+        """Pulls, from `producer` (the request's) or the configured one, the chunks of the hit
+        [0, hit) that the local store lacks (only those whose KV is present here); the caller
+        then caps the hit at the coverage."""
+        producer = producer or self.producer
+        if producer is None:
             return
         wanted = [chunk for chunk in chunks if chunk[0] < hit]
         started = time.perf_counter_ns()
         try:
-            result = self.store.pull(self.agent, self.producer, wanted, labels, self.timeout_s)
+            result = self.store.pull(self.agent, producer, wanted, labels, self.timeout_s)
         except Exception:  # noqa: BLE001 (a pull must never break LMCache's lookup)
             self._count(pulls=1, pulls_missed=1, pull_ns=time.perf_counter_ns() - started)
             logger.exception("hsstore.vllm: pulling hidden states from %s failed; the hit is "
-                             "capped at what is held here", self.producer)
+                             "capped at what is held here", producer)
             return
         self._count(pulls=1, pulled_chunks=result.chunks_pulled,
                     pulls_missed=1 if result.missed else 0,
@@ -146,7 +199,7 @@ class HiddenStateTransfer:
         if result.missed:
             logger.warning("hsstore.vllm: pulled %d of %d chunks of hidden states from %s (%s); "
                            "the rest is recomputed", result.chunks_pulled, result.chunks_wanted,
-                           self.producer, result.missed)
+                           producer, result.missed)
 
     def stats(self) -> Dict[str, Any]:
         out: Dict[str, Any] = dict(self.agent.stats())
