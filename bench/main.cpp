@@ -50,6 +50,9 @@ constexpr Workload kWorkloads[] = {
      "memcpy; the split crossover from 256 KiB to 64 MiB"},
     {"mac", run_mac,
      "HMAC-SHA256 and xxHash3 of a 256 MiB payload (remote-value checks) vs memcpy"},
+    {"tiers", run_tiers,
+     "pool hit, cold disk hit, promotion, spill and store with the disk tier on/off vs raw "
+     "pread/pwrite of the same bytes; serial vs pooled preads (HSS_BENCH_DISK_DIR)"},
 };
 
 // The issue's targets, read off the full run's figures (host path).
@@ -97,6 +100,12 @@ std::vector<Target> issue_targets() {
        "remote/read-through f32", at(256, 4096, 16384), "raw GETs", 0.7},
       {"write-behind adds <= 5% to store time (value = on/off throughput)",
        "remote/store f32 remote on", at(256, 4096, 16384), "remote off", 0.95},
+      {"issue 32: disk hit (cold page cache) >= 0.8x the raw sequential read of the same bytes",
+       "tiers/disk hit f32 cold", at(256, 4096, 16384), "raw read", 0.8},
+      {"(the same against a raw O_DIRECT read)", "tiers/disk hit f32 cold", at(256, 4096, 16384),
+       "raw read O_DIRECT", 0.8},
+      {"issue 32: spill slows a host store by <= 5% (value = on/off throughput)",
+       "tiers/store f32 disk on", at(256, 4096, 16384), "disk off", 0.95},
   };
 }
 

@@ -2,10 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -67,47 +65,6 @@ bool is_value_name(std::string_view name) {
   if (layer.starts_with('-')) layer.remove_prefix(1);
   return !layer.empty() && layer.size() <= 19 &&
          std::ranges::all_of(layer, [](char c) { return c >= '0' && c <= '9'; });
-}
-
-/// pwritev of every byte of `iov` from offset 0; false with errno set on failure.
-bool write_all(int fd, std::vector<iovec> iov) {
-  off_t offset = 0;
-  size_t i = 0;
-  while (i < iov.size()) {
-    const int count = static_cast<int>(std::min<size_t>(iov.size() - i, IOV_MAX));
-    const ssize_t wrote = ::pwritev(fd, &iov[i], count, offset);
-    if (wrote < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    if (wrote == 0) {
-      errno = EIO;
-      return false;
-    }
-    offset += wrote;
-    auto left = static_cast<size_t>(wrote);
-    while (i < iov.size() && left >= iov[i].iov_len) left -= iov[i++].iov_len;
-    if (left > 0) {
-      iov[i].iov_base = static_cast<char*>(iov[i].iov_base) + left;
-      iov[i].iov_len -= left;
-    }
-  }
-  return true;
-}
-
-/// Reads `size` bytes from offset 0; the count read (short at end of file), -1 with errno.
-ssize_t read_all(int fd, std::byte* out, size_t size) {
-  size_t got = 0;
-  while (got < size) {
-    const ssize_t n = ::pread(fd, out + got, size - got, static_cast<off_t>(got));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  return static_cast<ssize_t>(got);
 }
 
 struct PendingWrite {
@@ -175,6 +132,16 @@ struct DiskTier::Impl {
   }
 
   bool scan();
+  /// Whether O_DIRECT opens work in the directory: a probe file created and deleted.
+  void probe_direct();
+  /// Reads go through the page cache from now on (logged once).
+  void stop_direct_reads(std::string_view op, int err);
+  /// Opens `name` and reads it whole (at most `limit` bytes) into `buffer`: O_DIRECT while
+  /// direct_reads holds, through the page cache after an EINVAL. `got` the bytes read; on
+  /// kFailed, `err` the errno and `op` the call that failed.
+  /// `opened`: a descriptor open_ahead gave for `name` (read buffered, and closed), or -1.
+  ReadOutcome read_file(const std::string& name, uint64_t limit, AlignedBuffer& buffer,
+                        int opened, size_t& got, int& err, const char*& op);
   void run();
   void write_one(PendingWrite& w);
   void unlink_discarded(std::vector<std::string> names);
@@ -186,6 +153,7 @@ struct DiskTier::Impl {
 
   DiskTierOptions opts;
   bool enabled = false;
+  std::atomic<bool> direct_reads{false};
 
   // write-behind queue
   mutable std::mutex queue_mutex;
@@ -264,6 +232,7 @@ bool DiskTier::Impl::scan() {
     bytes_held += f.bytes;
   }
   evict_locked(0);
+  probe_direct();
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                       std::chrono::steady_clock::now() - start)
                       .count();
@@ -274,6 +243,55 @@ bool DiskTier::Impl::scan() {
                              std::to_string(ms) + " ms");
   }
   return true;
+}
+
+void DiskTier::Impl::probe_direct() {
+  if (!opts.direct_reads) return;
+  const std::string probe = path(".direct-probe" + std::string(kTempMark) +
+                                 std::to_string(::getpid()));
+  const int fd = opts.io.open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT,
+                              0644);
+  if (fd >= 0) {
+    (void)opts.io.close(fd);
+    (void)::unlink(probe.c_str());
+    direct_reads = true;
+  } else if (errno == EINVAL) {  // tmpfs, some FUSE and network file systems
+    log(LogLevel::kInfo, "disk tier: " + opts.dir +
+                             " does not take O_DIRECT; reads go through the page cache");
+  } else {
+    direct_reads = true;  // a read-only directory may still be read with O_DIRECT: reads tell
+  }
+}
+
+void DiskTier::Impl::stop_direct_reads(std::string_view op, int err) {
+  if (!direct_reads.exchange(false)) return;
+  log(LogLevel::kWarn, "disk tier: O_DIRECT " + std::string(op) + " in " + opts.dir +
+                           " refused (" + std::strerror(err) +
+                           "); reads go through the page cache from now on");
+}
+
+ReadOutcome DiskTier::Impl::read_file(const std::string& name, uint64_t limit,
+                                      AlignedBuffer& buffer, int opened, size_t& got, int& err,
+                                      const char*& op) {
+  const std::string file = path(name);
+  while (true) {
+    const bool direct = opened < 0 && direct_reads.load(std::memory_order_relaxed);
+    const int fd = opened >= 0 ? opened
+                               : opts.io.open(file.c_str(),
+                                              O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0), 0);
+    opened = -1;
+    const FileRead r = fd < 0 ? FileRead{errno == ENOENT ? ReadOutcome::kGone : ReadOutcome::kFailed,
+                                         0, errno, "open"}
+                              : read_open_file(opts.io, fd, direct, limit, buffer);
+    if (r.outcome == ReadOutcome::kFailed && direct && r.err == EINVAL) {
+      stop_direct_reads(r.op, r.err);  // an alignment the device refuses: read it buffered
+      continue;
+    }
+    got = r.got;
+    err = r.err;
+    op = r.op;
+    return r.outcome;
+  }
 }
 
 void DiskTier::Impl::erase_locked(std::map<std::string, FileInfo>::iterator it, bool unlink_file) {
@@ -365,18 +383,18 @@ void DiskTier::Impl::write_one(PendingWrite& w) {
   const std::string temp = path(w.name) + std::string(kTempMark) + std::to_string(::getpid()) +
                            "." + std::to_string(temp_serial.fetch_add(1));
   constexpr int kFlags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
-  int fd = ::open(temp.c_str(), kFlags, 0644);
+  int fd = opts.io.open(temp.c_str(), kFlags, 0644);
   if (fd < 0 && errno == ENOENT && ::mkdir(opts.dir.c_str(), 0755) == 0) {
     log(LogLevel::kWarn, "disk tier: " + opts.dir + " was removed; created it again");
-    fd = ::open(temp.c_str(), kFlags, 0644);
+    fd = opts.io.open(temp.c_str(), kFlags, 0644);
   }
   if (fd < 0) {
     write_failed("create", errno);
     return;
   }
-  const bool wrote = write_all(fd, std::move(iov));
+  const bool wrote = write_all(opts.io, fd, std::move(iov));
   const int write_errno = errno;
-  if (::close(fd) != 0 || !wrote) {
+  if (opts.io.close(fd) != 0 || !wrote) {
     const int err = wrote ? errno : write_errno;
     (void)::unlink(temp.c_str());
     write_failed(wrote ? "close" : "write", err);
@@ -384,7 +402,7 @@ void DiskTier::Impl::write_one(PendingWrite& w) {
   }
   {
     std::lock_guard lock(index_mutex);
-    if (::rename(temp.c_str(), path(w.name).c_str()) != 0) {
+    if (opts.io.rename(temp.c_str(), path(w.name).c_str()) != 0) {
       const int err = errno;
       (void)::unlink(temp.c_str());
       write_failed("rename", err);
@@ -421,6 +439,9 @@ DiskTier::~DiskTier() = default;
 const std::string& DiskTier::dir() const noexcept { return impl_->opts.dir; }
 uint64_t DiskTier::budget_bytes() const noexcept { return impl_->opts.budget_bytes; }
 bool DiskTier::enabled() const noexcept { return impl_->enabled; }
+bool DiskTier::direct_reads() const noexcept {
+  return impl_->direct_reads.load(std::memory_order_relaxed);
+}
 
 std::string DiskTier::file_name(const CacheEngineKey& key, Slot slot) {
   std::string name = chunk_prefix(key);
@@ -503,56 +524,72 @@ std::vector<bool> DiskTier::contains(std::span<const TierRequest> requests) {
 void DiskTier::fetch_each(std::span<const TierRequest> requests,
                           const std::function<void(size_t, const TierValue&)>& on_value) {
   Impl& m = *impl_;
-  std::vector<std::byte> buffer;
+  AlignedBuffer buffer;
   uint64_t hits = 0, corrupt = 0, unauthenticated = 0, bytes = 0, errors = 0;
+  // Read-ahead (buffered reads only): the next files are opened and their reads started while this
+  // one is read, checked and handed over, so several reads are in flight without threads.
+  const size_t ahead = m.direct_reads.load(std::memory_order_relaxed)
+                           ? 0
+                           : static_cast<size_t>(std::max(m.opts.read_ahead_files, 0));
+  std::vector<std::string> names;
+  names.reserve(requests.size());
+  for (const TierRequest& r : requests) names.push_back(file_name(r.key, r.slot));
+  std::deque<int> opened;  // descriptors of requests [i, next_ahead)
+  size_t next_ahead = 0;
+  struct CloseRest {
+    std::deque<int>& fds;
+    const DiskIo& io;
+    ~CloseRest() {
+      for (const int fd : fds) {
+        if (fd >= 0) (void)io.close(fd);
+      }
+    }
+  } close_rest{opened, m.opts.io};
   for (size_t i = 0; i < requests.size(); ++i) {
     const TierRequest& r = requests[i];
-    const std::string name = file_name(r.key, r.slot);
+    const std::string& name = names[i];
+    while (ahead > 0 && next_ahead < requests.size() && next_ahead <= i + ahead) {
+      opened.push_back(open_ahead(m.opts.io, m.path(names[next_ahead++])));
+    }
+    int fd = -1;
+    if (!opened.empty()) {
+      fd = opened.front();
+      opened.pop_front();
+    }
     uint64_t generation = 0;
     {
       std::lock_guard lock(m.index_mutex);
       const auto it = m.files.find(name);
-      if (it == m.files.end()) continue;
+      if (it == m.files.end()) {
+        if (fd >= 0) (void)m.opts.io.close(fd);
+        continue;
+      }
       generation = it->second.generation;
       m.lru.splice(m.lru.end(), m.lru, it->second.lru);  // read: most recently used
     }
-    const int fd = ::open(m.path(name).c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      const int err = errno;
-      if (err != ENOENT) {
-        ++errors;
-        m.log_once("open", err, "such reads miss");
-      }
-      if (err == ENOENT) m.forget(name, generation);  // deleted behind our back
-      continue;
-    }
-    struct stat st{};
     // Larger than any value of the asked shape can be (float32 rows, a MAC): not read at all.
     const uint64_t limit =
         r.rows > 0 && r.cols > 0
             ? kRemoteHeaderBytes + kMacBytes + static_cast<uint64_t>(r.rows * r.cols) * 4
             : uint64_t{1} << 34;
-    bool bad = false;
-    ssize_t got = -1;
-    int read_errno = 0;
-    if (::fstat(fd, &st) != 0) {
-      read_errno = errno;
-    } else if (static_cast<uint64_t>(st.st_size) > limit) {
-      bad = true;
-    } else {
-      buffer.resize(static_cast<size_t>(st.st_size));
-      got = read_all(fd, buffer.data(), buffer.size());
-      if (got < 0) read_errno = errno;
-    }
-    ::close(fd);
-    if (read_errno != 0) {
-      ++errors;
-      m.log_once("read", read_errno, "such reads miss");
+    size_t got = 0;
+    int err = 0;
+    const char* op = "";
+    const ReadOutcome outcome = m.read_file(name, limit, buffer, fd, got, err, op);
+    if (outcome == ReadOutcome::kGone || outcome == ReadOutcome::kFailed) {
+      // Deleted behind our back, or unreadable (EIO, a bad sector): forgotten and deleted, so a
+      // failing file is not asked again; the next store of the chunk writes it afresh.
+      if (outcome == ReadOutcome::kFailed) {
+        ++errors;
+        m.log_once(op, err, "such reads miss and their files are deleted");
+      }
+      m.forget(name, generation);
       continue;
     }
+    bool bad = outcome == ReadOutcome::kTooLarge;
     DecodedValue decoded;
     if (!bad) {
-      const std::span<const std::byte> value(buffer.data(), static_cast<size_t>(got));
+      const std::span<const std::byte> value(buffer.data(), got);
       const std::string mac_name =
           m.opts.mac ? remote_key(r.key, to_string(r.slot.kind), r.slot.layer_idx) : std::string();
       decoded = decode_remote_value(value, r.rows, r.cols, m.opts.mac.get(), mac_name);

@@ -15,9 +15,16 @@
 //   directory, then rename() it over the final name: a reader sees the old complete value or the
 //   new one, never a torn one. No fsync (docs/design.md, "Local disk tier": after a power loss a
 //   file may be missing, empty or short; its checksum makes that a clean miss).
-// * Read. contains() is the in-memory index (no I/O). fetch_each opens and preads each file on
-//   the caller's thread (one after the other), decodes and checks it; a value that fails a check
-//   (shape, checksum, MAC, truncated) is a counted corrupt miss and its file is deleted.
+// * Read. contains() is the in-memory index (no I/O). fetch_each reads each file on the
+//   caller's thread, decodes and checks it and hands it over before the next: a value that fails
+//   a check (shape, checksum, MAC, truncated) is a counted corrupt miss and its file is deleted.
+//   O_DIRECT (the default where the directory takes it): one read per file into an aligned
+//   buffer, whole blocks asked, the kernel stopping at the file's end; no page cache, so a cold
+//   read costs what the device costs and the pool's copy is the only one in memory. Buffered
+//   (direct_reads off, or refused): while one file is read, the next read_ahead_files (4) are
+//   open with their reads started in the kernel (POSIX_FADV_WILLNEED), so several reads are in
+//   flight without threads; each file's pages are dropped after its read. The choice, measured:
+//   docs/perf.md, "Local disk tier".
 // * Budget. An LRU of the files (last write or read) in memory: before a write, the least
 //   recently used files are deleted until the new one fits max_local_disk_size (bytes of the
 //   files, headers included: TierStats::bytes_held counts the same). discard() forgets a
@@ -26,16 +33,28 @@
 //   leftovers and files too short for a header, re-indexes the rest oldest-first by mtime and
 //   applies the budget. Measured: ~35 ms per 10,000 files on a warm page cache
 //   (tests/tiers/test_disk_tier.cpp, RestartScanOfManyFilesIsBounded).
-// * Faults. A directory that cannot be created disables the tier (logged once; every write
-//   dropped and counted, every read a miss). A failed create, write, close or rename (read-only
-//   directory, ENOSPC, EIO, the directory removed: it is re-created once, one level) drops the
-//   write, removes its temp file, counts an error and logs once per cause. A failed read is a
-//   miss. Nothing throws out of a store or a retrieve, and no unchecked byte is served.
-// * I/O. Plain pwritev/pread on a small pool of writer threads: no io_uring (not needed at
-//   these rates), no O_DIRECT (simplicity; the page cache makes a recently written value a
-//   memory read, and O_DIRECT's alignment rules would force a copy of every value). One process
-//   per directory: a second one's temp files are deleted when the first starts, and their
-//   budgets do not see each other's files.
+// * Faults. Every call on a value's file goes through DiskTierOptions::io (tiers/disk/
+//   disk_io.hpp: open, pwritev, pread, close, rename; the system calls by default), which tests
+//   replace to inject ENOSPC, EIO and short transfers (tests/tiers/test_disk_faults.cpp). A
+//   directory that cannot be created disables the tier (logged once; every write dropped and
+//   counted, every read a miss). A failed create, write, close or rename (read-only directory,
+//   ENOSPC, EIO, the directory removed: it is re-created once, one level) drops the write,
+//   removes its temp file, counts an error (TierStats::errors and dropped_writes) and logs once
+//   per cause (call and errno). Short writes and reads are resumed where they stopped. A failed
+//   open (other than ENOENT) or read (EIO) is a miss counted in errors, logged once per cause;
+//   the file is forgotten and deleted, so a failing file is not read again and the next store
+//   of the chunk writes it afresh. Bytes a device returns wrong fail the checksum (a corrupt
+//   miss). Nothing throws out of a store or a retrieve, and no unchecked byte is served.
+// * I/O. Writes: pwritev of the header, MAC and the entry's own pieces (no staging copy) on a
+//   small pool of writer threads, through the page cache (the kernel's writeback makes large
+//   sequential writes of them; O_DIRECT writes would need a copy into an aligned buffer and a
+//   padded file for no gain in a write-behind that nobody waits for). Reads: see "Read". O_DIRECT
+//   where the directory takes it: a probe file at construction (O_DIRECT open refused with EINVAL,
+//   as tmpfs does: reads buffered, logged once), and an EINVAL at a read's open or pread turns
+//   O_DIRECT off for good (logged once) and reads that file again buffered; direct_reads() says
+//   which mode is in use. No io_uring (docs/perf.md). One process per directory: a second one's
+//   temp files are deleted when the first starts, and their budgets do not see each other's
+//   files.
 //
 // Thread safety: every method may be called from many threads at once. enqueue_write, contains
 // and discard never touch the disk (contains and discard may wait for an index lock held during a
@@ -48,6 +67,7 @@
 #include "format/value_mac.hpp"
 #include "hss/config.hpp"
 #include "tiers/backing_tier.hpp"
+#include "tiers/disk/disk_io.hpp"
 
 namespace hss::detail {
 
@@ -57,6 +77,9 @@ struct DiskTierOptions {
   uint64_t queue_bytes = 0;    ///< write-behind budget (payload bytes); oldest dropped beyond
   int writer_threads = 2;      ///< >= 1
   std::shared_ptr<const ValueMac> mac;  ///< null: values carry the xxHash3 only
+  bool direct_reads = true;    ///< O_DIRECT reads where the directory takes them (see "I/O")
+  int read_ahead_files = 4;    ///< buffered reads: files whose reads are started ahead (0: none)
+  DiskIo io = DiskIo::system();  ///< the system calls a value's file goes through (tests: faults)
 };
 
 class DiskTier final : public BackingTier {
@@ -92,6 +115,9 @@ class DiskTier final : public BackingTier {
   [[nodiscard]] uint64_t budget_bytes() const noexcept;
   /// False when the directory could not be made or opened at construction.
   [[nodiscard]] bool enabled() const noexcept;
+  /// True while reads use O_DIRECT; false when off in the options or the directory refused it
+  /// (EINVAL at the probe or at a read: logged once, reads buffered from then on).
+  [[nodiscard]] bool direct_reads() const noexcept;
 
   /// The file name of one value (no directory).
   [[nodiscard]] static std::string file_name(const CacheEngineKey& key, Slot slot);

@@ -1,0 +1,96 @@
+#pragma once
+// The disk tier's I/O seam: the five system calls a value's file goes through (open, pwritev,
+// pread, close, rename), as a struct of functions that DiskTierOptions carries. DiskIo::system()
+// calls the kernel; a test replaces one member to inject ENOSPC, EIO or short transfers
+// (tests/tiers/test_disk_faults.cpp). Each call through it is one indirect call beside a system
+// call, nothing on the store's thread. Directory calls (scan, mkdir, unlink) stay direct: they
+// are not on a value's path.
+//
+// Also here: the loops that make a whole transfer of several short ones (write_all, read_all),
+// and the aligned buffer that O_DIRECT reads need.
+//
+// Thread safety: the members are called from the tier's writer threads and from any thread
+// that fetches, at once; a replacement must be safe for that. AlignedBuffer is not shared.
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace hss::detail {
+
+struct DiskIo {
+  std::function<int(const char* path, int flags, mode_t mode)> open;
+  std::function<ssize_t(int fd, const iovec* iov, int count, off_t offset)> pwritev;
+  std::function<ssize_t(int fd, void* out, size_t size, off_t offset)> pread;
+  std::function<int(int fd)> close;
+  std::function<int(const char* from, const char* to)> rename;
+
+  /// Every member the system call of its name.
+  [[nodiscard]] static DiskIo system();
+};
+
+/// O_DIRECT's alignment for the buffer, the offset and the length: 4096 covers every logical
+/// block size in use (512 and 4096); statx's STATX_DIOALIGN would say less on most devices.
+inline constexpr size_t kDirectAlign = 4096;
+
+[[nodiscard]] constexpr uint64_t round_up_direct(uint64_t n) {
+  return (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+}
+
+/// pwritev of every byte of `iov` from offset 0, through short writes; false with errno set on
+/// failure (a write of 0 bytes is EIO).
+[[nodiscard]] bool write_all(const DiskIo& io, int fd, std::vector<iovec> iov);
+
+/// preads from offset 0 into out[0, capacity) until at least `want` bytes are in or the file
+/// ends; the count read (less than `want` at end of file), -1 with errno set on failure. With
+/// O_DIRECT, `out` and `capacity` are aligned and the first read asks for all of it, so a file
+/// of `want` bytes is one read.
+[[nodiscard]] ssize_t read_all(const DiskIo& io, int fd, std::byte* out, size_t capacity,
+                               size_t want);
+
+class AlignedBuffer;
+
+/// How one file's read ended.
+enum class ReadOutcome { kRead, kGone, kTooLarge, kFailed };
+struct FileRead {
+  ReadOutcome outcome = ReadOutcome::kRead;
+  size_t got = 0;        ///< bytes read (kRead)
+  int err = 0;           ///< errno (kFailed, kGone)
+  const char* op = "";   ///< the call that failed
+};
+
+/// Reads the file open as `fd` whole into `buffer` (kTooLarge, unread, beyond `limit` bytes) and
+/// closes `fd`. `direct`: opened with O_DIRECT (the read asks for whole blocks; the kernel stops
+/// at the file's end). Buffered, the file's pages are dropped before the close: the caller keeps
+/// the value, so the page cache would hold a second copy. std::bad_alloc (fd closed) when the
+/// buffer cannot grow.
+[[nodiscard]] FileRead read_open_file(const DiskIo& io, int fd, bool direct, uint64_t limit,
+                                      AlignedBuffer& buffer);
+
+/// Opens `file` for a buffered read and starts reading it in the kernel (POSIX_FADV_WILLNEED,
+/// asynchronous): read-ahead of the files a fetch reads next. -1 when it cannot be opened.
+[[nodiscard]] int open_ahead(const DiskIo& io, const std::string& file);
+
+/// A growable buffer aligned for O_DIRECT (kDirectAlign), its size a multiple of it.
+class AlignedBuffer {
+ public:
+  /// At least `bytes` (rounded up); contents not kept. std::bad_alloc when memory is short.
+  std::byte* reserve(size_t bytes);
+  [[nodiscard]] std::byte* data() const noexcept { return data_.get(); }
+  [[nodiscard]] size_t capacity() const noexcept { return capacity_; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const noexcept;
+  };
+  std::unique_ptr<std::byte, Free> data_;
+  size_t capacity_ = 0;
+};
+
+}  // namespace hss::detail

@@ -1,0 +1,571 @@
+// The disk tier's faults injected through its I/O seam (src/tiers/disk/disk_io.hpp), tested
+// through HiddenStateStore: disk full (ENOSPC), EIO on create, write, close, rename and read,
+// short writes and reads, bytes corrupted by the device, O_DIRECT refused. Each is a counted
+// dropped write or miss, logged once per cause, never an exception out of store or retrieve,
+// never a wrong byte served.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hss/hss.hpp"
+#include "store/backing_tiers.hpp"
+#include "test_util.hpp"
+#include "tiers/disk/disk_tier.hpp"
+
+namespace hss {
+namespace {
+
+namespace fs = std::filesystem;
+using detail::DiskIo;
+using detail::DiskTier;
+using test::make_rows;
+using test::make_tokens;
+using test::view_of;
+
+constexpr int64_t kChunk = 16;
+constexpr int64_t kCols = 32;
+constexpr uint64_t kPayload = kChunk * kCols * 4;  // one float32 chunk
+constexpr uint64_t kFileBytes = 32 + kPayload;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = "/tmp/hss_diskfault_XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    root = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string root;
+};
+
+/// Every store built while it lives gets one disk tier on `dir` going through `io` (one writer
+/// thread: writes land in store order). The config names no disk, so it is the only tier.
+class DiskThrough {
+ public:
+  DiskThrough(const std::string& dir, DiskIo io, bool direct_reads = true) {
+    detail::set_extra_tiers_for_testing([this, dir, io, direct_reads](const Config&) {
+      detail::DiskTierOptions o;
+      o.dir = dir;
+      o.budget_bytes = 1ULL << 30;
+      o.queue_bytes = 16ULL << 20;
+      o.writer_threads = 1;
+      o.direct_reads = direct_reads;
+      o.io = io;
+      auto tier = std::make_unique<DiskTier>(std::move(o));
+      last = tier.get();
+      std::vector<std::unique_ptr<detail::BackingTier>> tiers;
+      tiers.push_back(std::move(tier));
+      return tiers;
+    });
+  }
+  ~DiskThrough() { detail::set_extra_tiers_for_testing({}); }
+  DiskThrough(const DiskThrough&) = delete;
+  DiskThrough& operator=(const DiskThrough&) = delete;
+
+  DiskTier* last = nullptr;  ///< the tier of the store built last
+};
+
+Config pool_only() { return test::store_config(kChunk, kCols, 64); }
+
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) out.push_back(e.path().filename());
+  return out;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+/// Stores `chunks` chunks into a store with the disk tier going through `io`, flushes; the
+/// tier's stats and what it logged.
+struct Written {
+  TierStats stats;
+  std::string log;
+};
+Written write_through(const std::string& dir, const DiskIo& io,
+                      const std::vector<int32_t>& tokens, int64_t chunks) {
+  DiskThrough disk(dir, io);
+  ChunkedTokenDatabase db(kChunk, false);
+  testing::internal::CaptureStderr();
+  {
+    HiddenStateStore store(pool_only(), db);
+    const auto rows = make_rows(tokens, 0, 0, kCols);
+    EXPECT_NO_THROW(
+        EXPECT_EQ(store.store_hidden_states(tokens, view_of(rows, kCols)).written, chunks));
+    store.flush();
+    Written w;
+    w.stats = store.stats().tiers.at(0);
+    w.log = testing::internal::GetCapturedStderr();
+    return w;
+  }
+}
+
+/// A fresh store (empty pool) with the disk tier going through `io` retrieves `tokens`.
+struct Read {
+  std::optional<HostTensor> got;
+  TierStats stats;
+  std::string log;
+  bool direct = false;
+};
+Read read_through(const std::string& dir, const DiskIo& io, const std::vector<int32_t>& tokens,
+                  bool direct_reads = true) {
+  DiskThrough disk(dir, io, direct_reads);
+  ChunkedTokenDatabase db(kChunk, false);
+  testing::internal::CaptureStderr();
+  HiddenStateStore store(pool_only(), db);
+  Read r;
+  EXPECT_NO_THROW(r.got = store.retrieve_hidden_states(tokens));
+  r.stats = store.stats().tiers.at(0);
+  r.direct = disk.last->direct_reads();
+  r.log = testing::internal::GetCapturedStderr();
+  store.check_invariants();
+  return r;
+}
+
+void expect_prefix(const std::optional<HostTensor>& got, const std::vector<int32_t>& tokens,
+                   int64_t rows) {
+  ASSERT_TRUE(got.has_value());
+  ASSERT_EQ(got->rows(), rows);
+  ASSERT_EQ(got->bytes(), static_cast<size_t>(rows * kCols * 4));
+  const auto expected = make_rows(tokens, 0, 0, kCols);
+  EXPECT_EQ(std::memcmp(got->data(), expected.data(), got->bytes()), 0);
+}
+
+/// pwritev that fails with `err` on the calls whose (1-based) number is in `failing`.
+DiskIo failing_writes(std::set<int> failing, int err) {
+  DiskIo io = DiskIo::system();
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  io.pwritev = [calls, failing, err, real = io.pwritev](int fd, const iovec* iov, int count,
+                                                          off_t offset) -> ssize_t {
+    if (failing.contains(++*calls)) {
+      errno = err;
+      return -1;
+    }
+    return real(fd, iov, count, offset);
+  };
+  return io;
+}
+
+TEST(DiskFaults, DiskFullDropsThoseWritesCountedAndLoggedOnceTheRestLand) {
+  const TempDir dir;
+  const auto tokens = make_tokens(4 * kChunk, 11);
+  const Written w = write_through(dir.root, failing_writes({2, 3}, ENOSPC), tokens, 4);
+  EXPECT_EQ(w.stats.writes_enqueued, 4U);
+  EXPECT_EQ(w.stats.writes_done, 2U);
+  EXPECT_EQ(w.stats.dropped_writes, 2U);
+  EXPECT_EQ(w.stats.errors, 2U);
+  EXPECT_EQ(w.stats.entries_held, 2U);
+  EXPECT_EQ(w.stats.bytes_held, 2 * kFileBytes);
+  EXPECT_EQ(w.stats.bytes_written, 2 * kPayload);
+  EXPECT_EQ(count_of(w.log, std::strerror(ENOSPC)), 1U) << w.log;
+  EXPECT_EQ(names_in(dir.root).size(), 2U);  // no temp file left behind
+
+  // Chunks 0 and 3 landed: a fresh store serves the prefix up to the hole, bit-exact.
+  const Read r = read_through(dir.root, DiskIo::system(), tokens);
+  expect_prefix(r.got, tokens, kChunk);
+  EXPECT_EQ(r.stats.hits, 2U);
+  EXPECT_EQ(r.stats.misses, 2U);
+  EXPECT_EQ(r.stats.errors, 0U);
+  EXPECT_EQ(r.stats.bytes_read, 2 * kPayload);
+}
+
+TEST(DiskFaults, EioOnEveryWriteDropsEveryValueLoggedOnceAndNothingIsServed) {
+  const TempDir dir;
+  const auto tokens = make_tokens(3 * kChunk, 12);
+  const Written w = write_through(dir.root, failing_writes({1, 2, 3}, EIO), tokens, 3);
+  EXPECT_EQ(w.stats.writes_done, 0U);
+  EXPECT_EQ(w.stats.dropped_writes, 3U);
+  EXPECT_EQ(w.stats.errors, 3U);
+  EXPECT_EQ(w.stats.entries_held, 0U);
+  EXPECT_EQ(w.stats.bytes_written, 0U);
+  EXPECT_EQ(count_of(w.log, std::strerror(EIO)), 1U) << w.log;
+  EXPECT_TRUE(names_in(dir.root).empty());
+
+  const Read r = read_through(dir.root, DiskIo::system(), tokens);
+  EXPECT_FALSE(r.got.has_value());
+  EXPECT_EQ(r.stats.hits, 0U);
+  EXPECT_EQ(r.stats.misses, 3U);
+  EXPECT_EQ(r.stats.errors, 0U);  // nothing indexed: no file opened
+}
+
+TEST(DiskFaults, EachFailingCallOfAWriteDropsItAndLeavesNoFileEachCauseLoggedOnce) {
+  const TempDir dir;
+  DiskIo io = DiskIo::system();
+  auto creates = std::make_shared<std::atomic<int>>(0);
+  auto temp_closes = std::make_shared<std::atomic<int>>(0);
+  auto renames = std::make_shared<std::atomic<int>>(0);
+  auto temp_fds = std::make_shared<std::set<int>>();  // the writer thread's alone: one thread
+  // Chunk 0: create fails (EIO); chunk 1: close fails (EIO, as NFS reports a lost write);
+  // chunk 2: rename fails (ENOSPC, a full directory block); chunk 3 lands.
+  io.open = [creates, temp_fds, real = io.open](const char* path, int flags, mode_t mode) {
+    const bool temp = (flags & O_CREAT) != 0 && (flags & O_DIRECT) == 0;  // not the probe
+    if (temp && ++*creates == 1) {
+      errno = EIO;
+      return -1;
+    }
+    const int fd = real(path, flags, mode);
+    if (temp && fd >= 0) temp_fds->insert(fd);
+    return fd;
+  };
+  io.close = [temp_closes, temp_fds, real = io.close](int fd) {
+    const bool temp = temp_fds->erase(fd) > 0;
+    const int rc = real(fd);
+    if (temp && ++*temp_closes == 1) {
+      errno = EIO;
+      return -1;
+    }
+    return rc;
+  };
+  io.rename = [renames, real = io.rename](const char* from, const char* to) {
+    if (++*renames == 1) {
+      errno = ENOSPC;
+      return -1;
+    }
+    return real(from, to);
+  };
+  const auto tokens = make_tokens(4 * kChunk, 13);
+  const Written w = write_through(dir.root, io, tokens, 4);
+  EXPECT_EQ(w.stats.writes_enqueued, 4U);
+  EXPECT_EQ(w.stats.writes_done, 1U);
+  EXPECT_EQ(w.stats.dropped_writes, 3U);
+  EXPECT_EQ(w.stats.errors, 3U);
+  EXPECT_EQ(w.stats.entries_held, 1U);
+  EXPECT_EQ(count_of(w.log, "disk tier: create"), 1U) << w.log;
+  EXPECT_EQ(count_of(w.log, "disk tier: close"), 1U) << w.log;
+  EXPECT_EQ(count_of(w.log, "disk tier: rename"), 1U) << w.log;
+  EXPECT_EQ(names_in(dir.root).size(), 1U);  // chunk 3's value, no temp file
+
+  const Read r = read_through(dir.root, DiskIo::system(), tokens);
+  EXPECT_FALSE(r.got.has_value());  // chunk 0 is missing: no prefix
+  EXPECT_EQ(r.stats.hits, 1U);
+  EXPECT_EQ(r.stats.misses, 3U);
+}
+
+TEST(DiskFaults, ShortWritesAreResumedAndTheValuesAreBitExact) {
+  const TempDir dir;
+  DiskIo io = DiskIo::system();
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  // At most 100 bytes per call: the header, the payload's pieces cut anywhere.
+  io.pwritev = [calls, real = io.pwritev](int fd, const iovec* iov, int count, off_t offset) {
+    ++*calls;
+    std::vector<iovec> cut;
+    size_t left = 100;
+    for (int i = 0; i < count && left > 0; ++i) {
+      const size_t n = std::min(left, iov[i].iov_len);
+      cut.push_back({iov[i].iov_base, n});
+      left -= n;
+    }
+    return real(fd, cut.data(), static_cast<int>(cut.size()), offset);
+  };
+  const auto tokens = make_tokens(2 * kChunk, 14);
+  const Written w = write_through(dir.root, io, tokens, 2);
+  EXPECT_EQ(w.stats.writes_done, 2U);
+  EXPECT_EQ(w.stats.errors, 0U);
+  EXPECT_EQ(w.stats.dropped_writes, 0U);
+  EXPECT_EQ(calls->load(), static_cast<int>(2 * ((kFileBytes + 99) / 100)));
+
+  const Read r = read_through(dir.root, DiskIo::system(), tokens);
+  expect_prefix(r.got, tokens, 2 * kChunk);
+  EXPECT_EQ(r.stats.hits, 2U);
+}
+
+TEST(DiskFaults, AShortWriteThenDiskFullDropsTheWriteAndItsTempFile) {
+  const TempDir dir;
+  DiskIo io = DiskIo::system();
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  // The first call writes half the file, the second finds the disk full.
+  io.pwritev = [calls, real = io.pwritev](int fd, const iovec* iov, int count, off_t offset) {
+    if (++*calls == 2) {
+      errno = ENOSPC;
+      return ssize_t{-1};
+    }
+    const iovec half{iov[0].iov_base, std::min<size_t>(iov[0].iov_len, kFileBytes / 2)};
+    return count > 0 && *calls == 1 ? real(fd, &half, 1, offset) : real(fd, iov, count, offset);
+  };
+  const auto tokens = make_tokens(2 * kChunk, 15);
+  const Written w = write_through(dir.root, io, tokens, 2);
+  EXPECT_EQ(w.stats.writes_done, 1U);  // the second value, after the fault
+  EXPECT_EQ(w.stats.dropped_writes, 1U);
+  EXPECT_EQ(w.stats.errors, 1U);
+  EXPECT_EQ(count_of(w.log, std::strerror(ENOSPC)), 1U) << w.log;
+  EXPECT_EQ(names_in(dir.root).size(), 1U);  // the half-written temp file removed
+
+  const Read r = read_through(dir.root, DiskIo::system(), tokens);
+  EXPECT_FALSE(r.got.has_value());
+  EXPECT_EQ(r.stats.hits, 1U);
+  EXPECT_EQ(r.stats.misses, 1U);
+  EXPECT_EQ(r.stats.corrupt_values, 0U);
+}
+
+/// pread that fails with `err` on files opened for the (1-based) open-for-read numbers in
+/// `failing`.
+DiskIo failing_reads(std::set<int> failing, int err) {
+  DiskIo io = DiskIo::system();
+  struct State {
+    std::mutex mutex;
+    int opens = 0;
+    std::set<int> bad_fds;
+  };
+  auto state = std::make_shared<State>();
+  io.open = [state, failing, real = io.open](const char* path, int flags, mode_t mode) {
+    const int fd = real(path, flags, mode);
+    if (fd >= 0 && (flags & O_ACCMODE) == O_RDONLY) {
+      std::lock_guard lock(state->mutex);
+      if (failing.contains(++state->opens)) state->bad_fds.insert(fd);
+    }
+    return fd;
+  };
+  io.close = [state, real = io.close](int fd) {
+    {
+      std::lock_guard lock(state->mutex);
+      state->bad_fds.erase(fd);
+    }
+    return real(fd);
+  };
+  io.pread = [state, err, real = io.pread](int fd, void* out, size_t size, off_t offset) {
+    {
+      std::lock_guard lock(state->mutex);
+      if (state->bad_fds.contains(fd)) {
+        errno = err;
+        return ssize_t{-1};
+      }
+    }
+    return real(fd, out, size, offset);
+  };
+  return io;
+}
+
+void eio_on_one_read(bool direct_reads) {
+  const TempDir dir;
+  const auto tokens = make_tokens(3 * kChunk, 16);
+  const Written w = write_through(dir.root, DiskIo::system(), tokens, 3);
+  ASSERT_EQ(w.stats.writes_done, 3U);
+
+  // Chunk 1's read fails: the prefix stops before it; chunk 2 is still read and promoted.
+  const Read r = read_through(dir.root, failing_reads({2}, EIO), tokens, direct_reads);
+  expect_prefix(r.got, tokens, kChunk);
+  EXPECT_EQ(r.stats.hits, 2U);
+  EXPECT_EQ(r.stats.misses, 1U);
+  EXPECT_EQ(r.stats.errors, 1U);
+  EXPECT_EQ(r.stats.corrupt_values, 0U);
+  EXPECT_EQ(r.stats.bytes_read, 2 * kPayload);
+  EXPECT_EQ(r.stats.entries_held, 2U);  // the unreadable file forgotten
+  EXPECT_EQ(count_of(r.log, std::strerror(EIO)), 1U) << r.log;
+  EXPECT_EQ(names_in(dir.root).size(), 2U);  // and deleted: never asked again
+
+  const Read again = read_through(dir.root, DiskIo::system(), tokens, direct_reads);
+  expect_prefix(again.got, tokens, kChunk);
+  EXPECT_EQ(again.stats.hits, 2U);
+  EXPECT_EQ(again.stats.misses, 1U);
+  EXPECT_EQ(again.stats.errors, 0U);  // chunk 1 is known absent: no file opened
+}
+
+TEST(DiskFaults, EioOnReadAfterASuccessfulWriteIsAMissAndTheFileIsDeleted) {
+  eio_on_one_read(/*direct_reads=*/true);
+}
+
+TEST(DiskFaults, EioOnABufferedReadAheadReadIsAMissAndTheFileIsDeleted) {
+  eio_on_one_read(/*direct_reads=*/false);
+}
+
+TEST(DiskFaults, BufferedReadsStartTheNextFilesAheadAndServeBitExact) {
+  const TempDir dir;
+  const auto tokens = make_tokens(8 * kChunk, 23);
+  ASSERT_EQ(write_through(dir.root, DiskIo::system(), tokens, 8).stats.writes_done, 8U);
+  DiskIo io = DiskIo::system();
+  struct Seen {
+    std::mutex mutex;
+    int opens = 0;
+    std::vector<int> opens_at_read;  // read-only opens done when each file's first pread ran
+    std::set<int> read_fds;
+  };
+  auto seen = std::make_shared<Seen>();
+  io.open = [seen, real = io.open](const char* path, int flags, mode_t mode) {
+    const int fd = real(path, flags, mode);
+    if (fd >= 0 && (flags & O_ACCMODE) == O_RDONLY) {
+      std::lock_guard lock(seen->mutex);
+      ++seen->opens;
+    }
+    return fd;
+  };
+  io.pread = [seen, real = io.pread](int fd, void* out, size_t size, off_t offset) {
+    {
+      std::lock_guard lock(seen->mutex);
+      if (offset == 0) seen->opens_at_read.push_back(seen->opens);
+    }
+    return real(fd, out, size, offset);
+  };
+  const Read r = read_through(dir.root, io, tokens, /*direct_reads=*/false);
+  expect_prefix(r.got, tokens, 8 * kChunk);
+  EXPECT_EQ(r.stats.hits, 8U);
+  EXPECT_FALSE(r.direct);
+  // Four files ahead of the one read (the default read_ahead_files), fewer at the end.
+  EXPECT_EQ(seen->opens_at_read, (std::vector<int>{5, 6, 7, 8, 8, 8, 8, 8}));
+}
+
+TEST(DiskFaults, EioOnEveryReadMissesEverythingLoggedOnce) {
+  const TempDir dir;
+  const auto tokens = make_tokens(3 * kChunk, 17);
+  ASSERT_EQ(write_through(dir.root, DiskIo::system(), tokens, 3).stats.writes_done, 3U);
+  const Read r = read_through(dir.root, failing_reads({1, 2, 3}, EIO), tokens);
+  EXPECT_FALSE(r.got.has_value());
+  EXPECT_EQ(r.stats.hits, 0U);
+  EXPECT_EQ(r.stats.misses, 3U);
+  EXPECT_EQ(r.stats.errors, 3U);
+  EXPECT_EQ(r.stats.bytes_read, 0U);
+  EXPECT_EQ(count_of(r.log, std::strerror(EIO)), 1U) << r.log;
+  EXPECT_TRUE(names_in(dir.root).empty());
+}
+
+TEST(DiskFaults, ShortReadsAreResumedAndTheValuesAreBitExact) {
+  const TempDir dir;
+  const auto tokens = make_tokens(2 * kChunk, 18);
+  ASSERT_EQ(write_through(dir.root, DiskIo::system(), tokens, 2).stats.writes_done, 2U);
+  DiskIo io = DiskIo::system();
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  io.pread = [calls, real = io.pread](int fd, void* out, size_t size, off_t offset) {
+    ++*calls;
+    return real(fd, out, std::min<size_t>(size, 100), offset);
+  };
+  // Buffered: a short O_DIRECT read leaves an unaligned offset (covered by the EINVAL test).
+  const Read r = read_through(dir.root, io, tokens, /*direct_reads=*/false);
+  expect_prefix(r.got, tokens, 2 * kChunk);
+  EXPECT_EQ(r.stats.hits, 2U);
+  EXPECT_EQ(r.stats.errors, 0U);
+  EXPECT_EQ(calls->load(), static_cast<int>(2 * ((kFileBytes + 99) / 100)));
+}
+
+TEST(DiskFaults, BytesCorruptedByTheDeviceAreACorruptMissNeverServed) {
+  const TempDir dir;
+  const auto tokens = make_tokens(2 * kChunk, 19);
+  ASSERT_EQ(write_through(dir.root, DiskIo::system(), tokens, 2).stats.writes_done, 2U);
+  DiskIo io = DiskIo::system();
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  // The second file read comes back with one payload bit flipped.
+  io.pread = [calls, real = io.pread](int fd, void* out, size_t size, off_t offset) {
+    const ssize_t n = real(fd, out, size, offset);
+    if (++*calls == 2 && n > 100) static_cast<unsigned char*>(out)[100] ^= 0x10;
+    return n;
+  };
+  const Read r = read_through(dir.root, io, tokens);
+  expect_prefix(r.got, tokens, kChunk);
+  EXPECT_EQ(r.stats.hits, 1U);
+  EXPECT_EQ(r.stats.misses, 1U);
+  EXPECT_EQ(r.stats.corrupt_values, 1U);
+  EXPECT_EQ(r.stats.errors, 0U);
+  EXPECT_EQ(r.stats.entries_held, 1U);
+}
+
+/// Counts reads opened with and without O_DIRECT; opens with O_DIRECT fail with EINVAL when
+/// `refuse_open`, their preads when `refuse_read`.
+struct DirectIo {
+  DiskIo io = DiskIo::system();
+  std::shared_ptr<std::atomic<int>> direct_opens = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<std::atomic<int>> buffered_opens = std::make_shared<std::atomic<int>>(0);
+  DirectIo(bool refuse_open, bool refuse_read) {
+    auto direct_fds = std::make_shared<std::set<int>>();
+    auto mutex = std::make_shared<std::mutex>();
+    io.open = [=, direct = direct_opens, buffered = buffered_opens, real = io.open](
+                  const char* path, int flags, mode_t mode) {
+      const bool is_direct = (flags & O_DIRECT) != 0;
+      if (is_direct && refuse_open) {
+        errno = EINVAL;
+        return -1;
+      }
+      const int fd = real(path, flags, mode);
+      if (fd >= 0 && (flags & O_ACCMODE) == O_RDONLY) {
+        ++*(is_direct ? direct : buffered);
+        std::lock_guard lock(*mutex);
+        if (is_direct) direct_fds->insert(fd);
+      }
+      return fd;
+    };
+    io.close = [=, real = io.close](int fd) {
+      {
+        std::lock_guard lock(*mutex);
+        direct_fds->erase(fd);
+      }
+      return real(fd);
+    };
+    io.pread = [=, real = io.pread](int fd, void* out, size_t size, off_t offset) {
+      {
+        std::lock_guard lock(*mutex);
+        if (refuse_read && direct_fds->contains(fd)) {
+          errno = EINVAL;
+          return ssize_t{-1};
+        }
+      }
+      return real(fd, out, size, offset);
+    };
+  }
+};
+
+TEST(DiskFaults, ReadsUseODirectWhereTheDirectoryTakesItBitExact) {
+  const TempDir dir;
+  const auto tokens = make_tokens(3 * kChunk, 20);
+  ASSERT_EQ(write_through(dir.root, DiskIo::system(), tokens, 3).stats.writes_done, 3U);
+  const DirectIo direct(false, false);
+  const Read r = read_through(dir.root, direct.io, tokens);
+  if (!r.direct) GTEST_SKIP() << dir.root << " does not take O_DIRECT (tmpfs?)";
+  expect_prefix(r.got, tokens, 3 * kChunk);
+  EXPECT_EQ(r.stats.hits, 3U);
+  EXPECT_EQ(direct.direct_opens->load(), 3);
+  EXPECT_EQ(direct.buffered_opens->load(), 0);
+}
+
+TEST(DiskFaults, ODirectRefusedAtOpenFallsBackToBufferedReadsLoggedOnce) {
+  const TempDir dir;
+  const auto tokens = make_tokens(3 * kChunk, 21);
+  ASSERT_EQ(write_through(dir.root, DiskIo::system(), tokens, 3).stats.writes_done, 3U);
+  const DirectIo refused(true, false);  // as tmpfs answers
+  const Read r = read_through(dir.root, refused.io, tokens);
+  EXPECT_FALSE(r.direct);  // the construction's probe saw EINVAL
+  expect_prefix(r.got, tokens, 3 * kChunk);
+  EXPECT_EQ(r.stats.hits, 3U);
+  EXPECT_EQ(r.stats.errors, 0U);
+  EXPECT_EQ(refused.buffered_opens->load(), 3);
+  EXPECT_EQ(count_of(r.log, "does not take O_DIRECT"), 1U) << r.log;
+}
+
+TEST(DiskFaults, ODirectRefusedAtReadFallsBackOnceAndServesBitExact) {
+  const TempDir dir;
+  const auto tokens = make_tokens(3 * kChunk, 22);
+  ASSERT_EQ(write_through(dir.root, DiskIo::system(), tokens, 3).stats.writes_done, 3U);
+  const DirectIo refused(false, true);  // opens succeed, the device refuses the alignment
+  const Read r = read_through(dir.root, refused.io, tokens);
+  if (refused.direct_opens->load() == 0) GTEST_SKIP() << dir.root << " does not take O_DIRECT";
+  EXPECT_FALSE(r.direct);
+  expect_prefix(r.got, tokens, 3 * kChunk);
+  EXPECT_EQ(r.stats.hits, 3U);
+  EXPECT_EQ(r.stats.errors, 0U);
+  EXPECT_EQ(refused.direct_opens->load(), 1);    // the first read, refused
+  EXPECT_EQ(refused.buffered_opens->load(), 3);  // it again, then the other two
+  EXPECT_EQ(count_of(r.log, "O_DIRECT read"), 1U) << r.log;
+}
+
+}  // namespace
+}  // namespace hss
