@@ -21,6 +21,11 @@ connector: ``{"kv_connector": "HiddenStateLMCacheConnector", "kv_connector_modul
 keys). Without LMCache: ``HiddenStates(lmcache=False)`` (an hsstore Engine per worker, vLLM's
 own prefix cache for the KV).
 
+EAGLE-3 drafts (hsstore.vllm.eagle3): ``layers="eagle3"`` keeps exactly the target layers vLLM's
+EAGLE-3 reads for this engine (the draft config's ``eagle_aux_hidden_state_layer_ids``, else the
+model's default, resolved by vLLM's own functions), ``["eagle3", "final"]`` the final state too;
+``eagle3_layers(llm)`` names them. A prefix hit restores them beside the KV.
+
 Prefill and decode in different engines (hsstore.vllm.transfer): the KV crosses through LMCache's
 remote backend, the hidden states over NIXL from the prefill worker's pool::
 
@@ -32,11 +37,13 @@ remote backend, the hidden states over NIXL from the prefill worker's pool::
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
+from .eagle3 import EAGLE3, eagle3_aux_layer_ids, eagle3_layers
 from .layers import FINAL, LayerSpec, check_specs, resolve_layers
 
-__all__ = ["FINAL", "HiddenStates", "WorkerExtension", "resolve_layers"]
+__all__ = ["EAGLE3", "FINAL", "HiddenStates", "WorkerExtension", "eagle3_aux_layer_ids",
+           "eagle3_layers", "resolve_layers"]
 
 CONNECTOR_MODULE = "hsstore.vllm.connector"
 WORKER_EXTENSION = "hsstore.vllm.WorkerExtension"
@@ -120,7 +127,9 @@ class HiddenStates:
 
     Args:
         layers: what to keep, all required (hsstore.vllm.layers): -1 = final, k = decoder layer
-            k, -2.. from the end.
+            k, -2.. from the end, "eagle3" = the target layers vLLM's EAGLE-3 draft reads
+            (hsstore.vllm.eagle3; vLLM's aux id i is label i - 1, the residual stream
+            ``hidden + residual`` after decoder layer i - 1, the tensor vLLM hands the draft).
         lmcache: True: LMCache moves the KV, the hidden states live in its engine's store; False:
             vLLM's own prefix cache holds the KV, an hsstore Engine per worker the hidden states.
         store: with LMCache, "hsstore" (hsstore's drop-in) or "lmcache" (LMCache's own store,
@@ -137,11 +146,12 @@ class HiddenStates:
             store="hsstore".
     """
 
-    def __init__(self, layers: Sequence[LayerSpec] = (FINAL,), *, lmcache: bool = True,
+    def __init__(self, layers: Union[LayerSpec, Sequence[LayerSpec]] = (FINAL,), *,
+                 lmcache: bool = True,
                  store: str = "hsstore", config: Optional[dict] = None, keep: bool = True,
                  recompute: bool = True, worker_init: Optional[str] = None,
                  nixl: Optional[Dict[str, Any]] = None) -> None:
-        self.layers = check_specs(layers)
+        self.layers = check_specs(layers)  # "eagle3" stays: the connector resolves it
         if store not in ("hsstore", "lmcache"):
             raise ValueError(f"store must be 'hsstore' or 'lmcache', got {store!r}")
         if not lmcache and store != "hsstore":

@@ -92,6 +92,8 @@ class PromptCapture:
         block_size: vLLM's KV block size (the unit of a recompute).
         keep: hold finished prompts for take() (else only store them).
         max_kept: finished prompts held at most; the oldest untaken are dropped (and counted).
+        eagle3_labels: the labels "eagle3" stood for (resolved from the config): attach() checks
+            them against vLLM's EAGLE-3 aux layers of the loaded model (hsstore.vllm.eagle3).
     """
 
     #: What stats() counts (rows are prompt rows; a request's rows are restored or computed).
@@ -104,8 +106,9 @@ class PromptCapture:
                 "capture_ns", "store_ns", "restore_ns", "step_ns", "steps")
 
     def __init__(self, store, layer_specs: Sequence[Any], block_size: int, *, keep: bool = True,
-                 max_kept: int = 4096) -> None:
+                 max_kept: int = 4096, eagle3_labels: Optional[Sequence[int]] = None) -> None:
         self.store = store
+        self.eagle3_labels = list(eagle3_labels) if eagle3_labels is not None else None
         self.layer_specs = list(layer_specs)
         self.labels: List[int] = []
         self.block_size = block_size
@@ -131,6 +134,8 @@ class PromptCapture:
         model = model_runner.model
         layers = decoder_layers_of(model)
         self.labels = resolve_layers(self.layer_specs, len(layers))
+        if self.eagle3_labels is not None:
+            self._check_eagle3(model_runner, len(layers))
         for label in self.labels:
             if label == FINAL:
                 self._hooks.append(model.register_forward_hook(self._hook(label, summed=False)))
@@ -141,6 +146,16 @@ class PromptCapture:
         self.dtype = model_runner.model_config.dtype
         self.device = model_runner.device
         return self.labels
+
+    def _check_eagle3(self, model_runner: Any, num_layers: int) -> None:
+        """The labels "eagle3" resolved to are the ones vLLM uses in this worker."""
+        from .eagle3 import aux_ids_to_labels, live_aux_layer_ids
+
+        live = aux_ids_to_labels(live_aux_layer_ids(model_runner), num_layers)
+        if live != self.eagle3_labels:
+            raise RuntimeError(
+                f"hsstore.vllm: 'eagle3' resolved to labels {self.eagle3_labels} from the config, "
+                f"but vLLM's EAGLE-3 aux layers of the loaded model are labels {live}")
 
     def detach(self) -> None:
         for handle in self._hooks:

@@ -22,7 +22,9 @@ Both cap every prefix hit at the chunk-aligned hidden-state coverage of every re
 
 Configuration is ``kv_connector_extra_config`` (hsstore.vllm.HiddenStates writes it)::
 
-    hsstore.layers        layers to keep, all required (hsstore.vllm.layers): [-1] by default
+    hsstore.layers        layers to keep, all required (hsstore.vllm.layers): [-1] by default;
+                          "eagle3" stands for the layers vLLM's EAGLE-3 draft reads for this
+                          engine (hsstore.vllm.eagle3), e.g. ["eagle3", -1]
     hsstore.store         "hsstore" (the drop-in, default) or "lmcache" (LMCache's own store)
     hsstore.config        the hsstore Engine's config (HiddenStateConnector only): a dict
     hsstore.keep          hold finished prompts for take() (default true)
@@ -55,6 +57,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1
 
 from .capture import PromptCapture
+from .eagle3 import EAGLE3, eagle3_layers, expand_specs
 from .layers import check_specs, resolve_layers
 from .transfer import PRODUCER_CONFIG, HiddenStateTransfer, parse_options, request_producer
 
@@ -98,7 +101,11 @@ class _HiddenStates:
         self.store_kind = extra.get("hsstore.store", "hsstore")
         if self.store_kind not in ("hsstore", "lmcache"):
             raise ValueError(f"hsstore.store must be 'hsstore' or 'lmcache', got {self.store_kind!r}")
-        self.layer_specs = check_specs(extra.get("hsstore.layers", [-1]))
+        specs = check_specs(extra.get("hsstore.layers", [-1]))
+        # "eagle3": vLLM's own EAGLE-3 aux layers for this config, as labels (checked again
+        # against the loaded model in each worker: PromptCapture.attach).
+        self.eagle3_labels = eagle3_layers(vllm_config) if EAGLE3 in specs else None
+        self.layer_specs = expand_specs(specs, vllm_config)
         model_config = vllm_config.model_config
         self.labels = resolve_layers(self.layer_specs,
                                      model_config.get_num_layers(vllm_config.parallel_config))
@@ -143,7 +150,8 @@ class _HiddenStates:
         self.store = store
         # Hidden states are replicated across tensor-parallel ranks: rank 0 keeps them.
         self.rank = get_tensor_model_parallel_rank()
-        self.capture = PromptCapture(store, self.layer_specs, self.block_size, keep=self.keep)
+        self.capture = PromptCapture(store, self.layer_specs, self.block_size, keep=self.keep,
+                                     eagle3_labels=self.eagle3_labels)
         _WORKERS[self.engine_id] = self
 
     def start_transfer(self, lookup_timeout_ms: int) -> None:

@@ -12,6 +12,9 @@ written as                  the hidden state                                 sto
                             (``hidden + residual`` of ``model.layers[k]``)
 ``-j`` (2 <= j <= N + 1)    counted from the end of [layer 0, ..., layer     ``N + 1 - j``
                             N - 1, final]: -2 is the last decoder layer
+``"eagle3"``                the layers vLLM's EAGLE-3 draft reads (its aux   vLLM's aux id
+                            hidden states, hsstore.vllm.eagle3): resolved    ``i`` as
+                            against the engine's config by the connector     ``i - 1``
 ==========================  ===============================================  =============
 
 Labels are canonical: ``-2`` and ``N - 1`` are one slot, so keys never depend on the spelling.
@@ -23,9 +26,10 @@ from __future__ import annotations
 
 from typing import Iterable, List, Sequence, Union
 
-__all__ = ["FINAL", "LayerSpec", "resolve_layers"]
+__all__ = ["EAGLE3", "FINAL", "LayerSpec", "resolve_layers"]
 
 FINAL = -1
+EAGLE3 = "eagle3"  # expanded by hsstore.vllm.eagle3.expand_specs (it needs the vLLM config)
 LayerSpec = Union[int, str]
 
 
@@ -33,7 +37,10 @@ def _one(spec: LayerSpec, num_layers: int) -> int:
     if isinstance(spec, str):
         if spec == "final":
             return FINAL
-        raise ValueError(f"layers: expected an int or 'final', got {spec!r}")
+        if spec == EAGLE3:
+            raise ValueError("layers: 'eagle3' is resolved against the vLLM config "
+                             "(hsstore.vllm.eagle3.expand_specs) before the layer count")
+        raise ValueError(f"layers: expected an int, 'final' or 'eagle3', got {spec!r}")
     if isinstance(spec, bool) or not isinstance(spec, int):
         raise ValueError(f"layers: expected an int or 'final', got {spec!r}")
     if spec == FINAL:
@@ -63,14 +70,15 @@ def resolve_layers(specs: Iterable[LayerSpec], num_layers: int) -> List[int]:
     return labels
 
 
-def check_specs(specs: Sequence[LayerSpec]) -> List[LayerSpec]:
-    """The checks that need no model (types, emptiness), for configuration time."""
-    out = list(specs)
+def check_specs(specs: Union[LayerSpec, Sequence[LayerSpec]]) -> List[LayerSpec]:
+    """The checks that need no model (types, emptiness), for configuration time. A single spec
+    stands for a list of one (``layers="eagle3"``)."""
+    out = [specs] if isinstance(specs, (str, int)) else list(specs)
     if not out:
         raise ValueError("layers: at least one layer is needed (e.g. [-1] for the final state)")
     for spec in out:
         if isinstance(spec, bool) or not isinstance(spec, (int, str)):
-            raise ValueError(f"layers: expected an int or 'final', got {spec!r}")
-        if isinstance(spec, str) and spec != "final":
-            raise ValueError(f"layers: expected an int or 'final', got {spec!r}")
+            raise ValueError(f"layers: expected an int, 'final' or 'eagle3', got {spec!r}")
+        if isinstance(spec, str) and spec not in ("final", EAGLE3):
+            raise ValueError(f"layers: expected an int, 'final' or 'eagle3', got {spec!r}")
     return out
