@@ -16,10 +16,17 @@
 
 namespace hss {
 
-/// How hidden-state rows are kept in the pool.
+/// How hidden-state rows are kept in the pool. The first two are lossless; the FP8 types are
+/// opt-in and lossy: each row is quantised against its own float32 scale (amax / 448 or
+/// amax / 57344), stored beside it, and dequantised on restore into the requested output dtype.
+/// Error per element <= amax / 28 (E4M3) or amax / 14 (E5M2) of its row (docs/design.md,
+/// "FP8 storage"). FP8 storage needs the host path (a store that finds a CUDA device refuses it
+/// at construction) and has no backing tier or P/D export yet (Config::validate).
 enum class StorageDType {
   kFloat32,  ///< widen everything to float32 on store (LMCache's behaviour)
   kNative,   ///< keep float16/bfloat16 as 16 bits; widen on restore (bit-identical output)
+  kFp8E4M3,  ///< `fp8_e4m3`: 1 byte per element + 4 bytes per row (scale)
+  kFp8E5M2,  ///< `fp8_e5m2`: wider range, one mantissa bit less
 };
 
 /// How a restore into device memory reads the pool (CUDA builds): hsstore's gather kernel, the

@@ -120,6 +120,10 @@ std::string_view to_string(StorageDType dtype) {
       return "float32";
     case StorageDType::kNative:
       return "native";
+    case StorageDType::kFp8E4M3:
+      return "fp8_e4m3";
+    case StorageDType::kFp8E5M2:
+      return "fp8_e5m2";
   }
   return "unknown";
 }

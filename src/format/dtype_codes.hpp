@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "hss/error.hpp"
 #include "hss/kernels/convert.hpp"
 #include "hss/tensor.hpp"
 
@@ -31,7 +32,10 @@ inline constexpr uint8_t kWireBFloat16 = 2;
   return kernels::ElemType::kFloat32;  // views are validated (is_valid) before any conversion
 }
 
-[[nodiscard]] constexpr DType to_dtype(kernels::ElemType type) noexcept {
+/// The DType of an unscaled storage type. The 8-bit storage types have none (no caller's tensor
+/// and no wire code has them yet): hss::Error. A store with fp8 storage has no backing tier and
+/// exports nothing (Config::validate, the export's check), so no path asks.
+[[nodiscard]] constexpr DType to_dtype(kernels::ElemType type) {
   switch (type) {
     case kernels::ElemType::kFloat16:
       return DType::kFloat16;
@@ -39,6 +43,9 @@ inline constexpr uint8_t kWireBFloat16 = 2;
       return DType::kBFloat16;
     case kernels::ElemType::kFloat32:
       break;
+    case kernels::ElemType::kFp8E4M3:
+    case kernels::ElemType::kFp8E5M2:
+      throw Error("8-bit storage has no tensor dtype or wire code");
   }
   return DType::kFloat32;
 }

@@ -150,15 +150,16 @@ std::vector<StoreResult> WritePipeline::store_batch(std::span<const StoreItem> i
   // 2. The phases of a single store (store_plans), once for every item. Every item's writes and
   //    segments come from one arena sized for the batch (a chunk needs at most one write and,
   //    with granules of a chunk or more, one segment; more only grows the arena).
-  // The granules, as full chunks of 4-byte elements (native 16-bit storage takes half): the
-  // estimate for the batch's GranuleStash (chunk_size <= 2^20, cols <= 2^24: no overflow).
+  // The granules, as full chunks in the item's storage format (RowFormat: FP8 scales included):
+  // the estimate for the batch's GranuleStash (chunk_size <= 2^20, cols <= 2^24: no overflow).
   size_t item_chunks = 0;
   size_t granules = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const size_t chunks = chunks_to_write(lists[list_of[i]].chunks, items[i].options.token_offset);
     item_chunks += chunks;
-    granules += chunks * store_.pool.blocks_for(static_cast<uint64_t>(store_.config.chunk_size) *
-                                          static_cast<uint64_t>(items[i].hidden_states.cols) * 4);
+    const RowFormat format = RowFormat::of(storage_for(items[i].hidden_states));
+    granules += chunks * store_.pool.blocks_for(format.payload_bytes(store_.config.chunk_size,
+                                                                     items[i].hidden_states.cols));
   }
   // Upstream: the heap, never the process-wide default resource an application may have set.
   std::pmr::monotonic_buffer_resource arena(

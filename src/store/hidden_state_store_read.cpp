@@ -176,6 +176,10 @@ void ReadPipeline::plan_restore(const Walk& w, size_t slot, int64_t row_begin,
     if (chunk.end <= row_begin) continue;
     const detail::Entry& entry = w.entry(i, slot);
     const int64_t first_row = std::max<int64_t>(0, row_begin - chunk.start);
+    if (entry.format.scales != detail::ScaleLayout::kNone) {
+      plan_scaled_restore(entry, first_row, chunk.start * cols - row_begin * cols, segments);
+      continue;
+    }
     const auto esize = static_cast<int64_t>(kernels::elem_bytes(entry.format.elem));
     kernels::for_each_block_piece(
         first_row * cols, (chunk.size() - first_row) * cols, esize, granule,
@@ -194,6 +198,34 @@ void ReadPipeline::plan_restore(const Walk& w, size_t slot, int64_t row_begin,
             }
           }
           segments.push_back({src, dst_elem, count, entry.format.elem});
+        });
+  }
+}
+
+void ReadPipeline::plan_scaled_restore(const detail::Entry& entry, int64_t first_row,
+                                       int64_t dst_base,
+                                       std::vector<kernels::GatherSegment>& segments) const {
+  // One segment per row and granule (ScaleLayout::kRowF32Trailing, row_format.hpp), each with
+  // its row's scale; never merged across rows.
+  switch (entry.format.scales) {
+    case detail::ScaleLayout::kRowF32Trailing:
+      break;
+    case detail::ScaleLayout::kNone:
+      return;
+  }
+  const auto granule = static_cast<uint64_t>(store_.pool.granule_bytes());
+  const uint64_t scale_offset = detail::RowFormat::scale_offset(entry.rows, entry.cols);
+  for (int64_t r = first_row; r < entry.rows; ++r) {
+    const uint64_t at = scale_offset + 4 * static_cast<uint64_t>(r);
+    const auto* scale = reinterpret_cast<const float*>(
+        store_.pool.block_address(entry.blocks[static_cast<size_t>(at / granule)]) +
+        at % granule);
+    kernels::for_each_block_piece(
+        r * entry.cols, entry.cols, 1, static_cast<int64_t>(granule),
+        [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
+          const std::byte* src =
+              store_.pool.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+          segments.push_back({src, dst_base + first, count, entry.format.elem, scale});
         });
   }
 }

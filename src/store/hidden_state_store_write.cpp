@@ -163,10 +163,18 @@ void WritePipeline::store_plans(std::span<StorePlan> plans, size_t new_keys,
 }
 
 ElemType WritePipeline::storage_for(const TensorView& hidden) const {
-  return (store_.config.hidden_state_storage_dtype == StorageDType::kNative &&
-          hidden.dtype != DType::kFloat32)
-             ? detail::to_elem_type(hidden.dtype)
-             : ElemType::kFloat32;
+  switch (store_.config.hidden_state_storage_dtype) {
+    case StorageDType::kFloat32:
+      return ElemType::kFloat32;
+    case StorageDType::kNative:
+      return hidden.dtype != DType::kFloat32 ? detail::to_elem_type(hidden.dtype)
+                                             : ElemType::kFloat32;
+    case StorageDType::kFp8E4M3:
+      return ElemType::kFp8E4M3;
+    case StorageDType::kFp8E5M2:
+      return ElemType::kFp8E5M2;
+  }
+  return ElemType::kFloat32;  // a Config is validated before a store uses it
 }
 
 void WritePipeline::plan_writes_locked(const TensorView& hidden, const StoreOptions& opt,
@@ -194,17 +202,23 @@ void WritePipeline::plan_writes_locked(const TensorView& hidden, const StoreOpti
     // Held with this chunk's shape: cached. Another shape (hidden dim, storage dtype, or a row
     // count a caller's chunk list gives the key anew, which no walk would serve) is replaced.
     if (held && (*held)->rows == chunk.size() && (*held)->cols == hidden.cols &&
-        (*held)->format == detail::RowFormat{storage}) {
+        (*held)->format == detail::RowFormat::of(storage)) {
       continue;
     }
     const detail::Entry* replaces = held ? held->get() : nullptr;  // before slots may move
-    const auto bytes = static_cast<uint64_t>(
-        detail::mul_or_throw(detail::mul_or_throw(chunk.size(), hidden.cols, "chunk elements"),
-                             plan.esize, "chunk bytes"));
-    auto entry = store_.entries.make(store_.pool, chunk.size(), hidden.cols, detail::RowFormat{storage}, slot);
-    const size_t need = store_.pool.blocks_for(bytes);
+    const detail::RowFormat format = detail::RowFormat::of(storage);
+    const std::optional<uint64_t> bytes = format.checked_payload_bytes(chunk.size(), hidden.cols);
+    if (!bytes) {
+      throw InvalidArgument("a chunk of " + std::to_string(chunk.size()) + " rows x " +
+                            std::to_string(hidden.cols) + " columns overflows its byte count");
+    }
+    auto entry = store_.entries.make(store_.pool, chunk.size(), hidden.cols, format, slot);
+    const size_t need = store_.pool.blocks_for(*bytes);
     entry->blocks.reserve(need);
-    max_segments += need;
+    // A scaled entry's segments stop at every row end (one scale each).
+    max_segments += need + (format.scales == detail::ScaleLayout::kNone
+                                ? 0
+                                : static_cast<size_t>(chunk.size()));
     if (record == nullptr) {
       record = &store_.index.insert_empty(chunk.key, context.slot_hint);
       record->guard = guard;
@@ -329,7 +343,7 @@ void WritePipeline::merge_host_runs(std::pmr::vector<kernels::WriteSegment>& seg
     kernels::WriteSegment& last = segments[out];
     const kernels::WriteSegment& next = segments[i];
     const auto esize = static_cast<int64_t>(kernels::elem_bytes(last.dst_type));
-    if (next.dst_type == last.dst_type &&
+    if (next.dst_type == last.dst_type && last.scale == nullptr && next.scale == nullptr &&
         static_cast<std::byte*>(last.dst) + last.count * esize == next.dst &&
         last.src_row0 * cols + last.src_elem + last.count == next.src_row0 * cols + next.src_elem) {
       last.count += next.count;
@@ -349,6 +363,10 @@ kernels::SourceView WritePipeline::plan_segments(StorePlan& plan, const TensorVi
     const Chunk& chunk = plan.chunks[w.chunk];
     const int64_t src_row0 = chunk.start - opt.token_offset;
     const detail::Entry& entry = *w.entry;
+    if (entry.format.scales != detail::ScaleLayout::kNone) {
+      plan_scaled_segments(entry, src_row0, segments);
+      continue;
+    }
     kernels::for_each_block_piece(
         0, chunk.size() * hidden.cols, plan.esize, granule,
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
@@ -367,6 +385,34 @@ kernels::SourceView WritePipeline::plan_segments(StorePlan& plan, const TensorVi
         });
   }
   return {hidden.data, detail::to_elem_type(hidden.dtype), hidden.cols, hidden.stride()};
+}
+
+void WritePipeline::plan_scaled_segments(const detail::Entry& entry, int64_t src_row0,
+                                         std::pmr::vector<kernels::WriteSegment>& segments) {
+  // One segment per row and granule (ScaleLayout::kRowF32Trailing, row_format.hpp): each knows
+  // its row's scale, which the segment starting the row writes.
+  switch (entry.format.scales) {
+    case detail::ScaleLayout::kRowF32Trailing:
+      break;
+    case detail::ScaleLayout::kNone:
+      return;
+  }
+  const auto granule = static_cast<int64_t>(store_.pool.granule_bytes());
+  const uint64_t scale_offset = detail::RowFormat::scale_offset(entry.rows, entry.cols);
+  for (int64_t r = 0; r < entry.rows; ++r) {
+    const uint64_t at = scale_offset + 4 * static_cast<uint64_t>(r);
+    auto* scale = reinterpret_cast<float*>(
+        store_.pool.block_address(
+            entry.blocks[static_cast<size_t>(at / static_cast<uint64_t>(granule))]) +
+        at % static_cast<uint64_t>(granule));
+    kernels::for_each_block_piece(
+        r * entry.cols, entry.cols, 1, granule,
+        [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
+          std::byte* dst =
+              store_.pool.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+          segments.push_back({dst, src_row0, first, count, entry.format.elem, scale});
+        });
+  }
 }
 
 void WritePipeline::publish_locked(StorePlan& plan) noexcept {

@@ -169,6 +169,10 @@ class ReadPipeline {
   /// `slot` from row_begin on.
   void plan_restore(const Walk& w, size_t slot, int64_t row_begin,
                     std::vector<kernels::GatherSegment>& segments) const;
+  /// A scaled entry's part of plan_restore: rows [first_row, rows) as one segment per row and
+  /// granule with the row's scale, output elements from dst_base (appended to `segments`).
+  void plan_scaled_restore(const Entry& entry, int64_t first_row, int64_t dst_base,
+                           std::vector<kernels::GatherSegment>& segments) const;
 
 
   StoreState& store_;

@@ -57,6 +57,10 @@ class WritePipeline {
   /// and the caller's tensor as the kernels see it.
   kernels::SourceView plan_segments(StorePlan& plan, const TensorView& hidden,
                                     const StoreOptions& opt);
+  /// The segments of a scaled entry (8-bit storage): one per row and granule, each with its
+  /// row's scale address (appended to `segments`, reserved in phase 1).
+  void plan_scaled_segments(const Entry& entry, int64_t src_row0,
+                            std::pmr::vector<kernels::WriteSegment>& segments);
   // Phase 1 of one plan, phase 3 and the withdrawal, with mutex held by the caller.
   // `context`: what the plans of one call share (the lookups of plan.chunks, the stash).
   void reserve_and_apply_locked(const TensorView& hidden, const StoreOptions& opt,

@@ -162,6 +162,24 @@ TEST_F(CudaPath, TheStagingBudgetCountsBytesNotRounds) {
   }
 }
 
+TEST_F(CudaPath, Fp8StorageIsRefusedAtConstructionNamingTheKeyAndValue) {
+  // The kernels do not quantise yet (elem_visit.hpp): a store that finds a device refuses FP8
+  // storage before it makes any device state, rather than store anything wrong.
+  for (StorageDType storage : {StorageDType::kFp8E4M3, StorageDType::kFp8E5M2}) {
+    Config c = small_config();
+    c.hidden_state_storage_dtype = storage;
+    ChunkedTokenDatabase db(kChunk, false);
+    try {
+      HiddenStateStore store(c, db);
+      ADD_FAILURE() << "a store with " << to_string(storage) << " storage was built";
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("hidden_state_storage_dtype"), std::string::npos) << what;
+      EXPECT_NE(what.find(to_string(storage)), std::string::npos) << what;
+    }
+  }
+}
+
 TEST_F(CudaPath, TheCallersStreamCarriesTheGatherAndNeverThePcieCopy) {
   // Whatever the types, the caller's stream carries a device-side gather into staging and an
   // event; the device-to-host transfer runs on a copy stream (the engine's next kernels wait for

@@ -80,11 +80,18 @@ int config_check(Args& args) {
     layers =
         config.hidden_state_layers ? static_cast<int64_t>(config.hidden_state_layers->size()) : 1;
   }
-  const bool wide =
-      dtype == "float32" || config.hidden_state_storage_dtype == hss::StorageDType::kFloat32;
-  const int64_t elem = wide ? 4 : 2;
+  const bool fp8 = config.hidden_state_storage_dtype == hss::StorageDType::kFp8E4M3 ||
+                   config.hidden_state_storage_dtype == hss::StorageDType::kFp8E5M2;
+  const bool wide = !fp8 && (dtype == "float32" ||
+                             config.hidden_state_storage_dtype == hss::StorageDType::kFloat32);
+  const int64_t elem = fp8 ? 1 : (wide ? 4 : 2);
+  const std::string stored_as =
+      fp8 ? std::string(hss::to_string(config.hidden_state_storage_dtype)) +
+                " + a float32 scale per row"
+          : (wide ? std::string("float32") : dtype);
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  const double token_bytes = static_cast<double>(hidden_dim * elem);
+  // FP8: each row's 4-byte scale beside its codes (docs/design.md, "FP8 storage").
+  const double token_bytes = static_cast<double>(hidden_dim * elem + (fp8 ? 4 : 0));
   std::printf("\n# pools\n");
   std::printf("KV pool: %s\n",
               hss::cli::format_bytes(static_cast<double>(config.kv_pool_bytes())).c_str());
@@ -103,7 +110,7 @@ int config_check(Args& args) {
   const double chunk_bytes = token_bytes * static_cast<double>(config.chunk_size);
   const auto chunks = static_cast<int64_t>(pool / chunk_bytes);
   std::printf("hidden-state pool: %s, rows stored as %s (%lld bytes per value)\n",
-              hss::cli::format_bytes(pool).c_str(), wide ? "float32" : dtype.c_str(),
+              hss::cli::format_bytes(pool).c_str(), stored_as.c_str(),
               static_cast<long long>(elem));
   std::printf("  at hidden_dim %lld: %.0f tokens per GiB per layer\n",
               static_cast<long long>(hidden_dim), gib / token_bytes);
@@ -254,6 +261,12 @@ int info(Args& args) {
   } else {
     std::printf("disk tier: off (local_disk, hidden_state_disk_path unset)\n");
   }
+  const bool fp8 = config.hidden_state_storage_dtype == hss::StorageDType::kFp8E4M3 ||
+                   config.hidden_state_storage_dtype == hss::StorageDType::kFp8E5M2;
+  std::printf("storage dtype: %s (%s)\n",
+              std::string(hss::to_string(config.hidden_state_storage_dtype)).c_str(),
+              fp8 ? "lossy: 8-bit codes and a float32 scale per row, host path only"
+                  : "lossless");
   print_host_copy(config_file);
   return hss::cli::kExitOk;
 }

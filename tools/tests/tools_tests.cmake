@@ -46,6 +46,12 @@ hss_expect(cli_config_check_good 0
            ${_hss} config check ${_data}/good.yaml --hidden-dim 1024)
 hss_expect(cli_config_check_float32 0 "rows stored as float32 \\(4 bytes per value\\).*262144 tokens per GiB"
            ${_hss} config check ${_data}/good.yaml --hidden-dim 1024 --dtype float32)
+# FP8: 1020 code bytes and a 4-byte scale a token-layer (1 KiB), so 1048576 tokens per GiB.
+hss_expect(cli_config_check_fp8 0
+           "fp8.yaml: OK.*hidden_state_storage_dtype: fp8_e4m3.*rows stored as fp8_e4m3 \\+ a float32 scale per row.*1048576 tokens per GiB per layer.*262144 chunks of 4 tokens for one layer = 524288 tokens for each of 2 layers"
+           ${_hss} config check ${_data}/fp8.yaml --hidden-dim 1020)
+hss_expect(cli_info_fp8 0 "storage dtype: fp8_e4m3 \\(lossy: 8-bit codes and a float32 scale per row"
+           ${_hss} info --config ${_data}/fp8.yaml)
 hss_expect(cli_config_check_missing_file 1 "config error: .*does not exist"
            ${_hss} config check ${_data}/no_such_file.yaml)
 hss_expect(cli_config_check_bad_yaml 1 "config error: .*malformed YAML" ${_hss} config check

@@ -2,21 +2,30 @@
 // Conversions between float32, float16 and bfloat16. Widening is exact (every float16 and
 // bfloat16 value is a float32 value), so stored-then-restored rows are bit-identical; narrowing
 // (float32 -> 16-bit restore outputs) rounds to nearest, ties to even, like PyTorch's .to().
+//
+// The two 8-bit storage types (fp8.hpp) are quantised per row: each stored row carries a float32
+// scale (src/format/row_format.hpp says where), element = code x scale. The rules of the scale,
+// the quantiser and the dequantiser are at the end of this file (row_scale, quantise,
+// dequantise); every path, host and device, goes through them.
 
 #include <cstdint>
 #include <cstring>
 
+#include "hss/kernels/fp8.hpp"
 #include "hss/kernels/host_device.hpp"
 
 namespace hss::kernels {
 
-/// The element types the pool stores and the kernels read. hss::DType names the same three; they
+/// The element types the pool stores and the kernels read. hss::DType names the first three; they
 /// convert only through src/format/dtype_codes.hpp (switches, not ordinals), which also owns the wire
-/// codes.
+/// codes. The 8-bit types are storage only (hidden_state_storage_dtype fp8_e4m3 / fp8_e5m2):
+/// never a caller's tensor, always with per-row scales (is_scaled).
 enum class ElemType : uint8_t {
   kFloat32 = 0,
   kFloat16 = 1,
   kBFloat16 = 2,
+  kFp8E4M3 = 3,
+  kFp8E5M2 = 4,
 #ifdef HSS_ELEM_TYPE_PROBE  // tests/format/element_types_exhaustive.cmake: a type nothing handles
   kProbe = 255,
 #endif
@@ -33,6 +42,23 @@ HSS_HOST_DEVICE constexpr uint32_t elem_bytes(ElemType t) {
     case ElemType::kFloat16:
     case ElemType::kBFloat16:
       return 2u;
+    case ElemType::kFp8E4M3:
+    case ElemType::kFp8E5M2:
+      return 1u;
+  }
+  __builtin_unreachable();
+}
+
+/// True for the 8-bit types: their rows are stored as codes x a per-row float32 scale.
+HSS_HOST_DEVICE constexpr bool is_scaled(ElemType t) {
+  switch (t) {
+    case ElemType::kFloat32:
+    case ElemType::kFloat16:
+    case ElemType::kBFloat16:
+      return false;
+    case ElemType::kFp8E4M3:
+    case ElemType::kFp8E5M2:
+      return true;
   }
   __builtin_unreachable();
 }
@@ -163,6 +189,12 @@ HSS_HOST_DEVICE float load_as_float(const void* row, int64_t index, ElemType t) 
     case ElemType::kBFloat16:
       HSS_DEVICE_ACCESS(static_cast<const uint16_t*>(row) + index, 2, false);
       return bf16_to_float(static_cast<const uint16_t*>(row)[index]);
+    case ElemType::kFp8E4M3:  // the code's own value: the caller multiplies by the row's scale
+      HSS_DEVICE_ACCESS(static_cast<const uint8_t*>(row) + index, 1, false);
+      return e4m3_to_float(static_cast<const uint8_t*>(row)[index]);
+    case ElemType::kFp8E5M2:
+      HSS_DEVICE_ACCESS(static_cast<const uint8_t*>(row) + index, 1, false);
+      return e5m2_to_float(static_cast<const uint8_t*>(row)[index]);
   }
   __builtin_unreachable();
 }
@@ -182,7 +214,96 @@ HSS_HOST_DEVICE void store_from_float(void* row, int64_t index, ElemType t, floa
       HSS_DEVICE_ACCESS(static_cast<uint16_t*>(row) + index, 2, true);
       static_cast<uint16_t*>(row)[index] = float_to_bf16(value);
       break;
+    case ElemType::kFp8E4M3:  // `value` already divided by the row's scale (quantise)
+      HSS_DEVICE_ACCESS(static_cast<uint8_t*>(row) + index, 1, true);
+      static_cast<uint8_t*>(row)[index] = float_to_e4m3(value);
+      break;
+    case ElemType::kFp8E5M2:
+      HSS_DEVICE_ACCESS(static_cast<uint8_t*>(row) + index, 1, true);
+      static_cast<uint8_t*>(row)[index] = float_to_e5m2(value);
+      break;
   }
+}
+
+// ---- Per-row quantisation of the 8-bit types.
+//
+// A row's scale is amax / max_finite (448 for E4M3, 57344 for E5M2), amax = the largest |x| over
+// the row's finite elements, so the row's largest element maps onto the format's largest finite
+// value and nothing saturates. A row with no finite non-zero element has scale 1 (its codes are
+// zeros, NaN, or E5M2 infinities). A scale that would underflow float32 (amax below
+// 448 x 2^-149) is the smallest subnormal instead, so x / scale is never a division by zero.
+// Stored code = encode(x / scale) (nearest-even, saturating); restored value = decode(code) x
+// scale, clamped to +-FLT_MAX: a finite input never restores as infinity or NaN.
+//
+// Error bound (finite x, amax as above, the f32 output): |restored - x| <= amax / 28 for E4M3
+// (half the spacing 32 of [256, 448], over 448) and amax / 14 for E5M2 (4096 / 57344), plus
+// float32 rounding of the division and the product (a few 2^-24 relative); and per element
+// |restored - x| <= 2^-4 |x| (E4M3; 2^-3 for E5M2) wherever x / scale is a normal 8-bit value.
+// NaN stays NaN; +-infinity stays infinity in E5M2 and becomes NaN in E4M3 (fp8.hpp).
+
+/// The largest finite value of an 8-bit type (0 for the others: they are never scaled).
+HSS_HOST_DEVICE constexpr float fp8_max(ElemType t) {
+  switch (t) {
+    case ElemType::kFp8E4M3:
+      return kE4M3Max;
+    case ElemType::kFp8E5M2:
+      return kE5M2Max;
+    case ElemType::kFloat32:
+    case ElemType::kFloat16:
+    case ElemType::kBFloat16:
+      return 0.0f;
+  }
+  __builtin_unreachable();
+}
+
+/// amax folded with one more element: non-finite elements do not count. Selects, no branch:
+/// the host's amax loop vectorises.
+HSS_HOST_DEVICE float amax_add(float amax, float x) {
+  const uint32_t magnitude = float_to_bits(x) & 0x7FFFFFFFu;
+  const float a = bits_to_float(magnitude < 0x7F800000u ? magnitude : 0u);  // NaN, inf: 0
+  return a > amax ? a : amax;
+}
+
+/// The scale of a row whose finite elements have largest magnitude `amax`, for type `t`.
+HSS_HOST_DEVICE float row_scale(float amax, ElemType t) {
+  if (!(amax > 0.0f)) return 1.0f;
+  const float scale = amax / fp8_max(t);
+  return scale > 0.0f ? scale : bits_to_float(1u);  // 2^-149: never zero
+}
+
+/// The 8-bit code of `x` in a row of scale `scale`, for a type known at compile time (the host
+/// loops: they vectorise).
+template <ElemType T>
+HSS_HOST_DEVICE uint8_t quantise_as(float x, float scale) {
+  static_assert(T == ElemType::kFp8E4M3 || T == ElemType::kFp8E5M2, "an 8-bit type");
+  const float y = x / scale;
+  if constexpr (T == ElemType::kFp8E5M2) {
+    return float_to_e5m2(y);
+  } else {
+    return float_to_e4m3(y);
+  }
+}
+
+/// The value of `code` in a row of scale `scale` (finite codes stay finite: see above).
+template <ElemType T>
+HSS_HOST_DEVICE float dequantise_as(uint8_t code, float scale) {
+  static_assert(T == ElemType::kFp8E4M3 || T == ElemType::kFp8E5M2, "an 8-bit type");
+  const float c = T == ElemType::kFp8E5M2 ? e5m2_to_float(code) : e4m3_to_float(code);
+  const uint32_t v_bits = float_to_bits(c * scale);
+  const bool finite_code = (float_to_bits(c) & 0x7FFFFFFFu) < 0x7F800000u;
+  const bool overflowed = (v_bits & 0x7FFFFFFFu) == 0x7F800000u;
+  // A finite code whose product overflowed: the largest finite float32 of its sign.
+  return bits_to_float((finite_code & overflowed) ? (v_bits & 0x80000000u) | 0x7F7FFFFFu : v_bits);
+}
+
+/// quantise_as / dequantise_as for a type known at run time.
+HSS_HOST_DEVICE uint8_t quantise(float x, float scale, ElemType t) {
+  return t == ElemType::kFp8E5M2 ? quantise_as<ElemType::kFp8E5M2>(x, scale)
+                                 : quantise_as<ElemType::kFp8E4M3>(x, scale);
+}
+HSS_HOST_DEVICE float dequantise(uint8_t code, float scale, ElemType t) {
+  return t == ElemType::kFp8E5M2 ? dequantise_as<ElemType::kFp8E5M2>(code, scale)
+                                 : dequantise_as<ElemType::kFp8E4M3>(code, scale);
 }
 
 }  // namespace hss::kernels

@@ -80,6 +80,10 @@ inline const char* short_name(ElemType t) {
       return "f16";
     case ElemType::kBFloat16:
       return "bf16";
+    case ElemType::kFp8E4M3:
+      return "e4m3";
+    case ElemType::kFp8E5M2:
+      return "e5m2";
   }
   return "?";  // not an ElemType
 }

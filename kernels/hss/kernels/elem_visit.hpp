@@ -17,7 +17,9 @@ HSS_HOST_DEVICE constexpr bool store_pair_supported(ElemType src, ElemType dst) 
 }
 
 /// Calls fn.template operator()<T>() for `type`. False (nothing called) for a value outside the
-/// enum.
+/// enum, and for the 8-bit storage types: the kernels' tile loops move unscaled elements only
+/// (a store configured with fp8 storage refuses a device path at construction, so no fp8 tile
+/// is ever planned; the host path quantises, src/datapath/host/host_data_path.cpp).
 template <typename Fn>
 HSS_HOST_DEVICE bool visit_elem_type(ElemType type, Fn&& fn) {
   switch (type) {
@@ -30,6 +32,9 @@ HSS_HOST_DEVICE bool visit_elem_type(ElemType type, Fn&& fn) {
     case ElemType::kBFloat16:
       fn.template operator()<ElemType::kBFloat16>();
       return true;
+    case ElemType::kFp8E4M3:
+    case ElemType::kFp8E5M2:
+      return false;
   }
   return false;
 }
@@ -48,7 +53,8 @@ HSS_HOST_DEVICE bool visit_store_pair(ElemType src, ElemType dst, Fn&& fn) {
   });
 }
 
-/// Calls fn.template operator()<T>() for every element type (compile-time enumeration).
+/// Calls fn.template operator()<T>() for every element type the tile loops move (compile-time
+/// enumeration; the 8-bit types are not among them, see visit_elem_type).
 template <typename Fn>
 HSS_HOST_DEVICE void for_each_elem_type(Fn&& fn) {
   fn.template operator()<ElemType::kFloat32>();

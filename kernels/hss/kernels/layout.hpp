@@ -6,7 +6,9 @@
 // An entry is `rows x cols` elements of its storage type, row-major, laid over a list of pool
 // blocks of `block_bytes` each: entry element e lives in block (e * esize) / block_bytes at byte
 // (e * esize) % block_bytes. block_bytes is a multiple of 16, so no element straddles two blocks
-// and a block start is 16-byte aligned.
+// and a block start is 16-byte aligned. An 8-bit (scaled) entry has the same element layout,
+// followed by its rows' float32 scales (src/format/row_format.hpp, ScaleLayout::kRowF32Trailing);
+// its segments then lie inside one row each and carry the address of that row's scale.
 
 #include <cstdint>
 
@@ -57,6 +59,9 @@ struct GatherSegment {
   int64_t dst_elem = 0;
   int64_t count = 0;
   ElemType src_type = ElemType::kFloat32;
+  /// Scaled storage types: the segment lies in one row, and this is that row's scale in the
+  /// pool. nullptr otherwise.
+  const float* scale = nullptr;
 };
 
 /// A run of elements contiguous in the pool (inside one block) that a store fills from the
@@ -68,6 +73,9 @@ struct WriteSegment {
   int64_t src_elem = 0;
   int64_t count = 0;
   ElemType dst_type = ElemType::kFloat32;
+  /// Scaled storage types: the segment lies in one row, and this is where that row's scale goes
+  /// in the pool (written by the segment that starts the row). nullptr otherwise.
+  float* scale = nullptr;
 };
 
 /// One tile of a batched store (one launch for every item of a batch on a stream). The items are
@@ -99,11 +107,29 @@ HSS_HOST_DEVICE void* output_address(const OutputView& o, int64_t flat) {
                                                    static_cast<int64_t>(elem_bytes(o.type));
 }
 
-/// Writes source element `flat` of a store (already widened or kept at 16 bits) into `dst[i]`.
+/// The scale of source row `row` stored as the 8-bit type `t` (convert.hpp, row_scale): one pass
+/// over the row's cols elements.
+HSS_HOST_DEVICE float source_row_scale(const SourceView& s, int64_t row, ElemType t) {
+  const auto* base = static_cast<const unsigned char*>(s.data) +
+                     row * s.row_stride * static_cast<int64_t>(elem_bytes(s.type));
+  float amax = 0.0f;
+  for (int64_t c = 0; c < s.cols; ++c) amax = amax_add(amax, load_as_float(base, c, s.type));
+  return row_scale(amax, t);
+}
+
+/// Writes source element `flat` of a store (already widened or kept at 16 bits, or quantised
+/// against its row's scale) into `dst[i]`.
 HSS_HOST_DEVICE void store_element(const SourceView& s, int64_t row0, int64_t flat, void* dst,
                                    int64_t i, ElemType dst_type) {
   const void* src = source_address(s, row0, flat);
   switch (dst_type) {
+    case ElemType::kFp8E4M3:
+    case ElemType::kFp8E5M2: {  // the row's scale recomputed: O(cols), a scalar reference only
+      const float scale = source_row_scale(s, row0 + flat / s.cols, dst_type);
+      HSS_DEVICE_ACCESS(static_cast<uint8_t*>(dst) + i, 1, true);
+      static_cast<uint8_t*>(dst)[i] = quantise(load_as_float(src, 0, s.type), scale, dst_type);
+      return;
+    }
     case ElemType::kFloat32: {
       const float value = load_as_float(src, 0, s.type);
       HSS_DEVICE_ACCESS(static_cast<float*>(dst) + i, 4, true);
@@ -137,7 +163,17 @@ HSS_HOST_DEVICE void restore_element(const GatherSegment& seg, int64_t i, const 
         HSS_DEVICE_ACCESS(dst, 2, true);
         *static_cast<uint16_t*>(dst) = static_cast<const uint16_t*>(seg.src)[i];
         return;
+      case ElemType::kFp8E4M3:  // never an output type (outputs are hss::DType views)
+      case ElemType::kFp8E5M2:
+        break;
     }
+  }
+  if (is_scaled(seg.src_type)) {
+    HSS_DEVICE_ACCESS(seg.scale, 4, false);
+    HSS_DEVICE_ACCESS(static_cast<const uint8_t*>(seg.src) + i, 1, false);
+    store_from_float(dst, 0, out.type,
+                     dequantise(static_cast<const uint8_t*>(seg.src)[i], *seg.scale, seg.src_type));
+    return;
   }
   store_from_float(dst, 0, out.type, load_as_float(seg.src, i, seg.src_type));
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <string_view>
 
 #include "base/log.hpp"
@@ -19,6 +20,15 @@ namespace hss::detail {
 
 std::unique_ptr<DevicePath> create_platform_device_path(const Config& config) {
   if (!cuda_device_available()) return nullptr;
+  // The kernels move unscaled elements only (elem_visit.hpp): FP8 storage is host-path only
+  // until the store and restore kernels quantise. Refused here, before any device state.
+  if (config.hidden_state_storage_dtype == StorageDType::kFp8E4M3 ||
+      config.hidden_state_storage_dtype == StorageDType::kFp8E5M2) {
+    throw ConfigError("config key 'hidden_state_storage_dtype': FP8 storage is not supported by "
+                      "the CUDA path yet (a CUDA device was found), got '" +
+                      std::string(to_string(config.hidden_state_storage_dtype)) +
+                      "'; use float32 or native");
+  }
   return std::make_unique<cuda::CudaDevicePath>(config);
 }
 
