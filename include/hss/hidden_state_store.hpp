@@ -290,6 +290,10 @@ class HiddenStateStore {
                                  CoverageScope scope) const;
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks, std::span<const Slot> slots,
                                  CoverageScope scope) const;
+  /// coverage(chunks, slots, kLocalAndRemote) and which tier holds each chunk of that prefix
+  /// ("host", "disk", "remote": hss/tier_stats.hpp). Waits on the tiers as that call does.
+  [[nodiscard]] TierCoverage coverage_by_tier(std::span<const Chunk> chunks,
+                                              std::span<const Slot> slots) const;
 
   /// Distinct chunk keys held (LMCache's num_cached_chunks).
   [[nodiscard]] size_t num_cached_chunks() const;

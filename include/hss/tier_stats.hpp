@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "hss/detail/stats_fields.hpp"
 
@@ -47,5 +48,16 @@ constexpr void for_each_field(Self& s, Visit&& visit) {
   visit("entries_held", s.entries_held);
   visit("bytes_held", s.bytes_held);
 }
+
+/// What HiddenStateStore::coverage_by_tier found: the prefix coverage(..., kLocalAndRemote)
+/// counts, and which tier holds each of its chunks. Values a tier holds are unchecked (as
+/// coverage's), so a retrieve may still stop short where one turns out corrupt.
+struct TierCoverage {
+  int64_t tokens = 0;  ///< == coverage(chunks, slots, CoverageScope::kLocalAndRemote)
+  /// One per chunk of that prefix, in order: "host" when the pool holds every slot, else the name
+  /// of the last tier in retrieve order that a read-through would promote one of its slots from
+  /// ("disk", "remote"): the slowest read the chunk needs.
+  std::vector<std::string> chunk_tiers;
+};
 
 }  // namespace hss

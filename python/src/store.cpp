@@ -418,6 +418,22 @@ void bind_store(nb::module_& m) {
           "chunks). scope=CoverageScope.local_and_remote also counts the remote tier (one round "
           "trip per server). Changes nothing.")
       .def(
+          "coverage_by_tier",
+          [](PyHiddenStateStore& s, nb::handle tokens_or_chunks, nb::handle layer_idxs) {
+            std::vector<hss::Chunk> chunks = chunks_for(s, tokens_or_chunks, "token_ids");
+            std::vector<hss::Slot> slots = slots_from(layer_idxs, "layer_idxs");
+            hss::TierCoverage found;
+            {
+              nb::gil_scoped_release release;
+              found = live(s).coverage_by_tier(chunks, std::span<const hss::Slot>(slots));
+            }
+            return nb::make_tuple(found.tokens, found.chunk_tiers);
+          },
+          nb::arg("token_ids").none(), nb::arg("layer_idxs") = std::vector<int64_t>{0},
+          "(tokens, tiers): coverage(..., scope=CoverageScope.local_and_remote) and, per chunk of "
+          "that prefix, the tier a retrieve reads it from: 'host' (the pool holds every slot), "
+          "else the slowest tier it promotes a slot from ('disk', 'remote'). Changes nothing.")
+      .def(
           "has_chunk",
           [](PyHiddenStateStore& s, const hss::CacheEngineKey& key, int64_t layer_idx,
              nb::handle kind) { return live(s).has_chunk(key, layer_idx, kind_from(kind)); },

@@ -48,11 +48,12 @@ def test_fp8_store_of_float16_input_round_trips_within_the_bound(storage):
     assert (np.abs(out - wide) / amax).max() <= BOUND[storage] * (1 + 1e-5)
 
 
-def test_fp8_is_opt_in_and_refuses_backing_tiers():
+def test_fp8_is_opt_in_and_goes_to_the_backing_tiers():
     assert hsstore.Config({}).hidden_state_storage_dtype == "float32"
-    with pytest.raises(hsstore.ConfigError, match="hidden_state_storage_dtype"):
-        hsstore.Config(
-            {"hidden_state_storage_dtype": "fp8_e4m3", "hidden_state_remote_url": "redis://h:1"}
-        )
+    # FP8 rows travel with their scales through the tiers and P/D transfer (wire codes 3, 4).
+    c = hsstore.Config(
+        {"hidden_state_storage_dtype": "fp8_e4m3", "hidden_state_remote_url": "redis://h:1"}
+    )
+    assert c.hidden_state_storage_dtype == "fp8_e4m3"
     with pytest.raises(hsstore.ConfigError, match="hidden_state_storage_dtype"):
         hsstore.Config({"hidden_state_storage_dtype": "fp8"})

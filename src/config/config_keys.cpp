@@ -304,19 +304,16 @@ constexpr std::array kKeys = {
         [](const Config& c, const KeyCheck& k) {
           // Only reachable for a Config built in code: parsing accepts the four names alone.
           if (to_string(c.hidden_state_storage_dtype) == "unknown") k.fail("unknown storage dtype");
-          const bool fp8 = c.hidden_state_storage_dtype == StorageDType::kFp8E4M3 ||
-                           c.hidden_state_storage_dtype == StorageDType::kFp8E5M2;
-          // FP8 entries have no wire code yet: no tier value, no P/D export (docs/design.md).
-          if (fp8 && (!c.hidden_state_disk_dir().empty() || !c.hidden_state_remote_url.empty() ||
-                      c.hidden_state_transfer != TransferKind::kNone)) {
-            k.fail("FP8 storage keeps hidden states in the host pool only: it cannot be combined "
-                   "with a disk tier (local_disk, hidden_state_disk_path), a remote tier "
-                   "(hidden_state_remote_url) or hidden_state_transfer yet");
-          }
+          // FP8 entries travel with their scales to the disk and remote tiers and over P/D
+          // transfer (wire codes 3 and 4, format/dtype_codes.hpp). A CUDA device path refuses
+          // FP8 storage at construction (datapath/cuda/device_path.cpp): its kernels do not
+          // quantise yet.
         },
         "`native` keeps float16/bfloat16 rows at 16 bits (bit-identical restore, half the bytes); "
         "`fp8_e4m3` / `fp8_e5m2` quantise each row to 8 bits with a float32 scale (lossy, "
-        "opt-in: error <= row amax / 28 or / 14; host pool only)"),
+        "opt-in: error <= row amax / 28 or / 14; the scales travel with the rows to the disk and "
+        "remote tiers and over P/D transfer; host path only: refused where a CUDA device is "
+        "found)"),
     key<IntCodec>("hidden_state_block_bytes", HSS_MEMBER(hidden_state_block_bytes),
         [](const Config& c, const KeyCheck& k) {
           const int64_t bytes = c.hidden_state_block_bytes;

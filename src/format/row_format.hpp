@@ -18,9 +18,9 @@
 //     division, like an element;
 //   * the payload is still one contiguous byte string (pieces in order) for the tiers' values
 //     and the P/D export: nothing there needs to know where the scales are.
-// Not on the wire yet: the value codec's header names a DType, and FP8 has no wire code
-// (dtype_codes.hpp), so a store with FP8 storage has no backing tier and exports nothing
-// (Config::validate; the export's check). A wire code per (elem, scales) is what adds them.
+// On the wire: the value codec's header names the whole RowFormat by one code (dtype_codes.hpp:
+// 3 = fp8_e4m3 with kRowF32Trailing scales, 4 = fp8_e5m2), so the disk and remote tiers and the
+// P/D export carry an FP8 entry's payload, scales included, as they carry any other.
 //
 // A plain value: safe to copy and read from any thread.
 

@@ -36,17 +36,14 @@ Int get_le(const std::byte* in) {
   return static_cast<Int>(bits);
 }
 
-// Payload bytes, or nothing when the shape is negative or does not fit a size_t.
-std::optional<size_t> checked_payload_bytes(DType dtype, int64_t rows, int64_t cols) {
-  if (rows < 0 || cols < 0) return std::nullopt;
-  const auto r = static_cast<uint64_t>(rows);
-  const auto c = static_cast<uint64_t>(cols);
-  const uint64_t esize = element_size(dtype);
-  constexpr uint64_t kMax = std::numeric_limits<size_t>::max() - kRemoteHeaderBytes;
-  if (c != 0 && r > kMax / c) return std::nullopt;
-  const uint64_t elems = r * c;
-  if (elems > kMax / esize) return std::nullopt;
-  return static_cast<size_t>(elems * esize);
+// Payload bytes, or nothing when the shape is negative, the format has no wire code or the
+// value would not fit a size_t.
+std::optional<size_t> checked_payload_bytes(RowFormat format, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0 || !wire_code(format)) return std::nullopt;
+  const std::optional<uint64_t> bytes = format.checked_payload_bytes(rows, cols);
+  constexpr uint64_t kMax = std::numeric_limits<size_t>::max() - kRemoteHeaderBytes - kMacBytes;
+  if (!bytes || *bytes > kMax) return std::nullopt;
+  return static_cast<size_t>(*bytes);
 }
 
 struct Xxh3StateDeleter {
@@ -54,6 +51,29 @@ struct Xxh3StateDeleter {
 };
 
 }  // namespace
+
+std::string row_format_name(RowFormat format) {
+  std::string name;
+  switch (format.elem) {
+    case kernels::ElemType::kFloat32:
+      name = "float32";
+      break;
+    case kernels::ElemType::kFloat16:
+      name = "float16";
+      break;
+    case kernels::ElemType::kBFloat16:
+      name = "bfloat16";
+      break;
+    case kernels::ElemType::kFp8E4M3:
+      name = "fp8_e4m3";
+      break;
+    case kernels::ElemType::kFp8E5M2:
+      name = "fp8_e5m2";
+      break;
+  }
+  if (format.scales == ScaleLayout::kRowF32Trailing) name += " + float32 row scales";
+  return name;
+}
 
 std::string remote_key(const CacheEngineKey& key, std::string_view kind, int64_t layer) {
   std::string out(kRemoteKeyPrefix);
@@ -66,7 +86,11 @@ std::string remote_key(const CacheEngineKey& key, std::string_view kind, int64_t
 }
 
 size_t remote_payload_bytes(DType dtype, int64_t rows, int64_t cols) {
-  const auto bytes = checked_payload_bytes(dtype, rows, cols);
+  return remote_payload_bytes(to_row_format(dtype), rows, cols);
+}
+
+size_t remote_payload_bytes(RowFormat format, int64_t rows, int64_t cols) {
+  const auto bytes = checked_payload_bytes(format, rows, cols);
   if (!bytes) {
     throw InvalidArgument("remote value shape rows = " + std::to_string(rows) +
                           ", cols = " + std::to_string(cols) + " is negative or too large");
@@ -90,7 +114,11 @@ void encode_remote_header(const RemoteHeader& header,
                           std::span<std::byte, kRemoteHeaderBytes> out) {
   std::memcpy(out.data(), kMagic.data(), kMagic.size());
   put_le<uint16_t>(out.data() + 4, kRemoteFormatVersion);
-  out[6] = static_cast<std::byte>(wire_code(header.dtype));
+  const std::optional<uint8_t> code = wire_code(header.format);
+  if (!code) {
+    throw InvalidArgument("row format " + row_format_name(header.format) + " has no wire code");
+  }
+  out[6] = static_cast<std::byte>(*code);
   out[7] = static_cast<std::byte>(header.flags);
   put_le<int64_t>(out.data() + 8, header.rows);
   put_le<int64_t>(out.data() + 16, header.cols);
@@ -103,17 +131,17 @@ std::optional<RemoteHeader> decode_remote_header(std::span<const std::byte> byte
       get_le<uint16_t>(bytes.data() + 4) != kRemoteFormatVersion) {
     return std::nullopt;
   }
-  const auto dtype_code = static_cast<uint8_t>(bytes[6]);
+  const auto format_code = static_cast<uint8_t>(bytes[6]);
   const auto flags = static_cast<uint8_t>(bytes[7]);
   RemoteHeader header;
   header.rows = get_le<int64_t>(bytes.data() + 8);
   header.cols = get_le<int64_t>(bytes.data() + 16);
   header.payload_hash = get_le<uint64_t>(bytes.data() + 24);
   header.flags = flags;
-  const std::optional<DType> dtype = dtype_from_wire(dtype_code);
-  if (!dtype || (flags & ~kRemoteFlagMac) != 0) return std::nullopt;
-  header.dtype = *dtype;
-  if (!checked_payload_bytes(header.dtype, header.rows, header.cols) || header.cols == 0) {
+  const std::optional<RowFormat> format = row_format_from_wire(format_code);
+  if (!format || (flags & ~kRemoteFlagMac) != 0) return std::nullopt;
+  header.format = *format;
+  if (!checked_payload_bytes(header.format, header.rows, header.cols) || header.cols == 0) {
     return std::nullopt;
   }
   return header;
@@ -122,13 +150,19 @@ std::optional<RemoteHeader> decode_remote_header(std::span<const std::byte> byte
 std::string encode_remote_value(DType dtype, int64_t rows, int64_t cols,
                                 std::span<const std::span<const std::byte>> pieces,
                                 const ValueMac* mac, std::string_view name) {
-  const size_t payload = remote_payload_bytes(dtype, rows, cols);
+  return encode_remote_value(to_row_format(dtype), rows, cols, pieces, mac, name);
+}
+
+std::string encode_remote_value(RowFormat format, int64_t rows, int64_t cols,
+                                std::span<const std::span<const std::byte>> pieces,
+                                const ValueMac* mac, std::string_view name) {
+  const size_t payload = remote_payload_bytes(format, rows, cols);
   size_t given = 0;
   for (const auto piece : pieces) given += piece.size();
   if (given != payload) {
     throw InvalidArgument("remote payload has " + std::to_string(given) + " bytes but rows = " +
                           std::to_string(rows) + ", cols = " + std::to_string(cols) + " of " +
-                          std::string(to_string(dtype)) + " need " + std::to_string(payload));
+                          row_format_name(format) + " need " + std::to_string(payload));
   }
   const size_t body_at = kRemoteHeaderBytes + (mac != nullptr ? kMacBytes : 0);
   std::string value(body_at + payload, '\0');
@@ -138,7 +172,7 @@ std::string encode_remote_value(DType dtype, int64_t rows, int64_t cols,
     if (!piece.empty()) std::memcpy(bytes + at, piece.data(), piece.size());
     at += piece.size();
   }
-  const RemoteHeader header{dtype, rows, cols, XXH3_64bits(bytes + body_at, payload),
+  const RemoteHeader header{format, rows, cols, XXH3_64bits(bytes + body_at, payload),
                             mac != nullptr ? kRemoteFlagMac : uint8_t{0}};
   encode_remote_header(header, std::span<std::byte, kRemoteHeaderBytes>(bytes, kRemoteHeaderBytes));
   if (mac != nullptr) {
@@ -187,19 +221,19 @@ DecodedValue decode_remote_value(std::span<const std::byte> value, int64_t expec
     out.status = DecodeStatus::kUnsupportedVersion;
     return out;
   }
-  const auto dtype_code = static_cast<uint8_t>(value[6]);
+  const auto format_code = static_cast<uint8_t>(value[6]);
   out.header.rows = get_le<int64_t>(value.data() + 8);
   out.header.cols = get_le<int64_t>(value.data() + 16);
   out.header.payload_hash = get_le<uint64_t>(value.data() + 24);
   const auto flags = static_cast<uint8_t>(value[7]);
   out.header.flags = flags;
-  const std::optional<DType> dtype = dtype_from_wire(dtype_code);
-  if (!dtype || (flags & ~kRemoteFlagMac) != 0) {
+  const std::optional<RowFormat> format = row_format_from_wire(format_code);
+  if (!format || (flags & ~kRemoteFlagMac) != 0) {
     out.status = DecodeStatus::kBadHeader;
     return out;
   }
-  out.header.dtype = *dtype;
-  const auto payload = checked_payload_bytes(out.header.dtype, out.header.rows, out.header.cols);
+  out.header.format = *format;
+  const auto payload = checked_payload_bytes(out.header.format, out.header.rows, out.header.cols);
   if (!payload || out.header.cols == 0) {
     out.status = DecodeStatus::kBadHeader;
     return out;

@@ -2,10 +2,13 @@
 // The byte format of one hidden-state chunk in the remote tier, and its key. Pure functions, no
 // I/O: safe from any thread.
 //
-// Value = 32-byte header + payload (rows x cols elements of the storage dtype, row-major):
+// Value = 32-byte header + payload (rows x cols in the entry's row format, row-major, as the
+// pool holds it: for FP8 the codes, then the float32 row scales in a trailing block,
+// row_format.hpp):
 //   offset  0: magic "HSSR"            offset 16: cols (int64)
 //   offset  4: format version (u16)    offset 24: xxHash3-64 of the payload (u64)
-//   offset  6: storage dtype (u8, hss::DType)
+//   offset  6: row format (u8 wire code, format/dtype_codes.hpp: 0 float32, 1 float16,
+//              2 bfloat16, 3 fp8_e4m3 + f32 trailing scales, 4 fp8_e5m2 + f32 trailing scales)
 //   offset  7: flags (u8): bit 0 = a 32-byte keyed MAC follows the header (src/format/value_mac.hpp);
 //              other bits 0
 //   offset  8: rows (int64)
@@ -24,6 +27,7 @@
 
 #include "hss/cache_key.hpp"
 #include "hss/tensor.hpp"
+#include "format/row_format.hpp"
 #include "format/value_mac.hpp"
 
 namespace hss::detail {
@@ -40,14 +44,18 @@ inline constexpr std::string_view kRemoteKeyPrefix = "hss:v1:";
                                      int64_t layer);
 
 struct RemoteHeader {
-  DType dtype = DType::kFloat32;
+  RowFormat format;  ///< how the payload's rows are encoded (float32 unscaled by default)
   int64_t rows = 0;
   int64_t cols = 0;
   uint64_t payload_hash = 0;
   uint8_t flags = 0;  ///< kRemoteFlagMac when a MAC follows
 };
 
+/// "bfloat16", "fp8_e4m3 + float32 row scales": for messages.
+[[nodiscard]] std::string row_format_name(RowFormat format);
+
 /// Payload bytes of a rows x cols chunk; throws InvalidArgument on negative sizes or overflow.
+[[nodiscard]] size_t remote_payload_bytes(RowFormat format, int64_t rows, int64_t cols);
 [[nodiscard]] size_t remote_payload_bytes(DType dtype, int64_t rows, int64_t cols);
 
 /// xxHash3-64 (no seed) of the concatenation of `pieces`.
@@ -56,12 +64,17 @@ struct RemoteHeader {
 /// Writes the header into the first kRemoteHeaderBytes of `out`.
 void encode_remote_header(const RemoteHeader& header, std::span<std::byte, kRemoteHeaderBytes> out);
 
-/// Reads a header (no MAC or payload checks): nullopt unless magic, version, dtype, flags and a
-/// non-negative shape are valid.
+/// Reads a header (no MAC or payload checks): nullopt unless magic, version, row format code,
+/// flags and a non-negative shape are valid.
 [[nodiscard]] std::optional<RemoteHeader> decode_remote_header(std::span<const std::byte> bytes);
 
 /// Header + payload as one value (header + MAC + payload with `mac`, the MAC taken over `name`,
 /// the value's remote key). The pieces' total size must match the shape (InvalidArgument).
+[[nodiscard]] std::string encode_remote_value(RowFormat format, int64_t rows, int64_t cols,
+                                              std::span<const std::span<const std::byte>> pieces,
+                                              const ValueMac* mac = nullptr,
+                                              std::string_view name = {});
+/// The same for an unscaled DType's rows.
 [[nodiscard]] std::string encode_remote_value(DType dtype, int64_t rows, int64_t cols,
                                               std::span<const std::span<const std::byte>> pieces,
                                               const ValueMac* mac = nullptr,
@@ -71,7 +84,7 @@ enum class DecodeStatus {
   kOk,
   kForeign,             ///< too short for a header, or no magic: not ours
   kUnsupportedVersion,  ///< ours, another format version
-  kBadHeader,           ///< unknown dtype, negative or overflowing shape
+  kBadHeader,           ///< unknown row format code, negative or overflowing shape
   kWrongShape,          ///< not the rows/cols the caller expects
   kTruncated,           ///< fewer payload bytes than the header's shape needs
   kOverlong,            ///< more payload bytes than the header's shape needs

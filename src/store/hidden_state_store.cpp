@@ -336,6 +336,10 @@ int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks, std::span<cons
                                    CoverageScope scope) const {
   return coverage(chunks, std::span<const Slot>(hidden_slots(layers)), scope);
 }
+TierCoverage HiddenStateStore::coverage_by_tier(std::span<const Chunk> chunks,
+                                                std::span<const Slot> slots) const {
+  return impl_->tier_reads.coverage_by_tier(chunks, slots, impl_->read.coverage(chunks, slots));
+}
 int64_t HiddenStateStore::coverage(std::span<const Chunk> chunks, std::span<const Slot> slots,
                                    CoverageScope scope) const {
   return scope == CoverageScope::kLocal ? impl_->read.coverage(chunks, slots)

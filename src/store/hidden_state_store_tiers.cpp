@@ -13,7 +13,6 @@
 #include "store/tier_read_through.hpp"
 #include "base/nvtx.hpp"
 #include "format/dtype_codes.hpp"
-#include "hss/detail/checked.hpp"
 #include "index/entry_bytes.hpp"
 
 namespace hss::detail {
@@ -21,14 +20,18 @@ namespace hss::detail {
 namespace {
 
 // A tier checks what it returns (tiers/backing_tier.hpp); the store still takes only a value of
-// the chunk's rows in a storage type whose payload is exactly rows x cols elements, so that no
-// tier's slip becomes an exception out of a retrieve or rows served short.
-bool fits(const detail::TierValue& value, const Chunk& chunk) noexcept {
-  const auto esize = static_cast<int64_t>(element_size(value.dtype));  // 0: not a DType
-  if (value.rows != chunk.size() || value.cols <= 0 || esize == 0) return false;
-  const auto elems = detail::checked_mul(value.rows, value.cols);
-  const auto bytes = elems ? detail::checked_mul(*elems, esize) : std::nullopt;
-  return bytes && static_cast<uint64_t>(*bytes) == value.payload.size();
+// the chunk's rows, in a row format with a wire code, whose payload is exactly rows x cols in
+// that format, so that no tier's slip becomes an exception out of a retrieve or rows served
+// short. A store with a CUDA device path takes no FP8 value (its kernels move unscaled elements
+// only): the tier's hit is not promoted, a miss for the retrieve. An FP8 value keeps its format
+// (codes and scales as the writer's pool held them), so a retrieve dequantises it exactly as it
+// would the same entry never spilled.
+bool fits(const detail::TierValue& value, const Chunk& chunk, bool device_path) noexcept {
+  if (!detail::wire_code(value.format)) return false;
+  if (device_path && value.format.scales != detail::ScaleLayout::kNone) return false;
+  if (value.rows != chunk.size() || value.cols <= 0) return false;
+  const auto bytes = value.format.checked_payload_bytes(value.rows, value.cols);
+  return bytes && *bytes == value.payload.size();
 }
 
 }  // namespace
@@ -74,7 +77,7 @@ size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
   // Each value goes into the pool as it arrives (no value is held longer than its copy). A value
   // past a chunk missing elsewhere is kept too: the walk, not the fetch, ends the prefix.
   return store_.tiers.fetch_each(requests, [&](size_t i, const detail::TierValue& value) {
-    return fits(value, chunks[missing[i].chunk]) &&
+    return fits(value, chunks[missing[i].chunk], store_.device_path != nullptr) &&
            insert_fetched(chunks[missing[i].chunk], missing[i].slot, value, guard) ==
                InsertResult::kInserted;
   });
@@ -82,8 +85,7 @@ size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
 
 TierReadThrough::InsertResult TierReadThrough::insert_fetched(
     const Chunk& chunk, Slot slot, const detail::TierValue& value, uint64_t guard) {
-  const auto storage = detail::to_elem_type(value.dtype);
-  auto entry = store_.entries.make(store_.pool, value.rows, value.cols, detail::RowFormat{storage}, slot);
+  auto entry = store_.entries.make(store_.pool, value.rows, value.cols, value.format, slot);
   entry->blocks.reserve(store_.pool.blocks_for(entry->payload_bytes()));
   {
     std::lock_guard lock(store_.mutex);
@@ -102,8 +104,17 @@ TierReadThrough::InsertResult TierReadThrough::insert_fetched(
 int64_t TierReadThrough::coverage_with_tiers(std::span<const Chunk> chunks,
                                              std::span<const Slot> slots, int64_t local) const {
   if (store_.tiers.empty()) return local;
-  size_t from = 0;
+  return coverage_by_tier(chunks, slots, local).tokens;
+}
+
+TierCoverage TierReadThrough::coverage_by_tier(std::span<const Chunk> chunks,
+                                               std::span<const Slot> slots, int64_t local) const {
+  TierCoverage out;
+  out.tokens = local;
+  size_t from = 0;  // the pool's prefix: every slot local
   while (from < chunks.size() && chunks[from].end <= local) ++from;
+  out.chunk_tiers.assign(from, "host");
+  if (store_.tiers.empty()) return out;
   const size_t end = store_.kv_prefix_end(chunks, from);
   std::vector<detail::TierRequest> requests;
   std::vector<size_t> chunk_of;
@@ -118,15 +129,27 @@ int64_t TierReadThrough::coverage_with_tiers(std::span<const Chunk> chunks,
       }
     }
   }
-  const std::vector<bool> present = store_.tiers.contains(requests);
+  const std::vector<int32_t> where = store_.tiers.locate(requests);
+  // Per chunk past the pool's prefix: the last tier any of its slots is read from (-1: all
+  // local); the prefix ends at the first (chunk, slot) no tier holds, or at KV's end.
+  std::vector<int32_t> slowest(end - from, -1);
   size_t stop = end;
   for (size_t r = 0; r < requests.size(); ++r) {
-    if (!present[r]) {
+    if (where[r] == TierChain::kNotHeld) {
       stop = chunk_of[r];
       break;
     }
+    int32_t& s = slowest[chunk_of[r] - from];
+    s = std::max(s, where[r]);
   }
-  return stop == 0 ? 0 : std::max(local, chunks[stop - 1].end);
+  for (size_t i = from; i < stop; ++i) {
+    const int32_t t = slowest[i - from];
+    out.chunk_tiers.emplace_back(
+        t < 0 ? std::string("host")
+              : std::string(store_.tiers.tier(static_cast<size_t>(t)).name()));
+  }
+  out.tokens = stop == 0 ? 0 : std::max(local, chunks[stop - 1].end);
+  return out;
 }
 
 }  // namespace hss::detail

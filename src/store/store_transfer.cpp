@@ -12,7 +12,6 @@
 #include "hss/detail/checked.hpp"
 #include "hss/error.hpp"
 #include "base/nvtx.hpp"
-#include "format/dtype_codes.hpp"
 #include "store/import_state.hpp"
 #include "store/store_transfer.hpp"
 #include "format/value_codec.hpp"
@@ -72,13 +71,6 @@ ChunkExport StoreTransfer::export_chunks(std::span<const Chunk> chunks,
                           " ms must be in [1, 3600000]");
   }
   if (chunks.size() > UINT32_MAX) throw InvalidArgument("more than 2^32 chunks");
-  if (store_.config.hidden_state_storage_dtype == StorageDType::kFp8E4M3 ||
-      store_.config.hidden_state_storage_dtype == StorageDType::kFp8E5M2) {
-    // FP8 entries have no wire code yet (format/dtype_codes.hpp).
-    throw InvalidArgument("export of a store with hidden_state_storage_dtype = " +
-                          std::string(to_string(store_.config.hidden_state_storage_dtype)) +
-                          " is not supported yet; nothing was exported");
-  }
   store_.expire_leases();
   ReadPipeline::Walk w = read_.plan_walk(chunks, slots, ReadPipeline::PendingCopies::kWaitOnHost);
   {
@@ -105,7 +97,7 @@ ChunkExport StoreTransfer::export_chunks(std::span<const Chunk> chunks,
         const auto pieces = detail::entry_pieces(*entry, store_.pool);
         entry->digest.hash = detail::hash_pieces(pieces);
         if (store_.mac) {
-          detail::RemoteHeader header{detail::to_dtype(entry->format.elem), entry->rows, entry->cols,
+          detail::RemoteHeader header{entry->format, entry->rows, entry->cols,
                                       entry->digest.hash, detail::kRemoteFlagMac};
           std::array<std::byte, kEntryHeaderBytes> header_bytes{};
           detail::encode_remote_header(header, header_bytes);
@@ -116,7 +108,7 @@ ChunkExport StoreTransfer::export_chunks(std::span<const Chunk> chunks,
       ExportedEntry e;
       e.chunk = static_cast<uint32_t>(c);
       e.slot = slots[s];
-      const detail::RemoteHeader header{detail::to_dtype(entry->format.elem), entry->rows, entry->cols,
+      const detail::RemoteHeader header{entry->format, entry->rows, entry->cols,
                                         entry->digest.hash,
                                         entry->digest.mac ? detail::kRemoteFlagMac : uint8_t{0}};
       detail::encode_remote_header(header, e.header);
@@ -189,8 +181,14 @@ void StoreTransfer::reserve_import(std::span<const Chunk> chunks,
                             std::to_string(header->cols) + " rows x cols for a chunk of " +
                             std::to_string(chunk.size()) + " tokens");
     }
+    if (store_.device_path && header->format.scales != detail::ScaleLayout::kNone) {
+      // The CUDA kernels move unscaled elements only (a store with FP8 storage has no device
+      // path): such an entry could not be restored here.
+      throw InvalidArgument(where + " holds " + detail::row_format_name(header->format) +
+                            " rows, which this store's CUDA path cannot restore");
+    }
     const uint64_t payload =
-        detail::remote_payload_bytes(header->dtype, header->rows, header->cols);
+        detail::remote_payload_bytes(header->format, header->rows, header->cols);
     uint64_t given = 0;
     if (e.extents.size() > kMaxExtentsPerEntry)
       throw InvalidArgument(where + " has too many extents");
@@ -210,8 +208,9 @@ void StoreTransfer::reserve_import(std::span<const Chunk> chunks,
     item.header = *header;
     item.header_bytes = e.header;
     item.mac = e.mac;
-    const auto storage = detail::to_elem_type(header->dtype);
-    item.entry = store_.entries.make(store_.pool, header->rows, header->cols, detail::RowFormat{storage}, e.slot);
+    // The entry keeps the producer's row format (FP8: its codes and scales, bit for bit).
+    item.entry =
+        store_.entries.make(store_.pool, header->rows, header->cols, header->format, e.slot);
     // Capacity only: granules are granted under the lock (an Entry releases what `blocks` holds).
     item.entry->blocks.reserve(store_.pool.blocks_for(payload));
     items.push_back(std::move(item));

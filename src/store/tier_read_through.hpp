@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <span>
 
+#include "hss/tier_stats.hpp"
 #include "store/store_state.hpp"
 
 namespace hss::detail {
@@ -32,6 +33,9 @@ class TierReadThrough {
   /// holds (CoverageScope::kLocalAndRemote).
   int64_t coverage_with_tiers(std::span<const Chunk> chunks, std::span<const Slot> slots,
                               int64_t local) const;
+  /// The same prefix, with the tier each of its chunks is read from (hss/tier_stats.hpp).
+  TierCoverage coverage_by_tier(std::span<const Chunk> chunks, std::span<const Slot> slots,
+                                int64_t local) const;
 
  private:
   enum class InsertResult { kInserted, kPresent, kNoRoom };

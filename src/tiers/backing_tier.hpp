@@ -35,6 +35,7 @@
 #include "hss/cache_key.hpp"
 #include "hss/tensor.hpp"
 #include "hss/tier_stats.hpp"
+#include "format/row_format.hpp"
 
 namespace hss::detail {
 
@@ -49,7 +50,7 @@ struct TierRequest {
 /// A checked value. payload stays valid while `owner` lives (or, from fetch_each with no owner,
 /// during the callback only).
 struct TierValue {
-  DType dtype = DType::kFloat32;  ///< storage dtype of the payload
+  RowFormat format;  ///< how the payload's rows are encoded (FP8: codes + trailing row scales)
   int64_t rows = 0;
   int64_t cols = 0;
   std::span<const std::byte> payload;
@@ -60,7 +61,7 @@ struct TierValue {
 struct TierWrite {
   CacheEngineKey key;
   Slot slot;
-  DType dtype = DType::kFloat32;  ///< storage dtype of the payload
+  RowFormat format;  ///< how the payload's rows are encoded (FP8: codes + trailing row scales)
   int64_t rows = 0;
   int64_t cols = 0;
 };
@@ -73,7 +74,8 @@ class BackingTier {
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;
 
   /// Queues one value (write-behind). `pieces` (in order) make up the payload, whose size must
-  /// match the shape (InvalidArgument otherwise, nothing queued). With `owner` null the bytes are
+  /// match the shape in the row format (InvalidArgument otherwise, nothing queued; so does a
+  /// format without a wire code). With `owner` null the bytes are
   /// copied now; with an owner the pieces are borrowed and `owner` is held until the write is
   /// done or dropped. `ready`, when given, runs on the tier's own thread before the bytes are
   /// read (it waits for a device copy); false drops the write. Never blocks on I/O. Returns

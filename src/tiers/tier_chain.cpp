@@ -3,7 +3,6 @@
 #include <new>
 #include <utility>
 
-#include "format/dtype_codes.hpp"
 #include "index/entry_bytes.hpp"
 
 namespace hss::detail {
@@ -44,7 +43,7 @@ void TierChain::write_behind(const CacheEngineKey& key, const EntryRef& entry,
   if (tiers_.empty()) return;
   TierWrite write;
   try {
-    write = TierWrite{key, entry->slot, to_dtype(entry->format.elem), entry->rows, entry->cols};
+    write = TierWrite{key, entry->slot, entry->format, entry->rows, entry->cols};
   } catch (const std::bad_alloc&) {  // the key's copy
     for (auto& tier : tiers_) tier->count_dropped(1);
     return;
@@ -118,18 +117,24 @@ size_t TierChain::fetch_each(std::span<const TierRequest> requests,
 }
 
 std::vector<bool> TierChain::contains(std::span<const TierRequest> requests) {
-  std::vector<bool> present(requests.size(), false);
-  if (tiers_.empty() || requests.empty()) return present;
+  const std::vector<int32_t> where = locate(requests);
+  std::vector<bool> present(where.size(), false);
+  for (size_t i = 0; i < where.size(); ++i) present[i] = where[i] != kNotHeld;
+  return present;
+}
+
+std::vector<int32_t> TierChain::locate(std::span<const TierRequest> requests) {
+  std::vector<int32_t> where(requests.size(), kNotHeld);
+  if (tiers_.empty() || requests.empty()) return where;
   std::vector<TierRequest> ask(requests.begin(), requests.end());
   std::vector<size_t> index_of(requests.size());
   for (size_t i = 0; i < index_of.size(); ++i) index_of[i] = i;
-  for (auto& tier : tiers_) {
-    if (ask.empty()) break;
-    const std::vector<bool> here = tier->contains(ask);
+  for (size_t t = 0; t < tiers_.size() && !ask.empty(); ++t) {
+    const std::vector<bool> here = tiers_[t]->contains(ask);
     size_t kept = 0;
     for (size_t j = 0; j < ask.size(); ++j) {
       if (j < here.size() && here[j]) {
-        present[index_of[j]] = true;
+        where[index_of[j]] = static_cast<int32_t>(t);
         continue;
       }
       if (kept != j) {
@@ -141,7 +146,7 @@ std::vector<bool> TierChain::contains(std::span<const TierRequest> requests) {
     ask.resize(kept);
     index_of.resize(kept);
   }
-  return present;
+  return where;
 }
 
 void TierChain::discard(std::span<const CacheEngineKey> keys) noexcept {

@@ -61,6 +61,11 @@ class TierChain {
                     const std::function<bool(size_t, const TierValue&)>& promote);
   /// Per request, whether some tier holds it (a later tier is asked only the rest).
   [[nodiscard]] std::vector<bool> contains(std::span<const TierRequest> requests);
+  /// Per request, the chain index of the first tier that holds it (the one a read-through would
+  /// promote it from), or kNotHeld; asked as contains() asks (a later tier only the rest). What
+  /// coverage's "which tier holds each chunk" is built from.
+  static constexpr int32_t kNotHeld = -1;
+  [[nodiscard]] std::vector<int32_t> locate(std::span<const TierRequest> requests);
   /// The KV of these chunks is gone: every tier may drop their values (tiers/backing_tier.hpp).
   void discard(std::span<const CacheEngineKey> keys) noexcept;
 

@@ -99,7 +99,7 @@ TEST(RemoteCodec, RoundTripsPiecesBitIdentically) {
 
   const DecodedValue d = decode_remote_value(as_span(value), 4, 3);
   ASSERT_EQ(d.status, DecodeStatus::kOk);
-  EXPECT_EQ(d.header.dtype, DType::kBFloat16);
+  EXPECT_EQ(d.header.format, to_row_format(DType::kBFloat16));
   EXPECT_EQ(d.header.rows, 4);
   EXPECT_EQ(d.header.cols, 3);
   ASSERT_EQ(d.payload.size(), payload.size());
@@ -149,19 +149,22 @@ TEST(RemoteCodec, ElementTypesHaveFixedWireCodes) {
     EXPECT_EQ(dtype_from_wire(code), dtype) << to_string(dtype);
     EXPECT_EQ(to_dtype(to_elem_type(dtype)), dtype) << to_string(dtype);
     EXPECT_EQ(kernels::elem_bytes(to_elem_type(dtype)), element_size(dtype)) << to_string(dtype);
-    RemoteHeader header{dtype, 3, 5, 0x1122334455667788ULL};
+    RemoteHeader header{to_row_format(dtype), 3, 5, 0x1122334455667788ULL};
     std::array<std::byte, kRemoteHeaderBytes> bytes{};
     encode_remote_header(header, bytes);
     EXPECT_EQ(static_cast<uint8_t>(bytes[6]), code) << to_string(dtype);
     const auto back = decode_remote_header(bytes);
     ASSERT_TRUE(back.has_value()) << to_string(dtype);
-    EXPECT_EQ(back->dtype, dtype);
+    EXPECT_EQ(back->format, to_row_format(dtype));
     EXPECT_EQ(back->rows, 3);
     EXPECT_EQ(back->cols, 5);
   }
   for (int code = 3; code < 256; ++code) {
     EXPECT_FALSE(dtype_from_wire(static_cast<uint8_t>(code)).has_value()) << code;
-    RemoteHeader header{DType::kFloat32, 1, 1, 0};
+  }
+  for (int code = 5; code < 256; ++code) {  // 3 and 4: FP8 rows (test_fp8_codec.cpp)
+    EXPECT_FALSE(row_format_from_wire(static_cast<uint8_t>(code)).has_value()) << code;
+    RemoteHeader header{RowFormat{}, 1, 1, 0};
     std::array<std::byte, kRemoteHeaderBytes> bytes{};
     encode_remote_header(header, bytes);
     bytes[6] = static_cast<std::byte>(code);

@@ -55,7 +55,7 @@ constexpr int64_t kCols = 64;
 constexpr size_t kBytes = kRows * kCols * 4;
 
 RemoteWrite write_of(uint64_t chunk, int64_t layer = 0) {
-  return RemoteWrite{chunk_key(chunk), Slot{ActivationKind::kHidden, layer}, DType::kFloat32, kRows,
+  return RemoteWrite{chunk_key(chunk), Slot{ActivationKind::kHidden, layer}, RowFormat{}, kRows,
                      kCols};
 }
 
@@ -73,7 +73,7 @@ RemoteRequest request_of(uint64_t chunk, int64_t layer = 0) {
 // A value returned must be exactly what was stored for that (chunk, layer).
 void expect_value(const std::optional<RemoteValue>& value, uint64_t chunk, int64_t layer = 0) {
   ASSERT_TRUE(value.has_value()) << "chunk " << chunk;
-  EXPECT_EQ(value->dtype, DType::kFloat32);
+  EXPECT_EQ(value->format, detail::RowFormat{});
   EXPECT_EQ(value->rows, kRows);
   EXPECT_EQ(value->cols, kCols);
   const auto expected = payload_of(chunk, layer, kBytes);

@@ -41,7 +41,7 @@ ValueKey value_key(const CacheEngineKey& key, Slot slot) {
 }
 
 struct StoredValue {
-  DType dtype = DType::kFloat32;
+  detail::RowFormat format;
   int64_t rows = 0, cols = 0;
   std::vector<std::byte> bytes;
 };
@@ -69,7 +69,7 @@ class MemoryTier final : public BackingTier {
                      std::shared_ptr<const void> owner, std::function<bool()> ready) override {
     size_t given = 0;
     for (const auto piece : pieces) given += piece.size();
-    if (given != static_cast<size_t>(write.rows * write.cols) * element_size(write.dtype)) {
+    if (given != write.format.payload_bytes(write.rows, write.cols)) {
       throw InvalidArgument("pieces of " + std::to_string(given) + " bytes");
     }
     std::lock_guard lock(mutex_);
@@ -119,7 +119,7 @@ class MemoryTier final : public BackingTier {
       }
       ++hits_;
       const StoredValue& v = it->second;
-      on_value(i, TierValue{v.dtype, corrupt ? v.rows - 1 : v.rows, v.cols, v.bytes, nullptr});
+      on_value(i, TierValue{v.format, corrupt ? v.rows - 1 : v.rows, v.cols, v.bytes, nullptr});
     }
   }
   void discard(std::span<const CacheEngineKey> keys) noexcept override {
@@ -142,7 +142,7 @@ class MemoryTier final : public BackingTier {
         ++dropped_;
         continue;
       }
-      StoredValue v{p.write.dtype, p.write.rows, p.write.cols, std::move(p.copy)};
+      StoredValue v{p.write.format, p.write.rows, p.write.cols, std::move(p.copy)};
       if (v.bytes.empty()) {
         for (const auto piece : p.pieces) v.bytes.insert(v.bytes.end(), piece.begin(), piece.end());
       }
@@ -338,6 +338,42 @@ TEST(TierChain, ReadThroughAsksTheTiersInOrderAndPromotesFromTheFirstThatHolds) 
   expect_rows(reader.retrieve_hidden_states(tokens), tokens, 4 * kChunk);
   EXPECT_EQ(near.fetch_asked_ + far.fetch_asked_, 8U);
   reader.check_invariants();
+}
+
+TEST(TierChain, LocateNamesTheFirstTierHoldingEachValue) {
+  // near holds chunk 1; far holds chunks 1 and 2; nobody holds chunk 3 (or chunk 2's layer 5).
+  auto near_shelf = std::make_shared<Shelf>();
+  auto far_shelf = std::make_shared<Shelf>();
+  const auto key_of = [](uint64_t hash) {
+    CacheEngineKey key;
+    key.chunk_hash = hash;
+    return key;
+  };
+  const Slot layer0{ActivationKind::kHidden, 0};
+  const Slot layer5{ActivationKind::kHidden, 5};
+  near_shelf->values[value_key(key_of(1), layer0)] = StoredValue{};
+  far_shelf->values[value_key(key_of(1), layer0)] = StoredValue{};
+  far_shelf->values[value_key(key_of(2), layer0)] = StoredValue{};
+  std::vector<std::unique_ptr<BackingTier>> list;
+  auto near_tier = std::make_unique<MemoryTier>("near", near_shelf, true);
+  auto far_tier = std::make_unique<MemoryTier>("far", far_shelf, true);
+  MemoryTier& near = *near_tier;
+  MemoryTier& far = *far_tier;
+  list.push_back(std::move(near_tier));
+  list.push_back(std::move(far_tier));
+  detail::TierChain chain(std::move(list), 0);
+  const std::vector<TierRequest> asked = {{key_of(1), layer0, kChunk, kCols},
+                                          {key_of(2), layer0, kChunk, kCols},
+                                          {key_of(3), layer0, kChunk, kCols},
+                                          {key_of(2), layer5, kChunk, kCols}};
+  const auto kNone = detail::TierChain::kNotHeld;
+  EXPECT_EQ(chain.locate(asked), (std::vector<int32_t>{0, 1, kNone, kNone}));
+  EXPECT_EQ(near.contains_asked_, 4U);
+  EXPECT_EQ(far.contains_asked_, 3U);  // not chunk 1: the near tier answered it
+  EXPECT_EQ(chain.contains(asked), (std::vector<bool>{true, true, false, false}));
+  EXPECT_TRUE(chain.locate({}).empty());
+  detail::TierChain none({}, 0);
+  EXPECT_EQ(none.locate(asked), (std::vector<int32_t>(4, kNone)));
 }
 
 TEST(TierChain, AValueTheNearTierHoldsIsNeverAskedOfTheFarOne) {

@@ -455,13 +455,13 @@ std::string DiskTier::file_name(const CacheEngineKey& key, Slot slot) {
 bool DiskTier::enqueue_write(const TierWrite& write,
                              std::span<const std::span<const std::byte>> pieces,
                              std::shared_ptr<const void> owner, std::function<bool()> ready) {
-  const size_t bytes = remote_payload_bytes(write.dtype, write.rows, write.cols);
+  const size_t bytes = remote_payload_bytes(write.format, write.rows, write.cols);
   size_t given = 0;
   for (const auto piece : pieces) given += piece.size();
   if (given != bytes || write.rows <= 0 || write.cols <= 0) {
     throw InvalidArgument("disk write of " + std::to_string(given) + " bytes for rows = " +
                           std::to_string(write.rows) + ", cols = " + std::to_string(write.cols) +
-                          " of " + std::string(to_string(write.dtype)) + " (needs " +
+                          " of " + row_format_name(write.format) + " (needs " +
                           std::to_string(bytes) + ", rows and cols > 0)");
   }
   Impl& m = *impl_;
@@ -476,7 +476,7 @@ bool DiskTier::enqueue_write(const TierWrite& write,
   if (m.opts.mac) {
     w.mac_name = remote_key(write.key, to_string(write.slot.kind), write.slot.layer_idx);
   }
-  w.header = RemoteHeader{write.dtype, write.rows, write.cols, 0};
+  w.header = RemoteHeader{write.format, write.rows, write.cols, 0};
   w.bytes = bytes;
   if (owner) {
     w.borrowed.assign(pieces.begin(), pieces.end());
@@ -567,10 +567,13 @@ void DiskTier::fetch_each(std::span<const TierRequest> requests,
       generation = it->second.generation;
       m.lru.splice(m.lru.end(), m.lru, it->second.lru);  // read: most recently used
     }
-    // Larger than any value of the asked shape can be (float32 rows, a MAC): not read at all.
+    // Larger than any value of the asked shape can be (float32 rows, or FP8 rows whose scales
+    // outweigh the codes when rows are narrow; a MAC): not read at all.
     const uint64_t limit =
         r.rows > 0 && r.cols > 0
-            ? kRemoteHeaderBytes + kMacBytes + static_cast<uint64_t>(r.rows * r.cols) * 4
+            ? kRemoteHeaderBytes + kMacBytes +
+                  std::max(static_cast<uint64_t>(r.rows * r.cols) * 4,
+                           RowFormat::of(kernels::ElemType::kFp8E4M3).payload_bytes(r.rows, r.cols))
             : uint64_t{1} << 34;
     size_t got = 0;
     int err = 0;
@@ -607,7 +610,7 @@ void DiskTier::fetch_each(std::span<const TierRequest> requests,
     }
     ++hits;
     bytes += decoded.payload.size();
-    on_value(i, TierValue{decoded.header.dtype, decoded.header.rows, decoded.header.cols,
+    on_value(i, TierValue{decoded.header.format, decoded.header.rows, decoded.header.cols,
                           decoded.payload, nullptr});
   }
   m.hits.fetch_add(hits, std::memory_order_relaxed);

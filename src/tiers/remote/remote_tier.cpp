@@ -264,13 +264,13 @@ bool RedisRemoteTier::enqueue_write(const RemoteWrite& write,
                                     std::span<const std::span<const std::byte>> pieces,
                                     std::shared_ptr<const void> owner,
                                     std::function<bool()> ready) {
-  const size_t bytes = remote_payload_bytes(write.dtype, write.rows, write.cols);
+  const size_t bytes = remote_payload_bytes(write.format, write.rows, write.cols);
   size_t given = 0;
   for (const auto piece : pieces) given += piece.size();
   if (given != bytes || write.rows <= 0 || write.cols <= 0) {
     throw InvalidArgument("remote write of " + std::to_string(given) + " bytes for rows = " +
                           std::to_string(write.rows) + ", cols = " + std::to_string(write.cols) +
-                          " of " + std::string(to_string(write.dtype)) + " (needs " +
+                          " of " + row_format_name(write.format) + " (needs " +
                           std::to_string(bytes) + ", rows and cols > 0)");
   }
   if (bytes > queue_budget_ || closed_.load(std::memory_order_acquire)) {
@@ -284,7 +284,7 @@ bool RedisRemoteTier::enqueue_write(const RemoteWrite& write,
     return false;  // a read-only ACL user: nothing queued, nothing pinned
   }
   pending.key = remote_key(write.key, to_string(write.slot.kind), write.slot.layer_idx);
-  pending.header = RemoteHeader{write.dtype, write.rows, write.cols, 0};
+  pending.header = RemoteHeader{write.format, write.rows, write.cols, 0};
   pending.bytes = bytes;
   if (owner) {
     pending.borrowed.assign(pieces.begin(), pieces.end());
@@ -530,7 +530,7 @@ void RedisRemoteTier::fetch_each(std::span<const RemoteRequest> requests,
     }
     ++hits;
     bytes += decoded.payload.size();
-    on_value(i, RemoteValue{decoded.header.dtype, decoded.header.rows, decoded.header.cols,
+    on_value(i, RemoteValue{decoded.header.format, decoded.header.rows, decoded.header.cols,
                             decoded.payload, reply.owner()});
   });
   counters_.hits.fetch_add(hits, std::memory_order_relaxed);
