@@ -26,6 +26,11 @@ EAGLE-3 reads for this engine (the draft config's ``eagle_aux_hidden_state_layer
 model's default, resolved by vLLM's own functions), ``["eagle3", "final"]`` the final state too;
 ``eagle3_layers(llm)`` names them. A prefix hit restores them beside the KV.
 
+LMCache's multi-process mode (a standalone ``lmcache server`` holds the KV;
+hsstore.vllm.mp_connector): ``HiddenStates(layers=[-1, 2], lmcache="mp")`` with
+``lmcache={"mp.host": "tcp://127.0.0.1", "mp.port": 5555}``; the hidden states stay in the
+engine's worker, the hit is min(the server's lookup, hidden-state coverage).
+
 Prefill and decode in different engines (hsstore.vllm.transfer): the KV crosses through LMCache's
 remote backend, the hidden states over NIXL from the prefill worker's pool::
 
@@ -42,10 +47,21 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from .eagle3 import EAGLE3, eagle3_aux_layer_ids, eagle3_layers
 from .layers import FINAL, LayerSpec, check_specs, resolve_layers
 
-__all__ = ["EAGLE3", "FINAL", "HiddenStates", "WorkerExtension", "eagle3_aux_layer_ids",
-           "eagle3_layers", "resolve_layers"]
+__all__ = ["EAGLE3", "FINAL", "HiddenStateLMCacheMPConnector", "HiddenStates", "WorkerExtension",
+           "eagle3_aux_layer_ids", "eagle3_layers", "resolve_layers"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: the MP connector imports LMCache, which must not be imported before
+    # vLLM has set its worker up.
+    if name == "HiddenStateLMCacheMPConnector":
+        from .mp_connector import HiddenStateLMCacheMPConnector
+
+        return HiddenStateLMCacheMPConnector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 CONNECTOR_MODULE = "hsstore.vllm.connector"
+MP_CONNECTOR_MODULE = "hsstore.vllm.mp_connector"
 WORKER_EXTENSION = "hsstore.vllm.WorkerExtension"
 
 
@@ -130,11 +146,15 @@ class HiddenStates:
             k, -2.. from the end, "eagle3" = the target layers vLLM's EAGLE-3 draft reads
             (hsstore.vllm.eagle3; vLLM's aux id i is label i - 1, the residual stream
             ``hidden + residual`` after decoder layer i - 1, the tensor vLLM hands the draft).
-        lmcache: True: LMCache moves the KV, the hidden states live in its engine's store; False:
-            vLLM's own prefix cache holds the KV, an hsstore Engine per worker the hidden states.
+        lmcache: True: LMCache moves the KV, the hidden states live in its engine's store; "mp":
+            LMCache's multi-process mode (an ``lmcache server`` holds the KV, pass its address
+            as lmcache={"mp.host": ..., "mp.port": ...}), an hsstore Engine in the worker holds
+            the hidden states (hsstore.vllm.mp_connector); False: vLLM's own prefix cache holds
+            the KV, an hsstore Engine per worker the hidden states.
         store: with LMCache, "hsstore" (hsstore's drop-in) or "lmcache" (LMCache's own store,
             the reference).
-        config: the hsstore Engine's config (lmcache=False), e.g. {"max_hidden_state_cpu_size": 1}.
+        config: the hsstore Engine's config (lmcache=False or "mp"), e.g.
+            {"max_hidden_state_cpu_size": 1}.
         keep: hold each finished prompt's states until take() (False: only store them).
         recompute: kv_load_failure_policy "recompute" (vLLM recomputes a prefix whose hidden
             states went missing) rather than "fail" (vLLM fails such a request).
@@ -147,15 +167,20 @@ class HiddenStates:
     """
 
     def __init__(self, layers: Union[LayerSpec, Sequence[LayerSpec]] = (FINAL,), *,
-                 lmcache: bool = True,
+                 lmcache: Union[bool, str] = True,
                  store: str = "hsstore", config: Optional[dict] = None, keep: bool = True,
                  recompute: bool = True, worker_init: Optional[str] = None,
                  nixl: Optional[Dict[str, Any]] = None) -> None:
         self.layers = check_specs(layers)  # "eagle3" stays: the connector resolves it
         if store not in ("hsstore", "lmcache"):
             raise ValueError(f"store must be 'hsstore' or 'lmcache', got {store!r}")
-        if not lmcache and store != "hsstore":
-            raise ValueError("store='lmcache' needs lmcache=True")
+        if lmcache not in (True, False, "mp"):
+            raise ValueError(f"lmcache must be True, False or 'mp', got {lmcache!r}")
+        if lmcache is not True and store != "hsstore":
+            raise ValueError("store='lmcache' needs lmcache=True (LMCache's own store exists "
+                             "only in its in-process engine)")
+        if lmcache == "mp" and nixl is not None:
+            raise ValueError("nixl is not supported with lmcache='mp' yet")
         if nixl is not None:
             from .transfer import parse_options
 
@@ -190,9 +215,15 @@ class HiddenStates:
             extra["hsstore.nixl"] = dict(self.nixl)
         for key, value in (lmcache or {}).items():
             extra[f"lmcache.{key}"] = value
+        if self.lmcache == "mp":
+            name, module = "HiddenStateLMCacheMPConnector", MP_CONNECTOR_MODULE
+        elif self.lmcache:
+            name, module = "HiddenStateLMCacheConnector", CONNECTOR_MODULE
+        else:
+            name, module = "HiddenStateConnector", CONNECTOR_MODULE
         return KVTransferConfig(
-            kv_connector="HiddenStateLMCacheConnector" if self.lmcache else "HiddenStateConnector",
-            kv_connector_module_path=CONNECTOR_MODULE,
+            kv_connector=name,
+            kv_connector_module_path=module,
             kv_role="kv_both",
             kv_load_failure_policy="recompute" if self.recompute else "fail",
             kv_connector_extra_config=extra,
@@ -210,7 +241,8 @@ class HiddenStates:
         Returns the storage labels (hsstore.vllm.layers)."""
         config = llm.llm_engine.vllm_config
         transfer = config.kv_transfer_config
-        if transfer is None or transfer.kv_connector_module_path != CONNECTOR_MODULE:
+        if transfer is None or transfer.kv_connector_module_path not in (CONNECTOR_MODULE,
+                                                                          MP_CONNECTOR_MODULE):
             raise ValueError("install(): build the LLM with **HiddenStates.llm_kwargs() (its KV "
                              "connector is not hsstore's)")
         self._llm = weakref.ref(llm)

@@ -123,6 +123,8 @@ class PromptCapture:
         self._fired: set = set()
         self._invalid_blocks: set = set()
         self._step_started = 0
+        # The request's cache_salt by request id, where the store keys by salt (MP connector).
+        self.salt_of: Optional[Any] = None
         self.counters = collections.Counter({name: 0 for name in self.COUNTERS})
 
     # -- wiring -------------------------------------------------------------------------------
@@ -304,7 +306,10 @@ class PromptCapture:
 
     def _chunks(self, req: _Request):
         if req.chunks is None:
-            req.chunks = self.store.chunks(req.tokens)
+            if self.salt_of is not None:
+                req.chunks = self.store.chunks(req.tokens, self.salt_of(req.req_id))
+            else:
+                req.chunks = self.store.chunks(req.tokens)
         return req.chunks
 
     def _restore(self, req: _Request, position: int, cached: Any) -> bool:

@@ -124,6 +124,7 @@ class _HiddenStates:
         self.capture: Optional[PromptCapture] = None
         self.transfer: Optional[HiddenStateTransfer] = None
         self._async_sender: Any = None  # cap_async_lookups' response thread
+        self.extra_stats: Any = None  # a connector's own entries for stats() (the MP one's)
         # One set of counters per engine and process: a scheduler that shares its worker's
         # process (in-process engines, vLLM's default engine core) counts into the same one.
         self.lock, self.counters = _COUNTERS.setdefault(self.engine_id, (threading.Lock(), {
@@ -131,7 +132,9 @@ class _HiddenStates:
             "lookup_tokens_capped": 0,
             "local_hits_capped": 0, "local_tokens_capped": 0,
             # hsstore.nixl pulls (decode side): attempts, chunks brought, misses, time.
-            "pulls": 0, "pulled_chunks": 0, "pulls_missed": 0, "pull_ns": 0}))
+            "pulls": 0, "pulled_chunks": 0, "pulls_missed": 0, "pull_ns": 0,
+            # The MP connector: lookups answered as no hit because the server was down.
+            "lookups_server_down": 0}))
 
     def count(self, **deltas: int) -> None:
         with self.lock:
@@ -201,6 +204,8 @@ class _HiddenStates:
             out["store_stats"] = self.store.stats()
         if self.transfer is not None:
             out["nixl"] = self.transfer.stats()
+        if self.extra_stats is not None:
+            out.update(self.extra_stats())
         return out
 
     # -- caps -----------------------------------------------------------------------------------
@@ -440,18 +445,12 @@ class HiddenStateConnector(_StepMetadata, KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self._hs = _HiddenStates(vllm_config, role, lmcache=False)
         if role == KVConnectorRole.WORKER:
-            import hsstore
-
-            from .stores import EngineStore
+            from .stores import engine_store
 
             self._hs.run_worker_init()
-            config = {"chunk_size": self._hs.block_size, "enable_hidden_state_cache": True,
-                      "max_hidden_state_cpu_size": 1.0, "max_local_cpu_size": 0.001}
-            config.update(self._hs.engine_config or {})
-            metadata = hsstore.Metadata(model_name=vllm_config.model_config.model,
-                                        kv_dtype=str(vllm_config.model_config.dtype))
-            self._engine = hsstore.Engine(config, metadata)
-            self._hs.register_worker(EngineStore(self._engine))
+            store = engine_store(vllm_config, self._hs.block_size, self._hs.engine_config)
+            self._engine = store.engine
+            self._hs.register_worker(store)
 
     # -- scheduler: no external KV; vLLM's own hits are capped at the store's coverage ----------
 

@@ -21,7 +21,8 @@ from typing import Any, Dict, List, Sequence
 
 import torch
 
-__all__ = ["DropInStore", "EngineStore", "LMCacheStore", "store_for_lmcache_engine"]
+__all__ = ["DropInStore", "EngineStore", "LMCacheStore", "SaltedEngineStore", "engine_store",
+           "store_for_lmcache_engine"]
 
 
 def _complete_end(chunks: Sequence[Any], have: int) -> int:
@@ -189,6 +190,70 @@ class EngineStore:
 
     def stats(self) -> dict:
         return dict(self.store.stats())
+
+
+def salted_key(key: Any, salt: str) -> Any:
+    """`key` in the namespace of vLLM's per-request `cache_salt` (a tenant): the salt's digest is
+    folded into the key's format, so entries of different salts never share a key (as
+    hsstore.lmcache folds LMCache's key tags)."""
+    import hashlib
+
+    import hsstore
+
+    digest = hashlib.sha256(salt.encode()).hexdigest()[:32]
+    return hsstore.CacheEngineKey(model_name=key.model_name, world_size=key.world_size,
+                                  worker_id=key.worker_id, chunk_hash=key.chunk_hash,
+                                  kv_dtype=key.kv_dtype, fmt=f"{key.fmt}@salt%{digest}")
+
+
+class SaltedEngineStore(EngineStore):
+    """An hsstore Engine's store addressed by (start, end, key) chunk lists whose keys carry the
+    request's cache_salt (``chunks(tokens, salt)``): hidden states of one tenant are never another
+    tenant's hit (the MP connector, hsstore.vllm.mp_connector). Full chunks only."""
+
+    def chunks(self, tokens: List[int], salt: str = "") -> List[Any]:
+        out = []
+        for start, end, key in self.engine.token_database.process_tokens(list(tokens)):
+            if end - start < self.chunk_size:
+                break
+            out.append((start, end, salted_key(key, salt) if salt else key))
+        return out
+
+    complete_end = staticmethod(_complete_end)
+
+    def coverage(self, chunks: List[Any], labels: Sequence[int]) -> int:
+        return self.store.coverage(chunks, list(labels)) if chunks else 0
+
+    def restore(self, tokens, chunks, labels, outs: Dict[int, torch.Tensor], row_begin, end) -> int:
+        need = chunks[: _chunk_count_before(chunks, end)]
+        if not need:
+            return 0
+        rows = self.store.retrieve_layers_into(
+            need, list(labels), [outs[label][row_begin:] for label in labels], row_begin=row_begin
+        )
+        return row_begin + rows if rows else 0
+
+    def store_rows(self, tokens, chunks, labels, outs, token_offset: int, end: int) -> int:
+        upto = chunks[: _chunk_count_before(chunks, end)]
+        if not upto:
+            return 0
+        return sum(self.store.store_chunks(upto, outs[label][token_offset:end], layer_idx=label,
+                                           token_offset=token_offset) for label in labels)
+
+
+def engine_store(vllm_config: Any, chunk_size: int, user_config: Any = None, *,
+                 salted: bool = False) -> EngineStore:
+    """An EngineStore for a vLLM worker: an hsstore Engine whose chunks are `chunk_size` tokens
+    (vLLM's block size without LMCache, the MP server's chunk size with it), `user_config`
+    (hsstore.config) over a 1 GB hidden-state pool."""
+    import hsstore
+
+    config = {"chunk_size": chunk_size, "enable_hidden_state_cache": True,
+              "max_hidden_state_cpu_size": 1.0, "max_local_cpu_size": 0.001}
+    config.update(user_config or {})
+    metadata = hsstore.Metadata(model_name=vllm_config.model_config.model,
+                                kv_dtype=str(vllm_config.model_config.dtype))
+    return (SaltedEngineStore if salted else EngineStore)(hsstore.Engine(config, metadata))
 
 
 def store_for_lmcache_engine(engine: Any):

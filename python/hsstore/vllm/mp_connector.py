@@ -1,0 +1,222 @@
+"""Hidden states beside LMCache in multi-process (MP) mode: LMCache 0.5.6's own
+``LMCacheMPConnector`` (a standalone ``lmcache server`` holds the KV) plus hidden states in an
+hsstore store, never a truncated prefix. docs/design.md, "LMCache MP mode", says why it is built
+this way; in short:
+
+* The store lives in the worker that captures the hidden states (tensor-parallel rank 0), an
+  hsstore ``Engine`` whose chunks are the server's chunk size (asked of the server at start-up,
+  the request LMCache's adapters make). vLLM builds that worker in the engine-core process before
+  the scheduler (one GPU: vLLM's 'uni' executor), so the scheduler asks the store directly; a
+  worker in another process (a multiprocess executor, which vLLM CPU picks unless
+  VLLM_ENABLE_V1_MULTIPROCESSING=0) is refused at start-up rather than left unverified.
+* The external hit is min(the server's lookup answer, the hidden-state coverage of every required
+  layer). LMCache's ``get_num_new_matched_tokens`` answers ``(None, True)`` while the server's
+  lookup is pending and the count once it is done; both come from the scheduler adapter's
+  ``check_lookup_result``, which is wrapped: pending stays pending (nothing is claimed), a count
+  is capped before LMCache records it, and the server's lookup locks on the chunks cut off are
+  released (the chunks LMCache no longer retrieves).
+* KV coupling is the server's own answer: a chunk the server no longer holds ends its lookup, so
+  hidden states past it are never served. Their entries stay in the pool (lazy: a later prompt
+  that stores the chunk's KV again makes them servable again, they are the same rows) until
+  hidden-state pool pressure evicts them. No KV event log is needed (the server's stays empty
+  for stores in the engine-driven CPU mode).
+* vLLM's per-request ``cache_salt`` is part of the store's keys (the scheduler sends each
+  request's salt to the worker with the step's metadata): one tenant's hidden states are never
+  another's hit, as the server's lookup keeps their KV apart.
+* A server that is down or restarted answers no hit (LMCache's health check), so every request
+  is recomputed; the lookups answered while it was down are counted (``lookups_server_down``).
+
+Same ``kv_connector_extra_config`` keys as :mod:`hsstore.vllm.connector` (``hsstore.layers``,
+``hsstore.keep``, ``hsstore.config``: the Engine's config, e.g. ``{"max_hidden_state_cpu_size":
+2}``; its ``chunk_size``, if given, must equal the server's) plus LMCache's ``lmcache.mp.*``::
+
+    {"kv_connector": "HiddenStateLMCacheMPConnector",
+     "kv_connector_module_path": "hsstore.vllm.mp_connector", "kv_role": "kv_both",
+     "kv_load_failure_policy": "recompute",
+     "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 5555,
+                                   "hsstore.layers": [-1, 2]}}
+
+This module imports LMCache: vLLM imports it when it builds the connector (not before: LMCache
+imported before vLLM has set its worker up breaks vLLM's kernel dispatcher).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, Optional
+
+from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+from .connector import _WORKERS, _HiddenStates, _StepMetadata, logger
+
+__all__ = ["HiddenStateLMCacheMPConnector"]
+
+
+class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
+    """LMCache's MP connector with hidden states that are never a truncated prefix."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
+        self._hs = _HiddenStates(vllm_config, role, lmcache=True)
+        if self._hs.store_kind != "hsstore":
+            raise ValueError("hsstore.store: LMCache's own hidden-state store exists only in its "
+                             "in-process engine; MP mode keeps hidden states in hsstore "
+                             f"(got {self._hs.store_kind!r})")
+        if self._hs.transfer_options is not None:
+            raise ValueError("hsstore.nixl is not supported with the MP connector yet "
+                             "(HiddenStateLMCacheConnector has it)")
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        if role == KVConnectorRole.WORKER:
+            self._start_worker(vllm_config)
+        else:
+            self._start_scheduler()
+
+    # -- worker: the store, with the server's chunks ----------------------------------------------
+
+    def _start_worker(self, vllm_config: Any) -> None:
+        from .stores import engine_store
+
+        chunk_size = int(self.worker_adapter.lmcache_tokens_per_chunk)
+        user = dict(self._hs.engine_config or {})
+        if "chunk_size" in user and int(user["chunk_size"]) != chunk_size:
+            raise ValueError(f"hsstore.config: chunk_size {user['chunk_size']} differs from the "
+                             f"LMCache server's chunk size {chunk_size}: hidden-state chunks must "
+                             "be the server's (leave chunk_size out to take the server's)")
+        self._hs.run_worker_init()
+        self._hs.register_worker(engine_store(vllm_config, chunk_size, user, salted=True))
+        # Each request's cache_salt, sent by the scheduler (build_connector_meta): the store's
+        # keys carry it, so one tenant's hidden states are never another's hit.
+        self._salts: Dict[str, str] = {}
+        self._hs.capture.salt_of = lambda request_id: self._salts.get(request_id, "")
+        adapter = self.worker_adapter
+        self._hs.extra_stats = lambda: {"mp_server_healthy": bool(adapter.is_healthy),
+                                        "mp_chunk_size": chunk_size}
+
+    # -- scheduler: the server's answer capped at the store's coverage -----------------------------
+
+    def _start_scheduler(self) -> None:
+        worker = _WORKERS.get(self._hs.engine_id)
+        if worker is None:
+            raise ValueError(
+                "HiddenStateLMCacheMPConnector: the scheduler cannot see the worker's hidden-state "
+                "store (the worker runs in another process: a multiprocess executor, tensor or "
+                "pipeline parallelism; vLLM CPU unless VLLM_ENABLE_V1_MULTIPROCESSING=0); only "
+                "the single-worker engine core (executor 'uni', vLLM's default for one GPU) is "
+                "supported in MP mode")
+        self._store_of = worker
+        self._chunk_size = int(self.scheduler_adapter.lmcache_tokens_per_chunk)
+        self._capped: Dict[str, int] = {}  # request id -> capped hit (locks past it released)
+        self._capped_lock = threading.Lock()
+        adapter = self.scheduler_adapter
+        original_check = adapter.check_lookup_result
+        original_cleanup = adapter.cleanup_lookup_result
+
+        def check_lookup_result(request_id: str) -> Optional[int]:
+            hit = original_check(request_id)
+            if hit is None:
+                return None  # the server's lookup is pending: nothing is claimed yet
+            return self._cap(request_id, int(hit))
+
+        def cleanup_lookup_result(request_id: str) -> None:
+            with self._capped_lock:
+                self._capped.pop(request_id, None)
+            original_cleanup(request_id)
+
+        adapter.check_lookup_result = check_lookup_result
+        adapter.cleanup_lookup_result = cleanup_lookup_result
+
+    def _coverage(self, tokens, salt: str) -> int:
+        """Tokens of the prefix of `tokens` whose every chunk has every required layer, under the
+        request's cache_salt."""
+        worker = self._store_of
+        if worker.store is None:
+            return 0
+        covered = worker.store.coverage(worker.store.chunks(list(tokens), salt or ""),
+                                        self._hs.labels)
+        return covered // self._chunk_size * self._chunk_size
+
+    def _cap(self, request_id: str, hit: int) -> int:
+        """min(the server's hit, hidden-state coverage), asked on every answer (vLLM may ask
+        again): once capped, never higher again; the lookup locks past the cap are released."""
+        with self._capped_lock:
+            previous = self._capped.get(request_id)
+        first = previous is None
+        if first:
+            self._hs.count(lookups=1)
+            if hit == 0 and not self.scheduler_adapter.is_healthy:
+                self._hs.count(lookups_server_down=1)
+                logger.warning("hsstore.vllm: the LMCache server is unreachable; request %s is "
+                               "recomputed", request_id)
+        held = hit if first else min(hit, previous)
+        if held <= 0:
+            with self._capped_lock:
+                self._capped[request_id] = held
+            return held
+        tracker = self.request_trackers.get(request_id)
+        if tracker is None:  # unknown request: nothing can be vouched for
+            covered = 0
+            tokens = None
+        else:
+            tokens = tracker.get_token_ids()
+            covered = self._coverage(tokens[:held], tracker.cache_salt)
+        if covered >= held:
+            with self._capped_lock:
+                self._capped[request_id] = held
+            return held
+        if first:
+            self._hs.count(lookup_hits_capped=1, lookup_tokens_capped=held - covered)
+        with self._capped_lock:
+            self._capped[request_id] = covered
+        if tokens is not None:
+            try:
+                self.scheduler_adapter.free_lookup_locks(
+                    token_ids=tokens, start=covered, end=held, request_id=request_id,
+                    cache_salt=tracker.cache_salt, request_configs=tracker.request_configs)
+            except Exception:  # noqa: BLE001 (the locks expire on the server's TTL)
+                logger.exception("hsstore.vllm: releasing the server's lookup locks of request "
+                                 "%s failed", request_id)
+        return covered
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        """vLLM's own prefix-cache hits (enable_prefix_caching) are capped at the same
+        coverage."""
+        super().bind_kv_cache_manager(kv_cache_manager)
+        self._hs.cap_local_hits(kv_cache_manager, lambda request: self._coverage(
+            request.all_token_ids, getattr(request, "cache_salt", None)))
+
+    def build_connector_meta(self, scheduler_output: Any):
+        """The salts of the requests scheduled this step travel to the worker with the step's
+        metadata (vLLM gives a worker no request's cache_salt)."""
+        meta = super().build_connector_meta(scheduler_output)
+        ids = [new.req_id for new in scheduler_output.scheduled_new_reqs]
+        ids += list(getattr(scheduler_output.scheduled_cached_reqs, "req_ids", ()))
+        salts = {}
+        for request_id in ids:
+            tracker = self.request_trackers.get(request_id)
+            if tracker is not None and tracker.cache_salt:
+                salts[request_id] = tracker.cache_salt
+        meta.hsstore_salts = salts
+        return meta
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        self._salts.update(getattr(connector_metadata, "hsstore_salts", None) or {})
+        super().bind_connector_metadata(connector_metadata)
+
+    def get_finished(self, finished_req_ids: set):
+        for request_id in finished_req_ids:
+            self._salts.pop(request_id, None)
+        return super().get_finished(finished_req_ids)
+
+    def shutdown(self) -> None:
+        """Once: LMCache's adapters close their message-queue clients, and a second close waits
+        forever on the shared polling loop the first one stopped (HiddenStates.shutdown() and
+        vLLM's own teardown both shut the connector down)."""
+        if getattr(self, "_hs_shut_down", False):
+            return
+        self._hs_shut_down = True
+        super().shutdown()
+
+    def request_finished(self, request: Any, block_ids: list):
+        with self._capped_lock:
+            self._capped.pop(request.request_id, None)
+        return super().request_finished(request, block_ids)
