@@ -9,16 +9,16 @@
 // dequantise); every path, host and device, goes through them.
 
 #include <cstdint>
-#include <cstring>
 
+#include "hss/kernels/float_bits.hpp"
 #include "hss/kernels/fp8.hpp"
 #include "hss/kernels/host_device.hpp"
 
 namespace hss::kernels {
 
 /// The element types the pool stores and the kernels read. hss::DType names the first three; they
-/// convert only through src/format/dtype_codes.hpp (switches, not ordinals), which also owns the wire
-/// codes. The 8-bit types are storage only (hidden_state_storage_dtype fp8_e4m3 / fp8_e5m2):
+/// convert only through src/format/dtype_codes.hpp (switches, not ordinals), which also owns the
+/// wire codes. The 8-bit types are storage only (hidden_state_storage_dtype fp8_e4m3 / fp8_e5m2):
 /// never a caller's tensor, always with per-row scales (is_scaled).
 enum class ElemType : uint8_t {
   kFloat32 = 0,
@@ -61,26 +61,6 @@ HSS_HOST_DEVICE constexpr bool is_scaled(ElemType t) {
       return true;
   }
   __builtin_unreachable();
-}
-
-HSS_HOST_DEVICE float bits_to_float(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-#endif
-}
-
-HSS_HOST_DEVICE uint32_t float_to_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  return bits;
-#endif
 }
 
 /// bfloat16 is the top half of a float32.

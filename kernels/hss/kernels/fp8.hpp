@@ -17,8 +17,8 @@
 // host and device give the same bits.
 
 #include <cstdint>
-#include <cstring>
 
+#include "hss/kernels/float_bits.hpp"
 #include "hss/kernels/host_device.hpp"
 
 namespace hss::kernels {
@@ -41,26 +41,6 @@ inline constexpr float kE5M2Max = 57344.0f;
 
 namespace fp8_detail {
 
-HSS_HOST_DEVICE uint32_t bits_of(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  return bits;
-#endif
-}
-
-HSS_HOST_DEVICE float float_of(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-#endif
-}
-
 /// Round-to-nearest-even float32 -> 8-bit code of `spec`, saturating finite values. Written as
 /// selects, not branches, so host loops over it vectorise (the host quantiser's cost).
 template <typename Spec>
@@ -72,7 +52,7 @@ HSS_HOST_DEVICE uint8_t encode(float f) {
   constexpr uint32_t kMagicBits =
       (127u + 23u + 1u - static_cast<uint32_t>(Spec::bias) - static_cast<uint32_t>(Spec::man_bits))
       << 23;
-  const uint32_t bits = bits_of(f);
+  const uint32_t bits = float_to_bits(f);
   const uint32_t sign = (bits >> 24) & 0x80u;
   const uint32_t magnitude = bits & 0x7FFFFFFFu;
   // A normal code: keep man_bits, round the rest to nearest even (a carry bumps the exponent, as
@@ -82,7 +62,8 @@ HSS_HOST_DEVICE uint8_t encode(float f) {
   const uint32_t normal = rounded - ((127u - static_cast<uint32_t>(Spec::bias)) << Spec::man_bits);
   // A subnormal code: |f| in units of the smallest subnormal, rounded to nearest even; 1 <<
   // man_bits is the smallest normal, where the encoding continues.
-  const uint32_t subnormal = bits_of(float_of(magnitude) + float_of(kMagicBits)) - kMagicBits;
+  const uint32_t subnormal =
+      float_to_bits(bits_to_float(magnitude) + bits_to_float(kMagicBits)) - kMagicBits;
   uint32_t code = magnitude < (kMinNormalExp32 << 23) ? subnormal : normal;
   code = code < Spec::max_code ? code : Spec::max_code;  // saturate
   const uint32_t special =
@@ -104,7 +85,7 @@ HSS_HOST_DEVICE float decode(uint8_t c) {
   const uint32_t mantissa = c & kManMask;
   const uint32_t normal = ((exponent + 127u - static_cast<uint32_t>(Spec::bias)) << 23) |
                           (mantissa << (23 - Spec::man_bits));
-  const uint32_t subnormal = bits_of(static_cast<float>(mantissa) * float_of(kUnitBits));
+  const uint32_t subnormal = float_to_bits(static_cast<float>(mantissa) * bits_to_float(kUnitBits));
   uint32_t magnitude = exponent == 0 ? subnormal : normal;
   if constexpr (Spec::has_inf) {  // S.11111.00 infinity, else a quiet NaN with the payload
     const uint32_t special =
@@ -113,7 +94,7 @@ HSS_HOST_DEVICE float decode(uint8_t c) {
   } else {  // S.1111.111 is NaN
     magnitude = (c & 0x7Fu) == 0x7Fu ? 0x7FC00000u : magnitude;
   }
-  return float_of(sign | magnitude);
+  return bits_to_float(sign | magnitude);
 }
 
 }  // namespace fp8_detail
