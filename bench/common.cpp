@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 #include "hss/kernels/convert.hpp"
@@ -305,6 +306,48 @@ Timed stream_copy_reference(std::shared_ptr<const CopyBuffer> src, int copies) {
 
 Timed stream_copy_reference(const void* src_in, size_t bytes, int copies) {
   return stream_copy_reference(std::make_shared<const CopyBuffer>(src_in, bytes), copies);
+}
+
+Timed prefix_retrieve(std::string name, std::shared_ptr<HiddenStateStore> store,
+                      std::shared_ptr<const std::vector<int32_t>> tokens, int64_t rows,
+                      std::function<void()> prepare) {
+  Timed t;
+  t.name = std::move(name);
+  t.prepare = std::move(prepare);
+  t.run = [store, tokens, rows, what = t.name] {
+    auto out = store->retrieve_hidden_states(*tokens);
+    if (!out || out->rows() != rows) throw std::runtime_error(what + " missed");
+    do_not_optimize(out->data());
+  };
+  t.tokens = static_cast<double>(rows);
+  return t;
+}
+
+Timed fresh_store(std::string name, std::shared_ptr<HiddenStateStore> store,
+                  std::shared_ptr<HiddenStateStore> drain, std::shared_ptr<ChunkedTokenDatabase> db,
+                  const std::vector<int32_t>& tokens, TensorView view, double bytes,
+                  bool then_flush, std::function<void(const Chunk&)> forget,
+                  std::function<void()> settle) {
+  auto own_tokens = std::make_shared<std::vector<int32_t>>(tokens);
+  Timed t;
+  t.name = std::move(name);
+  t.prepare = [store, drain, own_tokens, db, forget = std::move(forget),
+               settle = std::move(settle)] {
+    drain->flush();
+    for (const Chunk& c : db->process_tokens(*own_tokens)) {
+      (void)store->drop_key(c.key);
+      if (forget) forget(c);
+    }
+    refresh_keys(*own_tokens);
+    if (settle) settle();
+  };
+  t.run = [store, own_tokens, view, then_flush] {
+    (void)store->store_hidden_states(*own_tokens, view);
+    if (then_flush) store->flush();
+  };
+  t.bytes = bytes;
+  t.tokens = static_cast<double>(view.rows);
+  return t;
 }
 
 }  // namespace hss::bench

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -103,6 +104,25 @@ class CopyBuffer {
 /// candidate streams. Plain memcpy off x86-64.
 void stream_copy(void* dst, const void* src, size_t bytes);
 [[nodiscard]] Timed stream_copy_reference(const void* src, size_t bytes, int copies = 1);
+
+/// The tier workloads' timed reads: a retrieve of all of `tokens` that must return `rows` rows (a
+/// miss throws). `prepare` runs untimed before each rep: it empties what the figure must not find
+/// (the pool, the page cache).
+[[nodiscard]] Timed prefix_retrieve(std::string name, std::shared_ptr<HiddenStateStore> store,
+                                    std::shared_ptr<const std::vector<int32_t>> tokens,
+                                    int64_t rows, std::function<void()> prepare);
+
+/// The tier workloads' timed writes: a store of `view` (`bytes` of it) into `store` under keys no
+/// earlier rep used, then flush() when `then_flush` (the figure includes the write-behind).
+/// Untimed before each rep, whichever store comes next: `drain` is flushed (no earlier rep's
+/// write-behind runs beside this one), the previous rep's keys are dropped from `store` and handed
+/// to `forget` (a tier's own copy removed), then `settle` runs.
+[[nodiscard]] Timed fresh_store(std::string name, std::shared_ptr<HiddenStateStore> store,
+                                std::shared_ptr<HiddenStateStore> drain,
+                                std::shared_ptr<ChunkedTokenDatabase> db,
+                                const std::vector<int32_t>& tokens, TensorView view, double bytes,
+                                bool then_flush, std::function<void(const Chunk&)> forget = {},
+                                std::function<void()> settle = {});
 
 // Workloads.
 void run_store(Context& ctx);

@@ -213,18 +213,10 @@ void run_remote(Context& ctx) {
   p.dtype = "float32";
   p.storage = "float32";
   p.output = "fresh";
-  Timed read_through;
-  read_through.name = "read-through";
-  read_through.prepare = [reader, chunks] {
+  Timed read_through = prefix_retrieve("read-through", reader, tokens, n, [reader, chunks] {
     for (const Chunk& c : *chunks) (void)reader->drop_key(c.key);
-  };
-  read_through.run = [reader, tokens, n] {
-    auto out = reader->retrieve_hidden_states(*tokens);
-    if (!out || out->rows() != n) throw std::runtime_error("read-through missed");
-    do_not_optimize(out->data());
-  };
+  });
   read_through.bytes = bytes;
-  read_through.tokens = static_cast<double>(n);
   (void)ctx.report.measure("remote", "read-through f32", p, read_through,
                            std::span<const Timed>(&gets, 1));
 
@@ -258,25 +250,11 @@ void run_remote(Context& ctx) {
   const TensorView view = host_view(rows.data(), DType::kFloat32, n, hidden);
   auto make_store = [&](const std::shared_ptr<HiddenStateStore>& store, const char* name,
                         bool then_flush) {
-    auto own_tokens = std::make_shared<std::vector<int32_t>>(*tokens);
-    Timed t;
-    t.name = name;
-    t.prepare = [store, on, own_tokens, db, raw] {
-      on->flush();
-      for (const Chunk& c : db->process_tokens(*own_tokens)) {
-        (void)store->drop_key(c.key);
-        const std::string key = detail::remote_key(c.key, "hidden", 0);
-        freeReplyObject(redisCommand(raw.get(), "DEL %b", key.data(), key.size()));
-      }
-      refresh_keys(*own_tokens);
-    };
-    t.run = [store, own_tokens, view, then_flush] {
-      (void)store->store_hidden_states(*own_tokens, view);
-      if (then_flush) store->flush();
-    };
-    t.bytes = bytes;
-    t.tokens = static_cast<double>(n);
-    return t;
+    return fresh_store(name, store, on, db, *tokens, view, bytes, then_flush,
+                       [raw](const Chunk& c) {
+                         const std::string key = detail::remote_key(c.key, "hidden", 0);
+                         freeReplyObject(redisCommand(raw.get(), "DEL %b", key.data(), key.size()));
+                       });
   };
   const Timed store_off = make_store(off, "remote off", false);
   p.output.clear();

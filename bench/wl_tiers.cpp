@@ -243,15 +243,8 @@ void run_tiers(Context& ctx) {
   {
     auto store = std::make_shared<HiddenStateStore>(disk_config(chunk, pool, ""), *db);
     (void)store->store_hidden_states(*tokens, view);
-    Timed hit;
-    hit.name = "host hit";
-    hit.run = [store, tokens, n] {
-      auto out = store->retrieve_hidden_states(*tokens);
-      if (!out || out->rows() != n) throw std::runtime_error("host hit missed");
-      do_not_optimize(out->data());
-    };
+    Timed hit = prefix_retrieve("host hit", store, tokens, n, {});
     hit.bytes = static_cast<double>(bytes);
-    hit.tokens = static_cast<double>(n);
     const Timed copy = memcpy_reference(rows);
     p.output = "fresh";
     (void)ctx.report.measure("tiers", "host hit f32", p, hit, std::span<const Timed>(&copy, 1));
@@ -270,16 +263,8 @@ void run_tiers(Context& ctx) {
     for (const Chunk& c : *chunks) (void)reader->drop_key(c.key);
     drop_cache(values);
   };
-  Timed cold;
-  cold.name = "disk hit cold";
-  cold.prepare = empty_pool;
-  cold.run = [reader, tokens, n] {
-    auto out = reader->retrieve_hidden_states(*tokens);
-    if (!out || out->rows() != n) throw std::runtime_error("disk hit missed");
-    do_not_optimize(out->data());
-  };
+  Timed cold = prefix_retrieve("disk hit cold", reader, tokens, n, empty_pool);
   cold.bytes = static_cast<double>(bytes);
-  cold.tokens = static_cast<double>(n);
   (void)ctx.report.measure("tiers", "disk hit f32 cold", p, cold, raw_refs);
   Timed promoted = cold;
   promoted.name = "disk hit + host hit";
@@ -352,24 +337,12 @@ void run_tiers(Context& ctx) {
   {
     auto on = std::make_shared<HiddenStateStore>(disk_config(chunk, 2 * pool, dir.root), *db);
     auto off = std::make_shared<HiddenStateStore>(disk_config(chunk, 2 * pool, ""), *db);
+    // Each rep writes fresh keys after the previous rep's write-behind landed, with no earlier
+    // rep's writeback beside it.
     auto make_store = [&](const std::shared_ptr<HiddenStateStore>& store, const char* name,
                           bool then_flush) {
-      auto own_tokens = std::make_shared<std::vector<int32_t>>(*tokens);
-      Timed t;
-      t.name = name;
-      t.prepare = [store, on, own_tokens, db, values] {
-        on->flush();
-        for (const Chunk& c : db->process_tokens(*own_tokens)) (void)store->drop_key(c.key);
-        refresh_keys(*own_tokens);
-        sync_dir(values);  // no earlier rep's writeback beside this one
-      };
-      t.run = [store, own_tokens, view, then_flush] {
-        (void)store->store_hidden_states(*own_tokens, view);
-        if (then_flush) store->flush();
-      };
-      t.bytes = static_cast<double>(bytes);
-      t.tokens = static_cast<double>(n);
-      return t;
+      return fresh_store(name, store, on, db, *tokens, view, static_cast<double>(bytes),
+                         then_flush, {}, [values] { sync_dir(values); });
     };
     p.output.clear();
     const Timed raw = raw_write(dir.root + "/raw-write.bin", rows->data(), bytes);
