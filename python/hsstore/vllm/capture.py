@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ._attrs import first_attribute
 from .layers import FINAL, resolve_layers
 
 __all__ = ["PromptCapture", "decoder_layers_of"]
@@ -47,14 +48,9 @@ def external_request_id(internal_id: str) -> str:
 
 def decoder_layers_of(model: torch.nn.Module):
     """The decoder layer list of a vLLM causal LM (model.model.layers, or a language model's)."""
-    for path in ("model.layers", "language_model.model.layers", "layers"):
-        obj: Any = model
-        for name in path.split("."):
-            obj = getattr(obj, name, None)
-            if obj is None:
-                break
-        if obj is not None:
-            return obj
+    layers = first_attribute(model, ("model.layers", "language_model.model.layers", "layers"))
+    if layers is not None:
+        return layers
     raise ValueError(
         f"hsstore.vllm: cannot find the decoder layers of {type(model).__name__} "
         "(looked for model.layers, language_model.model.layers, layers)"

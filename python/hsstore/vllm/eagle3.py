@@ -31,6 +31,7 @@ import types
 from typing import Any, List, Optional, Sequence, Tuple
 
 # The layer spec that stands for "the layers vLLM's EAGLE-3 draft reads" (hsstore.vllm.layers).
+from ._attrs import first_attribute
 from .layers import EAGLE3
 
 __all__ = ["EAGLE3", "aux_ids_to_labels", "eagle3_aux_layer_ids", "eagle3_layers",
@@ -40,14 +41,9 @@ __all__ = ["EAGLE3", "aux_ids_to_labels", "eagle3_aux_layer_ids", "eagle3_layers
 
 def _config_of(source: Any) -> Any:
     """A VllmConfig from a VllmConfig, an LLM, an LLMEngine or a model runner."""
-    for path in ("llm_engine.vllm_config", "vllm_config"):
-        obj: Any = source
-        for name in path.split("."):
-            obj = getattr(obj, name, None)
-            if obj is None:
-                break
-        if obj is not None:
-            return obj
+    config = first_attribute(source, ("llm_engine.vllm_config", "vllm_config"))
+    if config is not None:
+        return config
     if hasattr(source, "model_config") and hasattr(source, "parallel_config"):
         return source
     raise TypeError(f"hsstore.vllm.eagle3: expected a VllmConfig or a vllm.LLM, got "
