@@ -55,7 +55,7 @@ def main() -> None:
     import torch
 
     import engines
-    from pd_engine import EngineProcess, Redis, free_port
+    from pd_engine import pd_engines
 
     shape = engines.TINY if args.model == "tiny" else engines.MEDIUM
     layers = [-1, shape["num_hidden_layers"] // 2]
@@ -64,21 +64,13 @@ def main() -> None:
     model_dir = engines.write_llama(directory / args.model, shape)
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")
 
-    redis = Redis(directory)
-    port = free_port()
-    common = {"model": str(model_dir), "redis_port": redis.port, "layers": layers,
-              "step_tokens": CHUNK, "lookup_timeout_ms": 60000,
-              "max_model_len": args.prompt + 16}
-    prefill = EngineProcess("prefill", {**common, "nixl": {"listen": f"127.0.0.1:{port}"}},
-                            directory / "prefill.log")
-    decode = EngineProcess("decode", {**common, "nixl": {"producer": f"127.0.0.1:{port}",
-                                                         "timeout_ms": 30000}},
-                           directory / "decode.log")
     rng = random.Random(42)
     vocab = shape["vocab_size"]
     rounds, warmup, check = [], None, None
-    try:
-        prefill.read(), decode.read()
+    with pd_engines(directory, model_dir, prefill=["prefill"], layers=layers, step_tokens=CHUNK,
+                    lookup_timeout_ms=60000, pull_timeout_ms=30000,
+                    max_model_len=args.prompt + 16) as e:
+        prefill, decode, redis = e["prefill"], e["decode"], e["redis"]
         for r in range(args.rounds + 1):
             prompt = [rng.randrange(3, vocab) for _ in range(args.prompt)]
             p = prefill.generate(prompt, directory / "prefill.pt")
@@ -101,10 +93,6 @@ def main() -> None:
             if check is None:
                 check = all(torch.equal(pulled["states"][k], full["states"][k]) for k in layers)
             rounds.append(run)
-    finally:
-        prefill.close()
-        decode.close()
-        redis.close()
 
     # pulled_bytes is the agent's running total: per round, the difference.
     totals = [warmup["pulled_bytes"]] + [run["pulled_bytes"] for run in rounds]

@@ -3,7 +3,8 @@ process: engine core and worker in it) with hsstore.vllm and LMCache, its KV wri
 from LMCache's Redis remote backend, its hidden states served or pulled over NIXL. Driven by JSON
 lines on stdin, one reply line per command on a private copy of stdout (vLLM and UCX print to
 fd 1, which goes to stderr here). Also the driver's side, for the test and bench/vllm_pd_bench.py:
-EngineProcess (one such process) and Redis (a throw-away redis-server).
+EngineProcess (one such process), Redis (a throw-away redis-server) and pd_engines (both, for a
+test's fixture).
 
     python pd_engine.py '{"model": DIR, "redis_port": P, "nixl": {...}, "layers": [...],
                           "step_tokens": N, "lookup_timeout_ms": MS,
@@ -17,6 +18,7 @@ deltas, the LMCache chunk keys and the NIXL agent's stats), {"cmd": "stats"},
 {"cmd": "exit"}.
 """
 
+import contextlib
 import json
 import os
 import pathlib
@@ -129,6 +131,42 @@ class EngineProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log_file.close()
+
+
+@contextlib.contextmanager
+def pd_engines(directory: pathlib.Path, model, *, prefill: list, layers: list, step_tokens: int,
+               lookup_timeout_ms: int, pull_timeout_ms: int, lmcache_extra: dict = None,
+               **spec):
+    """A redis-server, the named prefill engines (each serving its hidden states over NIXL on a
+    free port) and a decode engine pulling from the first by default. Every process is started
+    before any makes its NIXL agent; all are stopped on the way out. Yields a dict: "redis", the
+    engines by name ("decode" and the `prefill` names) and "ports" (prefill name -> NIXL port).
+    `spec`: further keys of every engine's spec (max_model_len)."""
+    redis = Redis(directory)
+    ports = {name: free_port() for name in prefill}
+    common = {"model": str(model), "redis_port": redis.port, "layers": layers,
+              "step_tokens": step_tokens, "lookup_timeout_ms": lookup_timeout_ms, **spec}
+    if lmcache_extra:
+        common["lmcache_extra"] = lmcache_extra
+    engines = {name: EngineProcess(name, {**common, "nixl": {"listen": f"127.0.0.1:{port}"}},
+                                   directory / f"{name}.log")
+               for name, port in ports.items()}
+    engines["decode"] = EngineProcess(
+        "decode", {**common, "nixl": {"producer": f"127.0.0.1:{ports[prefill[0]]}",
+                                      "timeout_ms": pull_timeout_ms}},
+        directory / "decode.log")
+    try:
+        started = time.monotonic()
+        ready = {name: engine.read() for name, engine in engines.items()}
+        for name, port in ports.items():
+            assert ready[name]["nixl"]["address"] == f"127.0.0.1:{port}", name
+        assert ready["decode"]["nixl"]["address"] is None  # the decode side only pulls
+        print(f"pd: {len(engines)} engines ready in {time.monotonic() - started:.1f} s")
+        yield {"redis": redis, "ports": ports, **engines}
+    finally:
+        for engine in engines.values():
+            engine.close()
+        redis.close()
 
 
 def main() -> None:

@@ -10,7 +10,6 @@ Both engines prefill in steps of at most 256 tokens (LMCache's chunk size), so r
 recomputed prefixes end at the same step boundaries (conftest.STEP_TOKENS says why that is the
 bit-exact reference)."""
 
-import pathlib
 import signal
 import time
 
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 from conftest import STEP_TOKENS
-from pd_engine import EngineProcess, Redis, free_port
+from pd_engine import pd_engines
 
 pytest.importorskip("nixl", reason="the nixl package is not in this venv (scripts/vllm_venv.lock)")
 
@@ -36,26 +35,10 @@ def pd(tiny_model, tmp_path_factory):
     """A redis-server, then the prefill and the decode engine (both processes started before
     either makes its NIXL agent)."""
     directory = tmp_path_factory.mktemp("pd")
-    redis = Redis(directory)
-    nixl_port = free_port()
-    common = {"model": str(tiny_model), "redis_port": redis.port, "layers": LAYERS,
-              "step_tokens": STEP_TOKENS, "lookup_timeout_ms": LOOKUP_TIMEOUT_MS}
-    prefill = EngineProcess("prefill", {**common, "nixl": {"listen": f"127.0.0.1:{nixl_port}"}},
-                     directory / "prefill.log")
-    decode = EngineProcess("decode", {**common, "nixl": {"producer": f"127.0.0.1:{nixl_port}",
-                                                  "timeout_ms": PULL_TIMEOUT_MS}},
-                    directory / "decode.log")
-    try:
-        started = time.monotonic()
-        ready = prefill.read(), decode.read()
-        assert ready[0]["nixl"]["address"] == f"127.0.0.1:{nixl_port}"
-        assert ready[1]["nixl"]["address"] is None  # the decode side only pulls
-        print(f"pd: both engines ready in {time.monotonic() - started:.1f} s")
-        yield prefill, decode, redis, directory
-    finally:
-        prefill.close()
-        decode.close()
-        redis.close()
+    with pd_engines(directory, tiny_model, prefill=["prefill"], layers=LAYERS,
+                    step_tokens=STEP_TOKENS, lookup_timeout_ms=LOOKUP_TIMEOUT_MS,
+                    pull_timeout_ms=PULL_TIMEOUT_MS) as e:
+        yield e["prefill"], e["decode"], e["redis"], directory
 
 
 def serve_on_prefill(prefill, redis, prompt, path):

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import STEP_TOKENS
-from pd_engine import EngineProcess, Redis, free_port
+from pd_engine import free_port, pd_engines
 from test_vllm_pd_nixl import (CHUNK, LAYERS, LOOKUP_TIMEOUT_MS, PREFIX, PULL_TIMEOUT_MS, TAIL,
                                assert_exact, recompute, serve_on_prefill)
 
@@ -31,30 +31,11 @@ def pd2(tiny_model, tmp_path_factory):
     directory = tmp_path_factory.mktemp("pd2")
     key_file = directory / "mac.key"
     key_file.write_text(MAC_KEY + "\n")
-    redis = Redis(directory)
-    port_a, port_b = free_port(), free_port()
-    common = {"model": str(tiny_model), "redis_port": redis.port, "layers": LAYERS,
-              "step_tokens": STEP_TOKENS, "lookup_timeout_ms": LOOKUP_TIMEOUT_MS,
-              "lmcache_extra": {"hidden_state_mac_key_file": str(key_file)}}
-    a = EngineProcess("prefill-a", {**common, "nixl": {"listen": f"127.0.0.1:{port_a}"}},
-                      directory / "prefill-a.log")
-    b = EngineProcess("prefill-b", {**common, "nixl": {"listen": f"127.0.0.1:{port_b}"}},
-                      directory / "prefill-b.log")
-    decode = EngineProcess("decode", {**common, "nixl": {"producer": f"127.0.0.1:{port_a}",
-                                                         "timeout_ms": PULL_TIMEOUT_MS}},
-                           directory / "decode.log")
-    try:
-        started = time.monotonic()
-        ready = a.read(), b.read(), decode.read()
-        assert ready[0]["nixl"]["address"] == f"127.0.0.1:{port_a}"
-        assert ready[1]["nixl"]["address"] == f"127.0.0.1:{port_b}"
-        print(f"pd2: three engines ready in {time.monotonic() - started:.1f} s")
-        yield {"a": a, "b": b, "ports": {"a": port_a, "b": port_b}, "decode": decode,
-               "redis": redis, "dir": directory}
-    finally:
-        for proc in (a, b, decode):
-            proc.close()
-        redis.close()
+    with pd_engines(directory, tiny_model, prefill=["a", "b"], layers=LAYERS,
+                    step_tokens=STEP_TOKENS, lookup_timeout_ms=LOOKUP_TIMEOUT_MS,
+                    pull_timeout_ms=PULL_TIMEOUT_MS,
+                    lmcache_extra={"hidden_state_mac_key_file": str(key_file)}) as e:
+        yield {**e, "dir": directory}
 
 
 def served(engine):
