@@ -18,7 +18,7 @@ TSAN_SECONDS ?= 60
 PYENV := $(BUILD_DIR)/pyenv
 PYTHON_FLAGS = -DHSS_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(abspath $(PYENV))/bin/python
 
-.PHONY: all bootstrap configure build test test-model test-lmcache test-nixl test-vllm demo demo-remote asan tsan fuzz bench coverage format clean
+.PHONY: all bootstrap configure build test test-model test-lmcache test-nixl test-vllm demo demo-remote asan tsan fuzz fuzz-build bench coverage format clean
 
 all: build
 
@@ -90,20 +90,23 @@ asan: bootstrap
 tsan:
 	@HSS_BOOTSTRAP_SANITIZERS=1 scripts/bootstrap
 	cmake --preset tsan
-	cmake --build $(TSAN_DIR) -j $(JOBS) --target hss_tests
+	cmake --build $(TSAN_DIR) -j $(JOBS) --target hss_stress_tests
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" HSS_STRESS_SECONDS=$(TSAN_SECONDS) \
-	  HSS_LOG_LEVEL=warn $(TSAN_DIR)/tests/hss_tests --gtest_filter='StoreStress*'
+	  HSS_LOG_LEVEL=warn $(TSAN_DIR)/tests/hss_stress_tests
 	cmake --preset model-tsan
 	cmake --build $(MODEL_TSAN_DIR) -j $(JOBS)
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 atexit_sleep_ms=100" \
 	  ctest --test-dir $(MODEL_TSAN_DIR) --output-on-failure -j $(JOBS)
 
 # Every libFuzzer target of tests/fuzz for FUZZ_SECONDS each, from the committed seed corpora.
-fuzz:
+# fuzz-build only builds them (.ci/run runs them beside the Python suites).
+fuzz: fuzz-build
+	scripts/fuzz $(FUZZ_DIR) $(FUZZ_SECONDS)
+
+fuzz-build:
 	@HSS_BOOTSTRAP_SANITIZERS=1 scripts/bootstrap
 	cmake --preset fuzz
 	cmake --build $(FUZZ_DIR) -j $(JOBS)
-	scripts/fuzz $(FUZZ_DIR) $(FUZZ_SECONDS)
 
 format:
 	git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format -i
