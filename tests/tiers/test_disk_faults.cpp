@@ -25,6 +25,7 @@
 #include "hss/hss.hpp"
 #include "store/backing_tiers.hpp"
 #include "test_util.hpp"
+#include "tier_test_dir.hpp"
 #include "tiers/disk/disk_tier.hpp"
 
 namespace hss {
@@ -42,21 +43,7 @@ constexpr int64_t kCols = 32;
 constexpr uint64_t kPayload = kChunk * kCols * 4;  // one float32 chunk
 constexpr uint64_t kFileBytes = 32 + kPayload;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = "/tmp/hss_diskfault_XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    root = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(root, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string root;
-};
+using test::TempDir;
 
 /// Every store built while it lives gets one disk tier on `dir` going through `io` (one writer
 /// thread: writes land in store order). The config names no disk, so it is the only tier.

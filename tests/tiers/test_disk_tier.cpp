@@ -27,6 +27,7 @@
 #include "format/value_mac.hpp"
 #include "hss/hss.hpp"
 #include "test_util.hpp"
+#include "tier_test_dir.hpp"
 #include "tiers/disk/disk_tier.hpp"
 
 namespace hss {
@@ -43,28 +44,7 @@ constexpr int64_t kCols = 32;
 constexpr uint64_t kFileBytes = 32 + kChunk * kCols * 4;  // header + one float32 chunk
 
 /// A fresh directory under /tmp, removed (made writable first) at the end.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = "/tmp/hss_disk_XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    root = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    for (auto it = fs::recursive_directory_iterator(root, ec);
-         !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (it->is_directory(ec)) ::chmod(it->path().c_str(), 0755);
-    }
-    ::chmod(root.c_str(), 0755);
-    fs::remove_all(root, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  [[nodiscard]] std::string values() const { return root + "/hsstore"; }
-  std::string root;
-};
+using test::TempDir;
 
 Config disk_config(const std::string& dir, int64_t pool_chunks = 64) {
   Config c = test::store_config(kChunk, kCols, pool_chunks);

@@ -20,6 +20,7 @@
 #include "format/value_codec.hpp"
 #include "hss/hss.hpp"
 #include "test_util.hpp"
+#include "tier_test_dir.hpp"
 #include "tiers/disk/disk_tier.hpp"
 
 #if HSS_HAVE_REMOTE
@@ -38,23 +39,7 @@ constexpr int64_t kCols = 32;
 constexpr uint64_t kFp8Payload = kChunk * kCols + 4 * kChunk;
 static_assert(kFp8Payload % 64 == 0);
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = "/tmp/hss_fp8_XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    root = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(root, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  [[nodiscard]] std::string values() const { return root + "/hsstore"; }
-  std::string root;
-};
+using test::TempDir;
 
 /// A store of FP8 storage whose pool holds `pool_chunks` FP8 chunks exactly (one granule each).
 Config fp8_config(StorageDType storage, int64_t pool_chunks) {

@@ -12,6 +12,7 @@
 
 #include "hss/hss.hpp"
 #include "test_util.hpp"
+#include "tier_test_dir.hpp"
 
 #if HSS_HAVE_REMOTE
 #include "redis_test_server.hpp"
@@ -28,21 +29,7 @@ constexpr int64_t kChunk = 16;
 constexpr int64_t kCols = 32;
 const std::vector<Slot> kLayer0 = {{ActivationKind::kHidden, 0}};
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = "/tmp/hss_cov_XXXXXX";
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    root = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(root, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string root;
-};
+using test::TempDir;
 
 void store_prefix(HiddenStateStore& store, const std::vector<int32_t>& tokens) {
   const auto rows = make_rows(tokens, 0, 0, kCols);
