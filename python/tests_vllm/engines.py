@@ -9,7 +9,7 @@ import gc
 import json
 import os
 import pathlib
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 TINY = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
         "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000}
@@ -153,6 +153,25 @@ def generate(llm: Any, prompts: Sequence[List[int]], *, max_tokens: int = 1,
                             extra_args=extra_args)
     return llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
                         use_tqdm=False)
+
+
+def counters(hs: Any) -> Dict[str, int]:
+    """hsstore.vllm's integer counters of the (first) worker."""
+    return {k: v for k, v in hs.stats()[0].items() if isinstance(v, int)}
+
+
+def delta(before: Dict[str, int], after: Dict[str, int]) -> Dict[str, int]:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
+
+
+def run(llm: Any, hs: Any, prompt: List[int], **kwargs: Any) -> Tuple[Dict[int, Any], Any,
+                                                                       Dict[str, int]]:
+    """One prompt through `llm` (generate()'s keyword arguments): its whole-prompt hidden states,
+    its output and the counter deltas of that request."""
+    before = counters(hs)
+    out = generate(llm, [prompt], **kwargs)[0]
+    states = hs.take(out)
+    return states, out, delta(before, counters(hs))
 
 
 # -- worker-side helpers (collective_rpc targets; in-process engines call them directly) ----------

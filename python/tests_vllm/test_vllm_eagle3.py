@@ -20,6 +20,7 @@ import torch
 import engines
 import hsstore.vllm
 from conftest import CPU_KV, STEP_TOKENS
+from engines import counters
 
 # 8 decoder layers: vLLM's default EAGLE-3 aux ids (2, N // 2, N - 3) are (2, 4, 5), three
 # distinct ones, the draft's fc input (3 x hidden).
@@ -120,10 +121,6 @@ def worker_recorded(worker):
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def counters(hs):
-    return {k: v for k, v in hs.stats()[0].items() if isinstance(v, int)}
 
 
 def run(llm, hs, prompt, **kwargs):

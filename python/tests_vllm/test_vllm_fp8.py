@@ -14,24 +14,13 @@ import torch
 import engines
 import hsstore.vllm
 from conftest import STEP_TOKENS
+from engines import run
 
 HIDDEN = engines.TINY["hidden_size"]
 LAYERS = [-1, 1]  # the final state and an intermediate layer
 PREFIX, TAIL = 1024, 100
 BOUND = {"fp8_e4m3": 1 / 28, "fp8_e5m2": 1 / 14}  # of the row's amax, per element
 COSINE_FLOOR = {"fp8_e4m3": 0.999, "fp8_e5m2": 0.995}  # each row, restored vs recomputed
-
-
-def counters(hs):
-    return {k: v for k, v in hs.stats()[0].items() if isinstance(v, int)}
-
-
-def run(llm, hs, prompt, **kwargs):
-    before = counters(hs)
-    out = engines.generate(llm, [prompt], **kwargs)[0]
-    states = hs.take(out)
-    after = counters(hs)
-    return states, out, {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
 
 @pytest.mark.parametrize("storage", ["fp8_e4m3", "fp8_e5m2"])

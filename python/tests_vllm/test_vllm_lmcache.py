@@ -9,6 +9,7 @@ import torch
 import engines
 import hsstore.vllm
 from conftest import CPU_KV, STEP_TOKENS
+from engines import counters, delta, run  # noqa: F401 (the other LMCache tests import them from here)
 
 CHUNK = 256
 HIDDEN = engines.TINY["hidden_size"]
@@ -19,24 +20,6 @@ LAYERS = [-1, 1]  # the final state and an intermediate layer
 
 def capture(store):
     return hsstore.vllm.HiddenStates(layers=LAYERS, store=store, worker_init=CPU_KV)
-
-
-def counters(hs):
-    stats = hs.stats()[0]
-    return {k: v for k, v in stats.items() if isinstance(v, int)}
-
-
-def delta(before, after):
-    return {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
-
-
-def run(llm, hs, prompt, **kwargs):
-    """Generates for one prompt; its whole-prompt hidden states, its output, and the counter
-    deltas of that request."""
-    before = counters(hs)
-    out = engines.generate(llm, [prompt], **kwargs)[0]
-    states = hs.take(out)
-    return states, out, delta(before, counters(hs))
 
 
 def recompute(llm, hs, prompt):

@@ -8,21 +8,10 @@ import torch
 import engines
 import hsstore.vllm
 from conftest import STEP_TOKENS
+from engines import run
 
 HIDDEN = engines.TINY["hidden_size"]
 LAYERS = [-1, 1]
-
-
-def counters(hs):
-    return {k: v for k, v in hs.stats()[0].items() if isinstance(v, int)}
-
-
-def run(llm, hs, prompt, **kwargs):
-    before = counters(hs)
-    out = engines.generate(llm, [prompt], **kwargs)[0]
-    states = hs.take(out)
-    after = counters(hs)
-    return states, out, {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
 
 def assert_exact(llm, hs, prompt, states):
