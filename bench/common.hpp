@@ -143,6 +143,7 @@ void run_gpu_batch(Context& ctx);
 void run_copy_threads(Context& ctx);
 void run_mac(Context& ctx);
 void run_tiers(Context& ctx);
+void run_fp8(Context& ctx);
 /// The device variants inside `store` and `retrieve` (one case each, or a skip line).
 void run_device_store_variant(Context& ctx);
 void run_device_retrieve_variant(Context& ctx);

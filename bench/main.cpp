@@ -53,6 +53,9 @@ constexpr Workload kWorkloads[] = {
     {"tiers", run_tiers,
      "pool hit, cold disk hit, promotion, spill and store with the disk tier on/off vs raw "
      "pread/pwrite of the same bytes; serial vs pooled preads (HSS_BENCH_DISK_DIR)"},
+    {"fp8", run_fp8,
+     "16K x 4096 float32 rows stored as fp8_e4m3 / fp8_e5m2 and retrieved into float32, vs the "
+     "same with float32 storage and memcpy"},
 };
 
 // The targets, read off the full run's figures (host path).

@@ -36,7 +36,17 @@ struct Input {
 };
 
 std::string storage_name(StorageDType s) {
-  return s == StorageDType::kNative ? "native" : "float32";
+  switch (s) {
+    case StorageDType::kFloat32:
+      return "float32";
+    case StorageDType::kNative:
+      return "native";
+    case StorageDType::kFp8E4M3:
+      return "fp8_e4m3";
+    case StorageDType::kFp8E5M2:
+      return "fp8_e5m2";
+  }
+  return "?";
 }
 
 Params params_of(const Shape& s, DType in, StorageDType storage, const std::string& output) {
@@ -305,6 +315,30 @@ void retrieve_copy_threads_case(Context& ctx, const Shape& s) {
   }
 }
 
+/// FP8 storage (issue 32): a store quantising float32 rows and a fresh float32 retrieve
+/// dequantising them, each against the same operation with float32 storage (per token: the pool
+/// holds a quarter of the bytes) and memcpy of the float32 bytes the caller hands over or gets.
+void fp8_case(Context& ctx, const Shape& s, StorageDType storage) {
+  const std::string name = storage_name(storage);
+  auto input = std::make_shared<Input>(DType::kFloat32, s.tokens * s.hidden);
+  StoreRig fp8(s, DType::kFloat32, storage, input);
+  StoreRig f32(s, DType::kFloat32, StorageDType::kFloat32, input);
+  Timed cand = fp8.timed(name);
+  std::vector<Timed> refs{f32.timed("float32 storage"), memcpy_reference(input->buffer)};
+  cand.bytes = refs.front().bytes;  // the float32 bytes handed over, as memcpy's
+  (void)ctx.report.measure("fp8", "store " + name, params_of(s, DType::kFloat32, storage, ""), cand,
+                           refs);
+  RetrieveRig fp8_out(s, DType::kFloat32, storage);
+  RetrieveRig f32_out(s, DType::kFloat32, StorageDType::kFloat32);
+  auto src = std::make_shared<const CopyBuffer>(static_cast<size_t>(f32_out.out_bytes()));
+  Timed peer = f32_out.fresh();
+  peer.name = "float32 storage";
+  const std::vector<Timed> out_refs{peer, memcpy_reference(src)};
+  (void)ctx.report.measure("fp8", "retrieve " + name + " fresh",
+                           params_of(s, DType::kFloat32, storage, "fresh"), fp8_out.fresh(),
+                           out_refs);
+}
+
 }  // namespace
 
 /// The host copy strategy every store of this process got (one calibration per process), so a
@@ -373,6 +407,14 @@ void run_retrieve(Context& ctx) {
   }
   run_device_retrieve_variant(ctx);
   ctx.report.print_workload("retrieve");
+}
+
+void run_fp8(Context& ctx) {
+  note_host_copy(ctx, "fp8");
+  const Shape base = ctx.quick ? Shape{256, 1024, 2048, 1} : Shape{};
+  fp8_case(ctx, base, StorageDType::kFp8E4M3);
+  fp8_case(ctx, base, StorageDType::kFp8E5M2);
+  ctx.report.print_workload("fp8");
 }
 
 }  // namespace hss::bench

@@ -124,6 +124,52 @@ TEST(Fp8Encode, MatchesADoubleReferenceOnRandomValuesAndEveryMidpoint) {
   }
 }
 
+/// reference_encode for every float32, NaN and infinities included, by bisection over the
+/// codes' values (increasing from code 0 to max_code): fast enough for a sweep of 2^24 patterns.
+class SweepReference {
+ public:
+  SweepReference(float (*decode)(uint8_t), uint8_t max_code, uint8_t nan_code, uint8_t inf_code)
+      : max_code_(max_code), nan_code_(nan_code), inf_code_(inf_code) {
+    for (int c = 0; c <= max_code; ++c) value_.push_back(decode(static_cast<uint8_t>(c)));
+  }
+
+  [[nodiscard]] uint8_t operator()(float f) const {
+    const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+    if (std::isnan(f)) return static_cast<uint8_t>(sign | nan_code_);
+    if (std::isinf(f)) return static_cast<uint8_t>(sign | inf_code_);
+    const double a = std::fabs(static_cast<double>(f));
+    if (a >= value_[max_code_]) return static_cast<uint8_t>(sign | max_code_);
+    int lo = 0, hi = max_code_;  // value(lo) <= a < value(hi)
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      (value_[static_cast<size_t>(mid)] <= a ? lo : hi) = mid;
+    }
+    const double below = a - value_[static_cast<size_t>(lo)];
+    const double above = value_[static_cast<size_t>(hi)] - a;
+    const int code = below < above || (below == above && (lo & 1) == 0) ? lo : hi;
+    return static_cast<uint8_t>(sign | code);
+  }
+
+ private:
+  std::vector<double> value_;
+  uint8_t max_code_, nan_code_, inf_code_;
+};
+
+TEST(Fp8Encode, MatchesTheReferenceOverASweepOfFloat32BitPatterns) {
+  // Every value of the top 24 bits (sign, exponent, the mantissa's top 15: every rounding
+  // boundary of both formats lies on them), with a pseudo-random low byte and with a low byte
+  // of 0 (exact ties, exact codes).
+  const SweepReference e4m3(e4m3_to_float, 0x7E, 0x7F, 0x7F);
+  const SweepReference e5m2(e5m2_to_float, 0x7B, 0x7E, 0x7C);
+  for (uint32_t p = 0; p < (1u << 24); ++p) {
+    for (uint32_t bits : {(p << 8) | ((p * 0x9E3779B1u) >> 24), p << 8}) {
+      const float v = from_bits(bits);
+      ASSERT_EQ(float_to_e4m3(v), e4m3(v)) << std::hex << bits;
+      ASSERT_EQ(float_to_e5m2(v), e5m2(v)) << std::hex << bits;
+    }
+  }
+}
+
 TEST(Fp8Quantise, ScaleIsAmaxOverTheLargestFiniteValue) {
   EXPECT_EQ(row_scale(448.0f, ElemType::kFp8E4M3), 1.0f);
   EXPECT_EQ(row_scale(896.0f, ElemType::kFp8E4M3), 2.0f);

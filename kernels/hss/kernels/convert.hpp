@@ -236,11 +236,17 @@ HSS_HOST_DEVICE constexpr float fp8_max(ElemType t) {
   __builtin_unreachable();
 }
 
-/// amax folded with one more element: non-finite elements do not count. Selects, no branch:
-/// the host's amax loop vectorises.
-HSS_HOST_DEVICE float amax_add(float amax, float x) {
+/// The bits of |x| for a finite x, 0 (the bits of +0) for NaN and infinities: what amax counts.
+/// Non-negative non-NaN floats order as their bits do, so a running maximum of these as integers
+/// is the bits of amax (the host's amax loops: integer maxima vectorise, float ones do not).
+HSS_HOST_DEVICE uint32_t finite_magnitude_bits(float x) {
   const uint32_t magnitude = float_to_bits(x) & 0x7FFFFFFFu;
-  const float a = bits_to_float(magnitude < 0x7F800000u ? magnitude : 0u);  // NaN, inf: 0
+  return magnitude < 0x7F800000u ? magnitude : 0u;
+}
+
+/// amax folded with one more element: non-finite elements do not count.
+HSS_HOST_DEVICE float amax_add(float amax, float x) {
+  const float a = bits_to_float(finite_magnitude_bits(x));
   return a > amax ? a : amax;
 }
 
@@ -264,16 +270,22 @@ HSS_HOST_DEVICE uint8_t quantise_as(float x, float scale) {
   }
 }
 
-/// The value of `code` in a row of scale `scale` (finite codes stay finite: see above).
-template <ElemType T>
-HSS_HOST_DEVICE float dequantise_as(uint8_t code, float scale) {
-  static_assert(T == ElemType::kFp8E4M3 || T == ElemType::kFp8E5M2, "an 8-bit type");
-  const float c = T == ElemType::kFp8E5M2 ? e5m2_to_float(code) : e4m3_to_float(code);
+/// The value of a code whose own value (fp8.hpp's decode) is `c`, in a row of scale `scale`
+/// (finite codes stay finite: see above). The host's dequantiser takes `c` from a table.
+HSS_HOST_DEVICE float dequantise_value(float c, float scale) {
   const uint32_t v_bits = float_to_bits(c * scale);
   const bool finite_code = (float_to_bits(c) & 0x7FFFFFFFu) < 0x7F800000u;
   const bool overflowed = (v_bits & 0x7FFFFFFFu) == 0x7F800000u;
   // A finite code whose product overflowed: the largest finite float32 of its sign.
   return bits_to_float((finite_code & overflowed) ? (v_bits & 0x80000000u) | 0x7F7FFFFFu : v_bits);
+}
+
+/// The value of `code` in a row of scale `scale`.
+template <ElemType T>
+HSS_HOST_DEVICE float dequantise_as(uint8_t code, float scale) {
+  static_assert(T == ElemType::kFp8E4M3 || T == ElemType::kFp8E5M2, "an 8-bit type");
+  return dequantise_value(T == ElemType::kFp8E5M2 ? e5m2_to_float(code) : e4m3_to_float(code),
+                          scale);
 }
 
 /// quantise_as / dequantise_as for a type known at run time.

@@ -41,8 +41,10 @@ inline constexpr float kE5M2Max = 57344.0f;
 
 namespace fp8_detail {
 
-/// Round-to-nearest-even float32 -> 8-bit code of `spec`, saturating finite values. Written as
-/// selects, not branches, so host loops over it vectorise (the host quantiser's cost).
+/// Round-to-nearest-even float32 -> 8-bit code of `spec`, saturating finite values. Branch-free,
+/// and the two selects that involve the subnormal path's float addition are bit masks, not `?:`:
+/// GCC sinks a float operation used by only one arm of a select into a branch, which it will not
+/// if-convert under -ftrapping-math (the default): the host's quantise loops would stay scalar.
 template <typename Spec>
 HSS_HOST_DEVICE uint8_t encode(float f) {
   constexpr int kDrop = 23 - Spec::man_bits;  // float32 mantissa bits dropped
@@ -64,16 +66,19 @@ HSS_HOST_DEVICE uint8_t encode(float f) {
   // man_bits is the smallest normal, where the encoding continues.
   const uint32_t subnormal =
       float_to_bits(bits_to_float(magnitude) + bits_to_float(kMagicBits)) - kMagicBits;
-  uint32_t code = magnitude < (kMinNormalExp32 << 23) ? subnormal : normal;
+  const uint32_t subnormal_mask = 0u - static_cast<uint32_t>(magnitude < (kMinNormalExp32 << 23));
+  uint32_t code = (subnormal & subnormal_mask) | (normal & ~subnormal_mask);
   code = code < Spec::max_code ? code : Spec::max_code;  // saturate
   const uint32_t special =
       (Spec::has_inf && magnitude == 0x7F800000u) ? 0x7Cu : Spec::nan_code;  // inf / NaN
-  code = magnitude >= 0x7F800000u ? special : code;
+  const uint32_t special_mask = 0u - static_cast<uint32_t>(magnitude >= 0x7F800000u);
+  code = (special & special_mask) | (code & ~special_mask);
   return static_cast<uint8_t>(sign | code);
 }
 
 /// 8-bit code of `spec` -> float32 (exact: every code is a float32 value). Selects, not
-/// branches; no float32 subnormal is made or read (flush-to-zero modes cannot change it).
+/// branches; no float32 subnormal is made or read (flush-to-zero modes cannot change it). The
+/// host path reads these values from a table of the 256 codes (src/datapath/host/fp8_rows.cpp).
 template <typename Spec>
 HSS_HOST_DEVICE float decode(uint8_t c) {
   constexpr uint32_t kTopExp = (1u << Spec::exp_bits) - 1u;

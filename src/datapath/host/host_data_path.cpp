@@ -4,10 +4,10 @@
 // bytes of the whole call, so every split writes what one thread would.
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "datapath/data_path.hpp"
 #include "datapath/host/copy_workers.hpp"
+#include "datapath/host/fp8_rows.hpp"
 #include "datapath/host/host_copy.hpp"
 #include "hss/kernels/elem_visit.hpp"
 
@@ -49,90 +49,11 @@ void widen(const void* src, ElemType type, float* dst, int64_t n, const Streamin
       for (int64_t i = 0; i < n; ++i) dst[i] = kernels::f16_to_float(in[i]);
       return;
     }
-    case ElemType::kFp8E4M3:  // never planned: scaled rows go through dequantise_run
+    case ElemType::kFp8E4M3:  // never planned: scaled rows go through fp8_dequantise_run
     case ElemType::kFp8E5M2:
       for (int64_t i = 0; i < n; ++i) dst[i] = kernels::load_as_float(src, i, type);
       return;
   }
-}
-
-/// Calls fn.template operator()<T>() for an 8-bit type.
-template <typename Fn>
-void visit_fp8(ElemType type, Fn&& fn) {
-  if (type == ElemType::kFp8E5M2) {
-    fn.template operator()<ElemType::kFp8E5M2>();
-  } else {
-    fn.template operator()<ElemType::kFp8E4M3>();
-  }
-}
-
-/// n contiguous elements of type S widened to float32 into `out` (exact).
-template <ElemType S>
-void load_floats(const void* src, float* out, int64_t n) {
-  if constexpr (S == ElemType::kFloat32) {
-    std::memcpy(out, src, static_cast<size_t>(n) * sizeof(float));
-  } else {
-    const auto* in = static_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n; ++i) out[i] = kernels::half_to_float<S>(in[i]);
-  }
-}
-
-/// Quantises n contiguous source elements of `src_type` against `scale` into 8-bit codes of
-/// `type` (convert.hpp: quantise_as), a block of widened values at a time: the type switches
-/// are outside the loops, which vectorise.
-void quantise_run(const void* src, ElemType src_type, uint8_t* dst, int64_t n, float scale,
-                  ElemType type) {
-  constexpr int64_t kBlock = 256;
-  float wide[kBlock];
-  kernels::visit_elem_type(src_type, [&]<ElemType S>() {
-    visit_fp8(type, [&]<ElemType T>() {
-      const auto* in = static_cast<const unsigned char*>(src);
-      for (int64_t at = 0; at < n; at += kBlock) {
-        const int64_t k = std::min(kBlock, n - at);
-        load_floats<S>(in + at * kernels::elem_bytes(S), wide, k);
-        for (int64_t i = 0; i < k; ++i) dst[at + i] = kernels::quantise_as<T>(wide[i], scale);
-      }
-    });
-  });
-}
-
-/// The scale of source row `row` for the 8-bit type `type`: kernels::source_row_scale's value
-/// (a maximum does not depend on the order it is taken in), a block at a time.
-float row_scale_of(const kernels::SourceView& src, int64_t row, ElemType type) {
-  constexpr int64_t kBlock = 256;
-  float wide[kBlock];
-  float amax = 0.0f;
-  const auto* base = static_cast<const unsigned char*>(src.data) +
-                     row * src.row_stride * static_cast<int64_t>(kernels::elem_bytes(src.type));
-  kernels::visit_elem_type(src.type, [&]<ElemType S>() {
-    for (int64_t at = 0; at < src.cols; at += kBlock) {
-      const int64_t k = std::min(kBlock, src.cols - at);
-      load_floats<S>(base + at * kernels::elem_bytes(S), wide, k);
-      for (int64_t i = 0; i < k; ++i) amax = kernels::amax_add(amax, wide[i]);
-    }
-  });
-  return kernels::row_scale(amax, type);
-}
-
-/// Dequantises n codes of `type` in a row of scale `scale` into n contiguous elements of an
-/// output of type `out_type` (convert.hpp: dequantise_as; 16-bit outputs round to nearest-even).
-void dequantise_run(const uint8_t* src, ElemType type, float scale, void* dst, ElemType out_type,
-                    int64_t n) {
-  visit_fp8(type, [&]<ElemType T>() {
-    if (out_type == ElemType::kFloat32) {
-      auto* out = static_cast<float*>(dst);
-      for (int64_t i = 0; i < n; ++i) out[i] = kernels::dequantise_as<T>(src[i], scale);
-      return;
-    }
-    kernels::visit_elem_type(out_type, [&]<ElemType D>() {
-      if constexpr (D != ElemType::kFloat32) {
-        auto* out = static_cast<uint16_t*>(dst);
-        for (int64_t i = 0; i < n; ++i) {
-          out[i] = kernels::narrow_from_float<D>(kernels::dequantise_as<T>(src[i], scale));
-        }
-      }
-    });
-  });
 }
 
 // Calls run(first_flat, n) for the pieces of [flat, flat + count) that stay inside one row, or once
@@ -243,10 +164,10 @@ void host_store(const kernels::SourceView& src, std::span<const kernels::WriteSe
             // of a split computes the row's scale from the whole source row, so every part and
             // the scale agree; the part holding the row's first element writes the scale.
             const int64_t row = seg.src_row0 + seg.src_elem / src.cols;
-            const float scale = row_scale_of(src, row, seg.dst_type);
+            const float scale = fp8_row_scale(src, row, seg.dst_type);
             if (first == 0 && seg.src_elem % src.cols == 0) *seg.scale = scale;
-            quantise_run(kernels::source_address(src, seg.src_row0, seg.src_elem + first),
-                         src.type, dst + first, n, scale, seg.dst_type);
+            fp8_quantise_run(kernels::source_address(src, seg.src_row0, seg.src_elem + first),
+                             src.type, dst + first, n, scale, seg.dst_type, strategy.isa);
             return;
           }
           const auto dst_bytes = static_cast<int64_t>(kernels::elem_bytes(seg.dst_type));
@@ -296,7 +217,7 @@ void host_restore(std::span<const kernels::GatherSegment> segments, const kernel
             const int64_t flat = seg.dst_elem + first_in_seg;
             void* to = contiguous ? static_cast<unsigned char*>(out.data) + flat * out_bytes
                                   : kernels::output_address(out, flat);
-            dequantise_run(src + first_in_seg, seg.src_type, *seg.scale, to, out.type, n_seg);
+            fp8_dequantise_run(src + first_in_seg, seg.src_type, *seg.scale, to, out.type, n_seg);
             return;
           }
           const auto esize = static_cast<int64_t>(kernels::elem_bytes(seg.src_type));
