@@ -6,7 +6,9 @@
 #include <cstdint>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <random>
 #include <set>
 #include <span>
 #include <vector>
@@ -102,6 +104,28 @@ inline uint16_t exact_f16(float f) {
 inline std::vector<uint16_t> to_f16(std::span<const float> values) {
   std::vector<uint16_t> out(values.size());
   for (size_t i = 0; i < values.size(); ++i) out[i] = exact_f16(values[i]);
+  return out;
+}
+
+/// The decimal exponent of row `row`'s magnitude in scaled_rows: row mod (2e + 1) - e, so
+/// consecutive rows step through 10^-e .. 10^e (e = max_exponent) and start again.
+inline int row_exponent(int64_t row, int max_exponent) {
+  return static_cast<int>(row % (2 * max_exponent + 1)) - max_exponent;
+}
+
+/// rows x cols of normal(0, 1) values (std::mt19937 seeded with `seed`) times a per-row
+/// magnitude 10^row_exponent(r, max_exponent): every row has its own scale (the FP8 tests' input:
+/// a per-row scale that one shared scale could not serve).
+inline std::vector<float> scaled_rows(int64_t rows, int64_t cols, uint32_t seed,
+                                      int max_exponent) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float magnitude = std::pow(10.0f, static_cast<float>(row_exponent(r, max_exponent)));
+    for (int64_t c = 0; c < cols; ++c)
+      out[static_cast<size_t>(r * cols + c)] = normal(rng) * magnitude;
+  }
   return out;
 }
 

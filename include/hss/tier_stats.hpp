@@ -1,5 +1,5 @@
 #pragma once
-// Counters of one backing tier (the Redis/Valkey tier now, a local disk tier next), in one shape
+// Counters of one backing tier (the local disk tier, the Redis/Valkey tier), in one shape
 // for every tier: HiddenStateStats::tiers lists them in the order a retrieve asks them.
 // A plain value: safe to copy and read from any thread.
 
@@ -12,7 +12,7 @@
 namespace hss {
 
 struct TierStats {
-  std::string name;        ///< "remote" (Redis/Valkey); "disk" next
+  std::string name;        ///< "disk" (local files) or "remote" (Redis/Valkey)
   uint64_t hits = 0;       ///< (chunk, slot) values fetched and checked
   uint64_t misses = 0;     ///< values asked for and not returned (absent, down, corrupt)
   uint64_t corrupt_values = 0;          ///< present but failing a check (also in misses)
@@ -27,6 +27,11 @@ struct TierStats {
   uint64_t queue_bytes = 0;     ///< payload bytes waiting to be written now
   uint64_t entries_held = 0;    ///< values the tier holds, where it knows (a shared server: 0)
   uint64_t bytes_held = 0;      ///< their payload bytes, where it knows (a shared server: 0)
+  /// How the tier reads its values now. The disk tier: "direct" (O_DIRECT, no page cache) or
+  /// "buffered" (through the page cache: direct reads off, or the directory refused O_DIRECT at
+  /// its probe or at a read, after which it stays "buffered"). Empty for a tier without the
+  /// choice (the remote tier).
+  std::string read_mode;
 };
 
 /// TierStats's fields, each once, in the order stats() reports them (hss/detail/stats_fields.hpp).
@@ -47,6 +52,7 @@ constexpr void for_each_field(Self& s, Visit&& visit) {
   visit("queue_bytes", s.queue_bytes);
   visit("entries_held", s.entries_held);
   visit("bytes_held", s.bytes_held);
+  visit("read_mode", s.read_mode);
 }
 
 /// What HiddenStateStore::coverage_by_tier found: the prefix coverage(..., kLocalAndRemote)

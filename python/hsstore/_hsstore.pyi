@@ -267,6 +267,7 @@ class TierStats(TypedDict):
     queue_bytes: int
     entries_held: int
     bytes_held: int
+    read_mode: str
 
 class TransferStats(TypedDict):
     exports: int

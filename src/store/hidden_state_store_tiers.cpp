@@ -103,18 +103,23 @@ TierReadThrough::InsertResult TierReadThrough::insert_fetched(
 
 int64_t TierReadThrough::coverage_with_tiers(std::span<const Chunk> chunks,
                                              std::span<const Slot> slots, int64_t local) const {
-  if (store_.tiers.empty()) return local;
-  return coverage_by_tier(chunks, slots, local).tokens;
+  return coverage_walk(chunks, slots, local, nullptr);
 }
 
 TierCoverage TierReadThrough::coverage_by_tier(std::span<const Chunk> chunks,
                                                std::span<const Slot> slots, int64_t local) const {
   TierCoverage out;
-  out.tokens = local;
+  out.tokens = coverage_walk(chunks, slots, local, &out.chunk_tiers);
+  return out;
+}
+
+int64_t TierReadThrough::coverage_walk(std::span<const Chunk> chunks, std::span<const Slot> slots,
+                                       int64_t local,
+                                       std::vector<std::string>* chunk_tiers) const {
   size_t from = 0;  // the pool's prefix: every slot local
   while (from < chunks.size() && chunks[from].end <= local) ++from;
-  out.chunk_tiers.assign(from, "host");
-  if (store_.tiers.empty()) return out;
+  if (chunk_tiers != nullptr) chunk_tiers->assign(from, "host");
+  if (store_.tiers.empty()) return local;
   const size_t end = store_.kv_prefix_end(chunks, from);
   std::vector<detail::TierRequest> requests;
   std::vector<size_t> chunk_of;
@@ -131,25 +136,28 @@ TierCoverage TierReadThrough::coverage_by_tier(std::span<const Chunk> chunks,
   }
   const std::vector<int32_t> where = store_.tiers.locate(requests);
   // Per chunk past the pool's prefix: the last tier any of its slots is read from (-1: all
-  // local); the prefix ends at the first (chunk, slot) no tier holds, or at KV's end.
-  std::vector<int32_t> slowest(end - from, -1);
+  // local; kept only when names are asked for); the prefix ends at the first (chunk, slot) no
+  // tier holds, or at KV's end.
+  std::vector<int32_t> slowest(chunk_tiers != nullptr ? end - from : 0, -1);
   size_t stop = end;
   for (size_t r = 0; r < requests.size(); ++r) {
     if (where[r] == TierChain::kNotHeld) {
       stop = chunk_of[r];
       break;
     }
+    if (chunk_tiers == nullptr) continue;
     int32_t& s = slowest[chunk_of[r] - from];
     s = std::max(s, where[r]);
   }
-  for (size_t i = from; i < stop; ++i) {
-    const int32_t t = slowest[i - from];
-    out.chunk_tiers.emplace_back(
-        t < 0 ? std::string("host")
-              : std::string(store_.tiers.tier(static_cast<size_t>(t)).name()));
+  if (chunk_tiers != nullptr) {
+    for (size_t i = from; i < stop; ++i) {
+      const int32_t t = slowest[i - from];
+      chunk_tiers->emplace_back(
+          t < 0 ? std::string("host")
+                : std::string(store_.tiers.tier(static_cast<size_t>(t)).name()));
+    }
   }
-  out.tokens = stop == 0 ? 0 : std::max(local, chunks[stop - 1].end);
-  return out;
+  return stop == 0 ? 0 : std::max(local, chunks[stop - 1].end);
 }
 
 }  // namespace hss::detail

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "hss/tier_stats.hpp"
 #include "store/store_state.hpp"
@@ -30,7 +32,7 @@ class TierReadThrough {
   size_t read_through(std::span<const Chunk> chunks, std::span<const Slot> slots,
                       KvAnswers* kv_answers = nullptr);
   /// `local` (the pool's coverage of these chunks and slots) extended by the values some tier
-  /// holds (CoverageScope::kLocalAndRemote).
+  /// holds (CoverageScope::kLocalAndRemote). Builds no tier names.
   int64_t coverage_with_tiers(std::span<const Chunk> chunks, std::span<const Slot> slots,
                               int64_t local) const;
   /// The same prefix, with the tier each of its chunks is read from (hss/tier_stats.hpp).
@@ -38,6 +40,11 @@ class TierReadThrough {
                                 int64_t local) const;
 
  private:
+  /// The one walk of both: the prefix's tokens; the tier name of each of its chunks appended to
+  /// `chunk_tiers` when given (assigned: "host" for the pool's prefix first).
+  int64_t coverage_walk(std::span<const Chunk> chunks, std::span<const Slot> slots, int64_t local,
+                        std::vector<std::string>* chunk_tiers) const;
+
   enum class InsertResult { kInserted, kPresent, kNoRoom };
   /// One fetched value as a READY entry, evicting LRU keys not guarded by `guard` for space.
   InsertResult insert_fetched(const Chunk& chunk, Slot slot, const TierValue& value,

@@ -12,6 +12,7 @@
 
 #include "hss/config.hpp"
 #include "hss/error.hpp"
+#include "config_errors.hpp"
 #include "scoped_env.hpp"
 
 namespace {
@@ -20,33 +21,9 @@ using hss::Config;
 using hss::ConfigError;
 using hss::StorageDType;
 
-// Runs `fn`, expects a ConfigError and returns its message (empty when none was thrown, which
-// also fails the test).
-template <typename Fn>
-std::string config_error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected hss::ConfigError, got another exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected hss::ConfigError, nothing was thrown";
-  return {};
-}
-
-std::string yaml_error(const std::string& yaml) {
-  return config_error_of([&] { (void)Config::from_yaml(yaml); });
-}
-
-// Expects every fragment in the message, so a failure shows the whole message once.
-void expect_mentions(const std::string& message, const std::vector<std::string>& fragments) {
-  for (const std::string& fragment : fragments) {
-    EXPECT_NE(message.find(fragment), std::string::npos)
-        << "message lacks '" << fragment << "': " << message;
-  }
-}
+using hss::test::config_error_of;
+using hss::test::expect_mentions;
+using hss::test::yaml_error;
 
 using hss::test::ScopedEnv;
 

@@ -10,25 +10,13 @@
 
 #include "hss/config.hpp"
 #include "hss/error.hpp"
+#include "config_errors.hpp"
 
 namespace hss {
 namespace {
 
-std::string error_of(const std::string& yaml) {
-  try {
-    (void)Config::from_yaml(yaml);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-void expect_mentions(const std::string& message, const std::vector<std::string>& fragments) {
-  for (const std::string& fragment : fragments) {
-    EXPECT_NE(message.find(fragment), std::string::npos)
-        << "message lacks '" << fragment << "': " << message;
-  }
-}
+using test::expect_mentions;
+using test::yaml_error;
 
 TEST(ConfigDevice, Defaults) {
   const Config c;
@@ -76,7 +64,7 @@ TEST(ConfigDevice, StoreImplParsesRoundTripsAndRejectsOtherNames) {
     EXPECT_EQ(store_impl_from_string(to_string(impl)), impl);
   }
   EXPECT_EQ(store_impl_from_string("kernel"), std::nullopt);
-  expect_mentions(error_of("chunk_size: 16\nhidden_state_store_impl: zero_copy\n"),
+  expect_mentions(yaml_error("chunk_size: 16\nhidden_state_store_impl: zero_copy\n"),
                   {"hidden_state_store_impl", "zero_copy", "line 2", "staging", "mapped"});
   Config bad;
   bad.tuning.store_impl = static_cast<StoreImpl>(7);
@@ -88,9 +76,9 @@ TEST(ConfigDevice, LaunchSlotsParseAndAreBounded) {
   const Config c = Config::from_yaml("hidden_state_launch_slots: 8\n");
   EXPECT_EQ(c.tuning.launch_slots, 8);
   EXPECT_EQ(Config::from_yaml(c.to_yaml()).tuning.launch_slots, 8);
-  expect_mentions(error_of("hidden_state_launch_slots: 0\n"),
+  expect_mentions(yaml_error("hidden_state_launch_slots: 0\n"),
                   {"hidden_state_launch_slots", "0", "line 1", "1..4096"});
-  expect_mentions(error_of("chunk_size: 16\nhidden_state_launch_slots: 5000\n"),
+  expect_mentions(yaml_error("chunk_size: 16\nhidden_state_launch_slots: 5000\n"),
                   {"hidden_state_launch_slots", "5000", "line 2"});
 }
 
@@ -110,11 +98,11 @@ TEST(ConfigDevice, StreamThresholdAutoIsUnset) {
 
 TEST(ConfigDevice, CopyThreadsAreBounded) {
   EXPECT_EQ(Config::from_yaml("hidden_state_copy_threads: 64\n").tuning.copy_threads, 64);
-  expect_mentions(error_of("hidden_state_copy_threads: 0\n"),
+  expect_mentions(yaml_error("hidden_state_copy_threads: 0\n"),
                   {"hidden_state_copy_threads", "0", "line 1", "1..64"});
-  expect_mentions(error_of("chunk_size: 16\nhidden_state_copy_threads: 65\n"),
+  expect_mentions(yaml_error("chunk_size: 16\nhidden_state_copy_threads: 65\n"),
                   {"hidden_state_copy_threads", "65", "line 2"});
-  expect_mentions(error_of("hidden_state_copy_threads: two\n"),
+  expect_mentions(yaml_error("hidden_state_copy_threads: two\n"),
                   {"hidden_state_copy_threads", "two", "line 1"});
   Config c;
   c.tuning.copy_threads = -1;
@@ -127,7 +115,7 @@ TEST(ConfigDevice, CopyThreadsAreBounded) {
   EXPECT_EQ(Config::from_yaml("hidden_state_copy_threads: null\n").tuning.copy_threads,
             std::nullopt);
   EXPECT_NE(Config().to_yaml().find("hidden_state_copy_threads: auto\n"), std::string::npos);
-  expect_mentions(error_of("hidden_state_copy_threads: automatic\n"),
+  expect_mentions(yaml_error("hidden_state_copy_threads: automatic\n"),
                   {"hidden_state_copy_threads", "automatic", "auto"});
   // What a store built here with the config gets.
   Config three;
@@ -142,23 +130,23 @@ TEST(ConfigDevice, TheStoresDeviceParsesAndIsBounded) {
   const Config c = Config::from_yaml("hidden_state_device: 3\n");
   EXPECT_EQ(c.hidden_state_device, 3);
   EXPECT_EQ(Config::from_yaml(c.to_yaml()).hidden_state_device, 3);
-  expect_mentions(error_of("chunk_size: 16\nhidden_state_device: -2\n"),
+  expect_mentions(yaml_error("chunk_size: 16\nhidden_state_device: -2\n"),
                   {"hidden_state_device", "-2", "line 2", "device index"});
-  expect_mentions(error_of("hidden_state_device: gpu1\n"), {"hidden_state_device", "gpu1"});
+  expect_mentions(yaml_error("hidden_state_device: gpu1\n"), {"hidden_state_device", "gpu1"});
 }
 
 TEST(ConfigDeviceErrors, BadValuesNameKeyValueAndLine) {
-  expect_mentions(error_of("hidden_state_restore_impl: memcpy\n"),
+  expect_mentions(yaml_error("hidden_state_restore_impl: memcpy\n"),
                   {"hidden_state_restore_impl", "memcpy", "line 1", "copy_engine"});
-  expect_mentions(error_of("chunk_size: 16\nhidden_state_staging_bytes: 0\n"),
+  expect_mentions(yaml_error("chunk_size: 16\nhidden_state_staging_bytes: 0\n"),
                   {"hidden_state_staging_bytes", "0", "line 2", "> 0"});
-  expect_mentions(error_of("hidden_state_staging_bytes: lots\n"),
+  expect_mentions(yaml_error("hidden_state_staging_bytes: lots\n"),
                   {"hidden_state_staging_bytes", "lots", "line 1"});
-  expect_mentions(error_of("hidden_state_output_cache_bytes: -1\n"),
+  expect_mentions(yaml_error("hidden_state_output_cache_bytes: -1\n"),
                   {"hidden_state_output_cache_bytes", "-1", "line 1"});
-  expect_mentions(error_of("hidden_state_stream_threshold_bytes: -8\n"),
+  expect_mentions(yaml_error("hidden_state_stream_threshold_bytes: -8\n"),
                   {"hidden_state_stream_threshold_bytes", "-8", "line 1"});
-  expect_mentions(error_of("hidden_state_stream_threshold_bytes: sometimes\n"),
+  expect_mentions(yaml_error("hidden_state_stream_threshold_bytes: sometimes\n"),
                   {"hidden_state_stream_threshold_bytes", "sometimes", "line 1", "auto"});
 }
 

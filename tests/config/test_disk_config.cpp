@@ -10,29 +10,14 @@
 
 #include "hss/config.hpp"
 #include "hss/error.hpp"
+#include "config_errors.hpp"
 #include "scoped_env.hpp"
 
 namespace {
 
 using hss::Config;
-using hss::ConfigError;
-
-std::string yaml_error(const std::string& yaml) {
-  try {
-    (void)Config::from_yaml(yaml);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected hss::ConfigError for: " << yaml;
-  return {};
-}
-
-void expect_mentions(const std::string& message, const std::vector<std::string>& fragments) {
-  for (const std::string& fragment : fragments) {
-    EXPECT_NE(message.find(fragment), std::string::npos)
-        << "message lacks '" << fragment << "': " << message;
-  }
-}
+using hss::test::expect_mentions;
+using hss::test::yaml_error;
 
 TEST(DiskConfig, DefaultsMeanNoDiskTier) {
   const Config c;

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <tuple>
 #include <vector>
 
@@ -31,15 +30,7 @@ Config fp8_config(StorageDType storage, int64_t cols, int64_t chunks, int64_t bl
 
 /// rows x cols of normal(0, 1) values times a per-row magnitude spanning 1e-6 .. 1e6.
 std::vector<float> random_rows(int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> out(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float magnitude = std::pow(10.0f, static_cast<float>(r % 13) - 6.0f);
-    for (int64_t c = 0; c < cols; ++c)
-      out[static_cast<size_t>(r * cols + c)] = normal(rng) * magnitude;
-  }
-  return out;
+  return test::scaled_rows(rows, cols, seed, 6);
 }
 
 /// The stated bound: |restored - x| <= amax(row) / 28 (E4M3) or / 14 (E5M2), plus the output

@@ -410,6 +410,7 @@ TEST(DiskFaults, BufferedReadsStartTheNextFilesAheadAndServeBitExact) {
   expect_prefix(r.got, tokens, 8 * kChunk);
   EXPECT_EQ(r.stats.hits, 8U);
   EXPECT_FALSE(r.direct);
+  EXPECT_EQ(r.stats.read_mode, "buffered");  // direct reads off in the options
   // Four files ahead of the one read (the default read_ahead_files), fewer at the end.
   EXPECT_EQ(seen->opens_at_read, (std::vector<int>{5, 6, 7, 8, 8, 8, 8, 8}));
 }
@@ -520,6 +521,7 @@ TEST(DiskFaults, ReadsUseODirectWhereTheDirectoryTakesItBitExact) {
   if (!r.direct) GTEST_SKIP() << dir.root << " does not take O_DIRECT (tmpfs?)";
   expect_prefix(r.got, tokens, 3 * kChunk);
   EXPECT_EQ(r.stats.hits, 3U);
+  EXPECT_EQ(r.stats.read_mode, "direct");
   EXPECT_EQ(direct.direct_opens->load(), 3);
   EXPECT_EQ(direct.buffered_opens->load(), 0);
 }
@@ -531,6 +533,7 @@ TEST(DiskFaults, ODirectRefusedAtOpenFallsBackToBufferedReadsLoggedOnce) {
   const DirectIo refused(true, false);  // as tmpfs answers
   const Read r = read_through(dir.root, refused.io, tokens);
   EXPECT_FALSE(r.direct);  // the construction's probe saw EINVAL
+  EXPECT_EQ(r.stats.read_mode, "buffered");
   expect_prefix(r.got, tokens, 3 * kChunk);
   EXPECT_EQ(r.stats.hits, 3U);
   EXPECT_EQ(r.stats.errors, 0U);
@@ -546,6 +549,7 @@ TEST(DiskFaults, ODirectRefusedAtReadFallsBackOnceAndServesBitExact) {
   const Read r = read_through(dir.root, refused.io, tokens);
   if (refused.direct_opens->load() == 0) GTEST_SKIP() << dir.root << " does not take O_DIRECT";
   EXPECT_FALSE(r.direct);
+  EXPECT_EQ(r.stats.read_mode, "buffered");  // from the refused read on
   expect_prefix(r.got, tokens, 3 * kChunk);
   EXPECT_EQ(r.stats.hits, 3U);
   EXPECT_EQ(r.stats.errors, 0U);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,6 +53,20 @@ Config disk_config(const std::string& dir, int64_t pool_chunks = 64) {
   return c;
 }
 
+/// The read mode a disk tier on `dir` reports, found apart from it: "direct" when a file there
+/// opens with O_DIRECT, "buffered" when that open is refused with EINVAL (tmpfs).
+std::string read_mode_of(const std::string& dir) {
+  const std::string probe = dir + "/.read-mode-probe";
+  const int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0644);
+  if (fd < 0) {
+    if (errno != EINVAL) throw std::runtime_error(std::string("probe: ") + std::strerror(errno));
+    return "buffered";
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return "direct";
+}
+
 std::vector<std::string> names_in(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
@@ -85,6 +100,7 @@ TEST(DiskTier, AnotherStoreOnTheDirectoryServesTheValuesBitExact) {
   a.flush();
   const TierStats written = a.stats().tiers.at(0);
   EXPECT_EQ(written.name, "disk");
+  EXPECT_EQ(written.read_mode, read_mode_of(dir.values()));  // O_DIRECT where the dir takes it
   EXPECT_EQ(written.writes_enqueued, 4U);
   EXPECT_EQ(written.writes_done, 4U);
   EXPECT_EQ(written.bytes_written, 4 * (kFileBytes - 32));
@@ -99,6 +115,7 @@ TEST(DiskTier, AnotherStoreOnTheDirectoryServesTheValuesBitExact) {
   const HiddenStateStats stats = b.stats();
   ASSERT_EQ(stats.tiers.size(), 1U);
   EXPECT_EQ(stats.tiers[0].name, "disk");
+  EXPECT_EQ(stats.tiers[0].read_mode, written.read_mode);
   EXPECT_EQ(stats.tiers[0].hits, 4U);
   EXPECT_EQ(stats.tiers[0].misses, 0U);
   EXPECT_EQ(stats.tiers[0].promotions, 4U);

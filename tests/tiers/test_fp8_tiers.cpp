@@ -12,7 +12,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -54,16 +53,9 @@ Config fp8_config(StorageDType storage, int64_t pool_chunks) {
 
 /// rows x kCols of normal(0, 1) values times a per-row magnitude spanning 1e-3 .. 1e3, so every
 /// row has its own scale.
+constexpr int kMaxExponent = 3;
 std::vector<float> scaled_rows(int64_t rows, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> out(static_cast<size_t>(rows * kCols));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float magnitude = std::pow(10.0f, static_cast<float>(r % 7) - 3.0f);
-    for (int64_t c = 0; c < kCols; ++c)
-      out[static_cast<size_t>(r * kCols + c)] = normal(rng) * magnitude;
-  }
-  return out;
+  return test::scaled_rows(rows, kCols, seed, kMaxExponent);
 }
 
 /// The rows a retrieve writes into an output of `dtype` (empty on a miss).
@@ -124,7 +116,7 @@ TEST_P(Fp8DiskTier, SpilledRestartedAndPromotedEntriesReadAsTheHostPoolHit) {
     EXPECT_NE(std::memcmp(f32.data(), xa.data(), expected_a[0].size()), 0);
     for (size_t i = 0; i < xa.size(); ++i) {
       const auto r = static_cast<int64_t>(i) / kCols;
-      const double amax = 4.0 * std::pow(10.0, static_cast<double>(r % 7) - 3.0);  // generous
+      const double amax = 4.0 * std::pow(10.0, test::row_exponent(r, kMaxExponent));  // generous
       ASSERT_LE(std::fabs(f32[i] - xa[i]), amax / 2) << i;
     }
   }

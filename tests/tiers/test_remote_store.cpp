@@ -126,6 +126,7 @@ TEST(RemoteStore, TwoProcessesShareAMultiLayerPrefixBitIdentically) {
   // The same tier in the one shape every tier reports.
   ASSERT_EQ(s.tiers.size(), 1U);
   EXPECT_EQ(s.tiers[0].name, "remote");
+  EXPECT_EQ(s.tiers[0].read_mode, "");  // no files: no O_DIRECT choice
   EXPECT_EQ(s.tiers[0].hits, entries);
   EXPECT_EQ(s.tiers[0].promotions, entries);
   EXPECT_EQ(s.tiers[0].writes_enqueued, 0U);

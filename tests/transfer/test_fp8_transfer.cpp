@@ -6,9 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -19,6 +17,7 @@
 #include "hss/pool_transfer.hpp"
 #include "hss/transfer_wire.hpp"
 #include "test_util.hpp"
+#include "transfer_side.hpp"
 
 namespace hss {
 namespace {
@@ -38,31 +37,13 @@ Config config_of(StorageDType storage, int64_t block_bytes) {
   return c;
 }
 
-struct Side {
-  Side(const Config& config, const ChunkedTokenDatabase& db) : store(config, db), transfer(store) {
-    store.bind_storage_manager(&kv);
-  }
-  test::ControlledKv kv;
-  HiddenStateStore store;
-  PoolTransfer transfer;
-};
+using Side = test::TransferSide;
 
-std::vector<float> scaled_rows(int64_t rows, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> out(static_cast<size_t>(rows * kCols));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float magnitude = std::pow(10.0f, static_cast<float>(r % 5) - 2.0f);
-    for (int64_t c = 0; c < kCols; ++c)
-      out[static_cast<size_t>(r * kCols + c)] = normal(rng) * magnitude;
-  }
-  return out;
-}
-
+/// Rows of magnitudes 1e-2 .. 1e2 (test::scaled_rows), one seed per slot.
 void store_slots(HiddenStateStore& store, const std::vector<int32_t>& tokens, uint32_t seed) {
   for (const Slot& slot : kSlots) {
-    const auto x = scaled_rows(static_cast<int64_t>(tokens.size()),
-                               seed + static_cast<uint32_t>(slot.layer_idx + 7));
+    const auto x = test::scaled_rows(static_cast<int64_t>(tokens.size()), kCols,
+                                     seed + static_cast<uint32_t>(slot.layer_idx + 7), 2);
     ASSERT_EQ(
         store.store_hidden_states(tokens, test::view_of(x, kCols), {slot.layer_idx, 0}).cached,
         static_cast<int64_t>(tokens.size()) / kChunk);

@@ -13,6 +13,7 @@
 #include "hss/transfer_wire.hpp"
 #include "format/value_codec.hpp"
 #include "test_util.hpp"
+#include "transfer_side.hpp"
 
 namespace hss {
 namespace {
@@ -36,14 +37,7 @@ Config pool_config(int64_t pool_chunks, int64_t block_bytes = 0, std::string mac
 }
 
 // One side: a store, its KV, its primitives.
-struct Side {
-  Side(const Config& config, const ChunkedTokenDatabase& db) : store(config, db), transfer(store) {
-    store.bind_storage_manager(&kv);
-  }
-  test::ControlledKv kv;
-  HiddenStateStore store;
-  PoolTransfer transfer;
-};
+using Side = test::TransferSide;
 
 void store_slots(HiddenStateStore& store, const std::vector<int32_t>& tokens) {
   for (const Slot& slot : kSlots) {

@@ -3,9 +3,13 @@
 //   hss keys --tokens FILE|- [--config FILE] [--chunk-size N] [--save-unfull-chunk] [--model NAME]
 //            [--world-size N] [--worker-id N] [--fmt NAME] [--kv-dtype NAME]
 //   hss info [--config FILE]
+#include <stdlib.h>
 #include <unistd.h>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -36,9 +40,11 @@ commands:
       --chunk-size N  (default 256)   --save-unfull-chunk
       --model NAME  --fmt NAME  --world-size N  --worker-id N  --kv-dtype NAME
                       the key metadata (defaults: vllm, "", 1, 0, bfloat16)
-  info                version, build options, devices, pinned memory, the host copy strategy
-      --config FILE   use its host copy keys (hidden_state_stream_threshold_bytes,
-                      hidden_state_copy_threads)
+  info                version, build options, devices, pinned memory, the disk tier and how it
+                      reads (O_DIRECT or buffered), the storage dtype, the host copy strategy
+      --config FILE   use its disk tier keys (local_disk, hidden_state_disk_path,
+                      max_local_disk_size), storage dtype and host copy keys
+                      (hidden_state_stream_threshold_bytes, hidden_state_copy_threads)
   --help              this text
 
 exit status: 0 success, 1 bad input (the message says what), 2 usage error
@@ -219,6 +225,44 @@ void print_host_copy(const std::string& file) {
   }
 }
 
+/// How the disk tier of `config` reads (TierStats::read_mode, "direct" or "buffered"), asked of
+/// a store whose disk tier is on a scratch directory made in the tier's directory, or, while
+/// that does not exist yet, in its nearest existing parent: the same file system, so the same
+/// O_DIRECT answer. The tier's own directory is never scanned, written or removed (a running
+/// store may own it). Empty with `why` set when it could not be asked.
+std::string disk_read_mode(const hss::Config& config, std::string& why) {
+  namespace fs = std::filesystem;
+  const auto is_directory = [](const fs::path& p) {
+    std::error_code absent;
+    return fs::is_directory(p, absent);
+  };
+  std::error_code ec;
+  fs::path near = fs::absolute(config.hidden_state_disk_dir(), ec);
+  while (!ec && !is_directory(near) && near.has_relative_path()) near = near.parent_path();
+  std::string scratch = (near / ".hss-info-XXXXXX").string();
+  if (ec || ::mkdtemp(scratch.data()) == nullptr) {
+    why = near.string() + ": " + (ec ? ec.message() : std::string(std::strerror(errno)));
+    return {};
+  }
+  hss::Config probe;  // nothing else from the config: a small pool, the disk tier alone
+  probe.enable_hidden_state_cache = true;
+  probe.max_hidden_state_cpu_size = 1.0 / 1024;
+  probe.hidden_state_disk_path = scratch;
+  std::string mode;
+  try {
+    const hss::ChunkedTokenDatabase db(probe.chunk_size, false);
+    const hss::HiddenStateStore store(probe, db);
+    for (const hss::TierStats& tier : store.stats().tiers) {
+      if (tier.name == "disk") mode = tier.read_mode;
+    }
+    if (mode.empty()) why = "no disk tier in the probe store";
+  } catch (const hss::Error& e) {
+    why = e.what();
+  }
+  fs::remove_all(scratch, ec);
+  return mode;
+}
+
 int info(Args& args) {
   std::string config_file;
   while (!args.done()) {
@@ -256,8 +300,15 @@ int info(Args& args) {
   const hss::Config config =
       config_file.empty() ? hss::Config{} : hss::Config::from_file(config_file);
   if (const std::string dir = config.hidden_state_disk_dir(); !dir.empty()) {
-    std::printf("disk tier: %s, budget %s\n", dir.c_str(),
-                hss::cli::format_bytes(static_cast<double>(config.disk_tier_bytes())).c_str());
+    std::string why;
+    const std::string mode = disk_read_mode(config, why);
+    const std::string reads =
+        mode == "direct"     ? "reads direct (O_DIRECT, no page cache)"
+        : mode == "buffered" ? "reads buffered (the page cache: the file system refuses O_DIRECT)"
+                             : "reads not probed (" + why + ")";
+    std::printf("disk tier: %s, budget %s, %s\n", dir.c_str(),
+                hss::cli::format_bytes(static_cast<double>(config.disk_tier_bytes())).c_str(),
+                reads.c_str());
   } else {
     std::printf("disk tier: off (local_disk, hidden_state_disk_path unset)\n");
   }

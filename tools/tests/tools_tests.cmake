@@ -36,6 +36,14 @@ hss_expect(cli_info_host_copy 0
 hss_expect(cli_info_host_copy_config 0
            "host copies: .*calls >= 1 MiB.*\\(config: hidden_state_stream_threshold_bytes\\).*copy threads: 2 \\(hidden_state_copy_threads 2\\)"
            ${_hss} info --config ${_data}/host_copy.yaml)
+# The disk tier and how it reads: probed on a scratch directory in the tier's nearest existing
+# parent (here the build tree's folder: its hsstore/ does not exist); the scratch is removed.
+set(_disk_yaml ${CMAKE_CURRENT_BINARY_DIR}/cli_info_disk.yaml)
+file(WRITE ${_disk_yaml} "local_disk: ${CMAKE_CURRENT_BINARY_DIR}/cli_info_disk\nmax_local_disk_size: 2\n")
+hss_expect(cli_info_disk 0
+           "disk tier: [^ ]*/cli_info_disk/hsstore, budget 2.00 GiB, reads (direct \\(O_DIRECT|buffered \\(the page cache)"
+           ${_hss} info --config ${_disk_yaml})
+hss_expect(cli_info_no_disk 0 "disk tier: off \\(local_disk, hidden_state_disk_path unset\\)" ${_hss} info)
 hss_expect(cli_config_no_subcommand 2 "config needs a subcommand" ${_hss} config)
 hss_expect(cli_config_unknown_subcommand 2 "unknown config subcommand 'lint'" ${_hss} config lint)
 hss_expect(cli_config_check_no_file 2 "config check needs a FILE" ${_hss} config check)

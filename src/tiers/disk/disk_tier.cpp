@@ -676,6 +676,7 @@ TierStats DiskTier::stats() const {
   s.bytes_written = m.bytes_written.load();
   s.dropped_writes = m.dropped.load();
   s.errors = m.errors.load();
+  s.read_mode = direct_reads() ? "direct" : "buffered";
   {
     std::lock_guard lock(m.queue_mutex);
     s.queue_bytes = m.queue_bytes;

@@ -52,7 +52,7 @@
 //   where the directory takes it: a probe file at construction (O_DIRECT open refused with EINVAL,
 //   as tmpfs does: reads buffered, logged once), and an EINVAL at a read's open or pread turns
 //   O_DIRECT off for good (logged once) and reads that file again buffered; direct_reads() says
-//   which mode is in use. No io_uring (docs/perf.md). One process per directory: a second one's
+//   which mode is in use (stats(): TierStats::read_mode, "direct" or "buffered"; hss info). No io_uring (docs/perf.md). One process per directory: a second one's
 //   temp files are deleted when the first starts, and their budgets do not see each other's
 //   files.
 //
