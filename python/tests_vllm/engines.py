@@ -1,6 +1,5 @@
-"""Real vLLM engines for the e2e tests and the benchmark: a tiny dummy-weight Llama written to a
-local directory (no download, no tokenizer), its weights re-initialised from a seed to an O(1)
-scale, and helpers to build, run and tear down an LLM with hsstore.vllm installed."""
+"""Real vLLM engines for the e2e tests and the benchmark: a tiny Llama written to a local directory
+(no download, no tokenizer) with seeded random weights at an O(1) scale, and helpers to build, run and tear down an LLM with hsstore.vllm installed."""
 
 from __future__ import annotations
 
@@ -16,24 +15,82 @@ TINY = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
 # The benchmark's larger CPU-feasible model.
 MEDIUM = {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
           "num_key_value_heads": 8, "intermediate_size": 2816, "vocab_size": 4096}
+# A real model's width (a 7-8B model's 4096 is too slow to prefill on 2 CPU cores): 2048 wide,
+# few layers, so that the hidden states' bytes per token are a real model's share of the step.
+WIDE = {"hidden_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "intermediate_size": 5632, "vocab_size": 4096}
+
+
+MODEL_SEED = 7  # the weights of the test model (a talker or a second model: another seed)
 
 
 def write_llama(directory: pathlib.Path, shape: Dict[str, int] = TINY,
-                max_positions: int = 8192) -> pathlib.Path:
-    """A Llama config.json (float32) vLLM can load with load_format='dummy'."""
+                max_positions: int = 8192, seed: int = MODEL_SEED) -> pathlib.Path:
+    """A float32 Llama (config.json + model.safetensors) vLLM loads like a downloaded one, its
+    weights seeded random at a scale that keeps activations O(1) in every layer.
+
+    Real weight files, not load_format="dummy" plus a later copy: vLLM CPU repacks every linear
+    layer's weight for its GEMM kernels (oneDNN / sgl) when it loads the model and drops the
+    parameter, so a copy into model.parameters() afterwards reaches only the embedding and the
+    norms, and the layers keep vLLM's U(-1e-3, 1e-3) dummy weights (near-zero attention and MLP
+    outputs: the residual stream would be the token embedding, where a wrong row hardly shows)."""
     directory.mkdir(parents=True, exist_ok=True)
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
               "max_position_embeddings": max_positions, "torch_dtype": "float32",
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
               "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, **shape}
     (directory / "config.json").write_text(json.dumps(config))
+    write_weights(directory / "model.safetensors", shape, seed)
     return directory
 
 
-def reinit_weights(worker: Any, seed: int) -> int:
-    """collective_rpc target: every parameter from a seeded generator, at a scale that keeps
-    activations O(1) (vLLM's dummy weights are U(-1e-3, 1e-3): near-zero activations, where a
-    wrong row would hardly show). Norm weights 1. Identical in every process."""
+def llama_weight_shapes(shape: Dict[str, int]) -> Dict[str, Tuple[int, ...]]:
+    """Hugging Face Llama parameter names and shapes (what vLLM's Llama loader reads)."""
+    hidden, inter = shape["hidden_size"], shape["intermediate_size"]
+    head = hidden // shape["num_attention_heads"]
+    kv = shape["num_key_value_heads"] * head
+    shapes: Dict[str, Tuple[int, ...]] = {
+        "model.embed_tokens.weight": (shape["vocab_size"], hidden),
+        "model.norm.weight": (hidden,), "lm_head.weight": (shape["vocab_size"], hidden)}
+    for i in range(shape["num_hidden_layers"]):
+        layer = f"model.layers.{i}"
+        shapes.update({
+            f"{layer}.self_attn.q_proj.weight": (hidden, hidden),
+            f"{layer}.self_attn.k_proj.weight": (kv, hidden),
+            f"{layer}.self_attn.v_proj.weight": (kv, hidden),
+            f"{layer}.self_attn.o_proj.weight": (hidden, hidden),
+            f"{layer}.mlp.gate_proj.weight": (inter, hidden),
+            f"{layer}.mlp.up_proj.weight": (inter, hidden),
+            f"{layer}.mlp.down_proj.weight": (hidden, inter),
+            f"{layer}.input_layernorm.weight": (hidden,),
+            f"{layer}.post_attention_layernorm.weight": (hidden,)})
+    return shapes
+
+
+def write_weights(path: pathlib.Path, shape: Dict[str, int], seed: int) -> None:
+    """Each tensor from a generator seeded by (seed, its name's rank): embeddings N(0, 1), linear
+    weights N(0, 1/fan_in) (activations stay O(1) through the layers), norm weights 1."""
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for index, (name, dims) in enumerate(sorted(llama_weight_shapes(shape).items())):
+        generator = torch.Generator().manual_seed(seed * 100003 + index)
+        if "norm" in name:
+            tensors[name] = torch.ones(dims)
+        elif "embed" in name:
+            tensors[name] = torch.randn(dims, generator=generator)
+        else:
+            tensors[name] = torch.randn(dims, generator=generator) / (dims[-1] ** 0.5)
+    save_file(tensors, str(path))
+
+
+def reinit_dummy_weights(worker: Any, seed: int) -> int:
+    """collective_rpc target for a model loaded with load_format="dummy" (one with no weight file,
+    e.g. an EAGLE-3 draft beside its target): every parameter the model still holds from a seeded
+    generator, embeddings N(0, 1), norms 1. Only the embeddings and the norms are reached on vLLM
+    CPU (the linear layers' weights were repacked at load, see write_llama): O(1) inputs, tiny
+    layer outputs. Identical in every process."""
     import torch
 
     model = worker.model_runner.model
@@ -43,12 +100,10 @@ def reinit_weights(worker: Any, seed: int) -> int:
             generator = torch.Generator().manual_seed(seed * 100003 + index)
             if "norm" in name:
                 param.fill_(1.0)
-            else:
+            elif param.numel() > 0:  # a repacked layer's parameter is left empty
                 fan_in = param.shape[-1] if param.dim() > 1 else 1
-                values = torch.randn(param.shape, generator=generator) / (fan_in ** 0.5)
-                if "embed" in name:
-                    values = torch.randn(param.shape, generator=generator)
-                param.copy_(values.to(param.dtype))
+                scale = 1.0 if "embed" in name else fan_in ** -0.5
+                param.copy_((torch.randn(param.shape, generator=generator) * scale).to(param.dtype))
             count += 1
     return count
 
@@ -100,33 +155,42 @@ def allow_engines_after_lmcache() -> None:
     ffi._lib_wrapper._hsstore_patched = True
 
 
-@contextlib.contextmanager
-def engine(model_dir: pathlib.Path, hs: Any, *, lmcache: Optional[Dict[str, Any]] = None,
-           prefix_caching: bool = False, multiprocess: bool = False, executor: str = "uni",
-           seed: int = 7, max_model_len: int = 4096, **llm_args: Any) -> Iterator[Any]:
-    """An LLM with `hs` (hsstore.vllm.HiddenStates) installed; torn down on exit."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
-    if multiprocess:
-        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # reinit_weights is a function
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # LMCache hashes chunks with Python's hash(): its scheduler-side lookups and its worker-side
-    # stores agree across processes only with a fixed seed (LMCache's own requirement).
-    os.environ["PYTHONHASHSEED"] = os.environ.get("PYTHONHASHSEED", "0")
-    # Worker processes unpickle this module's functions by reference: they must import it.
+def importable_by_workers() -> None:
+    """Worker processes unpickle this module's functions by reference: they must import it."""
     here = str(pathlib.Path(__file__).resolve().parent)
     path = os.environ.get("PYTHONPATH", "")
     if here not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = here + (os.pathsep + path if path else "")
+
+
+@contextlib.contextmanager
+def engine(model_dir: pathlib.Path, hs: Any, *, lmcache: Optional[Dict[str, Any]] = None,
+           prefix_caching: bool = False, multiprocess: bool = False, executor: str = "uni",
+           max_model_len: int = 4096, dummy_weights: bool = False, **llm_args: Any) -> Iterator[Any]:
+    """An LLM with `hs` (hsstore.vllm.HiddenStates) installed; torn down on exit. The model's
+    weight file (write_llama) is loaded; dummy_weights: vLLM's dummy weights instead, then
+    reinit_dummy_weights (for models without weight files)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+    if multiprocess:
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # tests send worker_* functions
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # LMCache hashes chunks with Python's hash(): its scheduler-side lookups and its worker-side
+    # stores agree across processes only with a fixed seed (LMCache's own requirement).
+    os.environ["PYTHONHASHSEED"] = os.environ.get("PYTHONHASHSEED", "0")
+    importable_by_workers()
     reset_lmcache_singletons()
     allow_engines_after_lmcache()
     from vllm import LLM
 
-    llm = LLM(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
+    if dummy_weights:
+        llm_args["load_format"] = "dummy"
+    llm = LLM(model=str(model_dir), skip_tokenizer_init=True,
               enforce_eager=True, dtype="float32", max_model_len=max_model_len, seed=0,
               enable_prefix_caching=prefix_caching, distributed_executor_backend=executor,
               **hs.llm_kwargs(lmcache=lmcache), **llm_args)
     try:
-        llm.collective_rpc(reinit_weights, args=(seed,))
+        if dummy_weights:
+            llm.collective_rpc(reinit_dummy_weights, args=(MODEL_SEED,))
         hs.install(llm)
         yield llm
     finally:

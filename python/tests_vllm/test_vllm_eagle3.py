@@ -140,8 +140,9 @@ def run(llm, hs, prompt, **kwargs):
 def eagle3_engine(models):
     hs = hsstore.vllm.HiddenStates(layers=["eagle3", "final"], store="hsstore",
                                    worker_init=CPU_KV)
+    # The draft has no weight file: both load vLLM's dummy weights (one load format per engine).
     with engines.engine(models["target"], hs, lmcache=engines.lmcache_config(),
-                        max_num_batched_tokens=STEP_TOKENS,
+                        max_num_batched_tokens=STEP_TOKENS, dummy_weights=True,
                         speculative_config=speculative(models["draft"])) as llm:
         yield llm, hs
 

@@ -3,10 +3,8 @@ dummy weights) stored as fp8_e4m3 / fp8_e5m2 by hsstore.vllm and restored for a 
 Per layer, against a full recompute: the restored prefix within the documented bound (per element
 <= row amax / 28 for E4M3, / 14 for E5M2; docs/design.md, "FP8 storage"), each row's cosine
 similarity above the stated floor, the computed tail exact. The figures printed here (max and
-mean error relative to the row's amax, the lowest row cosine) are docs/perf.md's. In this model
-(seeded random weights, engines.reinit_weights) the residual stream is dominated by the token
-embedding, and the final state is its RMS-normalised row: the two layers' rows are close to
-proportional (ratio ~1.07 along a row), so their amax-relative figures agree to 4 digits."""
+mean error relative to the row's amax, the lowest row cosine) are docs/perf.md's (the model's
+seeded random weights: engines.write_llama)."""
 
 import pytest
 import torch

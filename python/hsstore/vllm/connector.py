@@ -28,6 +28,10 @@ Configuration is ``kv_connector_extra_config`` (hsstore.vllm.HiddenStates writes
     hsstore.store         "hsstore" (the drop-in, default) or "lmcache" (LMCache's own store)
     hsstore.config        the hsstore Engine's config (HiddenStateConnector only): a dict
     hsstore.keep          hold finished prompts for take() (default true)
+    hsstore.output_dir    also write each finished prompt's hidden states to this directory, one
+                          safetensors file per request id (hsstore.vllm.output: how a client of
+                          ``vllm serve`` gets them); hsstore.output_max_pending: prompts queued
+                          for the writer thread at most (256; past it a file is dropped, counted)
     hsstore.worker_init   "module:function" called in each worker before LMCache starts (tests
                           install LMCache's CPU copy path with it: hsstore.vllm.testing)
     hsstore.nixl          prefill/decode over NIXL (HiddenStateLMCacheConnector, hsstore's store):
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import threading
 from typing import Any, Dict, List, Optional
 
@@ -59,6 +64,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCac
 from .capture import PromptCapture
 from .eagle3 import EAGLE3, eagle3_layers, expand_specs
 from .layers import check_specs, resolve_layers
+from .output import StateFileWriter, output_options
 from .transfer import PRODUCER_CONFIG, HiddenStateTransfer, parse_options, request_producer
 
 __all__ = ["HiddenStateConnector", "HiddenStateLMCacheConnector", "worker_connector"]
@@ -110,6 +116,7 @@ class _HiddenStates:
         self.labels = resolve_layers(self.layer_specs,
                                      model_config.get_num_layers(vllm_config.parallel_config))
         self.keep = bool(extra.get("hsstore.keep", True))
+        self.output = output_options(extra)  # checked in every role, used by the worker's
         self.engine_config = extra.get("hsstore.config")
         self.worker_init = extra.get("hsstore.worker_init")
         self.block_size = vllm_config.cache_config.block_size
@@ -153,9 +160,27 @@ class _HiddenStates:
         self.store = store
         # Hidden states are replicated across tensor-parallel ranks: rank 0 keeps them.
         self.rank = get_tensor_model_parallel_rank()
+        writer = (StateFileWriter(*self.output)
+                  if self.output is not None and self.rank == 0 else None)
         self.capture = PromptCapture(store, self.layer_specs, self.block_size, keep=self.keep,
-                                     eagle3_labels=self.eagle3_labels)
+                                     eagle3_labels=self.eagle3_labels, writer=writer)
         _WORKERS[self.engine_id] = self
+
+    def attach_to_caller(self) -> None:
+        """Attaches the capture to the model runner registering its KV caches with this
+        connector (vLLM calls register_kv_caches from the runner, after the model is loaded):
+        under ``vllm serve`` nobody calls HiddenStates.install(), and the hooks must be there
+        before the first request. install() later finds them attached (attach is idempotent)."""
+        if self.capture is None or getattr(self, "rank", 0) != 0:
+            return
+        if self.capture.model_runner is not None:
+            return
+        runner = _calling_model_runner()
+        if runner is None:
+            logger.warning("hsstore.vllm: the model runner that registered the KV caches was not "
+                           "found; no hidden states are captured until HiddenStates.install(llm)")
+            return
+        self.capture.attach(runner)
 
     def start_transfer(self, lookup_timeout_ms: int) -> None:
         """hsstore.nixl: this worker's agent (rank 0, which keeps the hidden states)."""
@@ -182,6 +207,7 @@ class _HiddenStates:
             del _WORKERS[self.engine_id]
         if self.capture is not None:
             self.capture.detach()
+            self.capture.close_writer()
 
     # -- worker steps -------------------------------------------------------------------------
 
@@ -334,6 +360,20 @@ class _HiddenStates:
         kv_cache_manager.get_computed_blocks = get_computed_blocks
 
 
+def _calling_model_runner(max_depth: int = 8) -> Any:
+    """The vLLM model runner among the callers (the `self` of a frame with a model, an input
+    batch and a request table), or None."""
+    frame = sys._getframe(1)
+    for _ in range(max_depth):
+        frame = frame.f_back
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if all(hasattr(candidate, name) for name in ("model", "input_batch", "requests")):
+            return candidate
+    return None
+
+
 class _StepMetadata:
     """Worker hooks around vLLM's step calls, shared by both connectors (a mixin)."""
 
@@ -356,6 +396,10 @@ class _StepMetadata:
         # Steps without a forward (only KV transfers) must not read a stale input batch.
         meta.hsstore_forward = scheduler_output.total_num_scheduled_tokens > 0
         return meta
+
+    def register_kv_caches(self, kv_caches: Any) -> None:
+        super().register_kv_caches(kv_caches)  # type: ignore[misc]
+        self._hs.attach_to_caller()
 
     def shutdown(self) -> None:
         self._hs.stop_async_sender()  # before LMCache closes the lookup server's sockets
