@@ -35,20 +35,6 @@ struct Input {
   }
 };
 
-std::string storage_name(StorageDType s) {
-  switch (s) {
-    case StorageDType::kFloat32:
-      return "float32";
-    case StorageDType::kNative:
-      return "native";
-    case StorageDType::kFp8E4M3:
-      return "fp8_e4m3";
-    case StorageDType::kFp8E5M2:
-      return "fp8_e5m2";
-  }
-  return "?";
-}
-
 Params params_of(const Shape& s, DType in, StorageDType storage, const std::string& output) {
   Params p;
   p.chunk_size = s.chunk;
@@ -56,7 +42,7 @@ Params params_of(const Shape& s, DType in, StorageDType storage, const std::stri
   p.tokens = s.tokens;
   p.layers = s.layers;
   p.dtype = std::string(to_string(in));
-  p.storage = storage_name(storage);
+  p.storage = std::string(to_string(storage));
   p.output = output;
   return p;
 }
@@ -319,7 +305,7 @@ void retrieve_copy_threads_case(Context& ctx, const Shape& s) {
 /// dequantising them, each against the same operation with float32 storage (per token: the pool
 /// holds a quarter of the bytes) and memcpy of the float32 bytes the caller hands over or gets.
 void fp8_case(Context& ctx, const Shape& s, StorageDType storage) {
-  const std::string name = storage_name(storage);
+  const std::string name(to_string(storage));
   auto input = std::make_shared<Input>(DType::kFloat32, s.tokens * s.hidden);
   StoreRig fp8(s, DType::kFloat32, storage, input);
   StoreRig f32(s, DType::kFloat32, StorageDType::kFloat32, input);
