@@ -205,9 +205,11 @@ def engine(model_dir: pathlib.Path, hs: Any, *, lmcache: Optional[Dict[str, Any]
 
 def generate(llm: Any, prompts: Sequence[List[int]], *, max_tokens: int = 1,
              skip_prefix_cache: bool = False,
-             kv_transfer_params: Optional[Dict[str, Any]] = None) -> List[Any]:
+             kv_transfer_params: Optional[Dict[str, Any]] = None,
+             cache_salt: Optional[str] = None) -> List[Any]:
     """Greedy generation from token-id prompts, in order (`kv_transfer_params`: the requests'
-    kv_transfer_params, as a P/D router sets them)."""
+    kv_transfer_params, as a P/D router sets them; `cache_salt`: vLLM's per-request salt, the
+    requests' tenant)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -215,7 +217,8 @@ def generate(llm: Any, prompts: Sequence[List[int]], *, max_tokens: int = 1,
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False,
                             skip_reading_prefix_cache=skip_prefix_cache or None,
                             extra_args=extra_args)
-    return llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+    salt = {"cache_salt": cache_salt} if cache_salt is not None else {}
+    return llm.generate([TokensPrompt(prompt_token_ids=list(p), **salt) for p in prompts], params,
                         use_tqdm=False)
 
 

@@ -13,8 +13,8 @@ import engines
 import hsstore.vllm
 from conftest import STEP_TOKENS
 from lmcache_server import lmcache_server
-from test_vllm_lmcache import (CHUNK, ENTRY_BYTES, GIB, LAYERS, assert_exact, counters, delta,
-                               recompute, run)
+from test_vllm_lmcache import CHUNK, LAYERS, assert_exact, recompute, run
+from test_vllm_lmcache_pool import PRESSURE_POOL_GB, PRESSURE_STEP_TOKENS, run_past_a_full_pool
 
 HEALTH_TIMEOUT_S = 120.0
 
@@ -104,24 +104,15 @@ def test_75_percent_cached_prompt_kv_from_server_hidden_states_from_hsstore(tiny
 
 
 def test_hidden_state_pool_pressure_caps_the_servers_hit(tiny_model, tokens, server):
-    # A hidden-state pool with room for 4 (chunk, layer) entries, too small for two layers of
-    # A's 4 chunks (test_vllm_lmcache_pool.py has the arithmetic); the server keeps all the KV.
-    hs = capture(max_hidden_state_cpu_size=4.5 * ENTRY_BYTES / GIB)
+    # The pool of test_vllm_lmcache_pool.py; the server keeps all the KV. Its lookup finds all 4
+    # chunks, the engine is told only what every layer covers, and the server's lookup locks past
+    # that are released.
+    hs = capture(max_hidden_state_cpu_size=PRESSURE_POOL_GB)
     with engines.engine(tiny_model, hs, lmcache=client(server),
-                        max_num_batched_tokens=1024) as llm:
-        prefix = tokens(1024)
-        a, b = prefix + tokens(100), prefix + tokens(100)
-        run(llm, hs, a)
-        states, out, d = run(llm, hs, b)
-        told = out.num_cached_tokens
-        # The server's lookup found all 4 chunks; the engine was told only what every layer
-        # covers, and the server's lookup locks past that were released.
-        assert told < 1024 and told % CHUNK == 0
-        assert d["lookup_hits_capped"] == 1 and d["lookup_tokens_capped"] == 1024 - told
-        assert d["rows_restored"] == told and d["rows_computed"] == len(b) - told
+                        max_num_batched_tokens=PRESSURE_STEP_TOKENS) as llm:
+        _, _, d = run_past_a_full_pool(llm, hs, tokens)
         assert d["recomputes"] == 0  # nothing found missing at restore: the cap did the work
         assert hs.stats()[0]["store_stats"]["allocation_failures"] >= 1
-        assert_exact(states, recompute(llm, hs, b), len(b))
 
 
 def test_server_killed_and_restarted_is_a_counted_recompute(tiny_model, tokens, tmp_path):
@@ -198,19 +189,6 @@ def test_server_dropping_kv_ends_the_hit_hidden_states_unserved(tiny_model, toke
         assert_exact(states, recompute(llm, hs, c), len(c))
 
 
-def run_salted(llm, hs, prompt, salt, *, recompute_all=False):
-    """run() for a request of the tenant `salt` (vLLM's per-request cache_salt)."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    before = counters(hs)
-    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                            skip_reading_prefix_cache=recompute_all or None)
-    out = llm.generate([TokensPrompt(prompt_token_ids=list(prompt), cache_salt=salt)], params,
-                       use_tqdm=False)[0]
-    return hs.take(out), out, delta(before, counters(hs))
-
-
 def worker_salted(worker, engine_id, tokens, salt, drop=False):
     """The store's coverage of tokens under `salt` (every label); drop=True drops those chunks
     first (hidden states only, the server's KV stays)."""
@@ -230,13 +208,13 @@ def test_cache_salt_separates_hidden_states_as_it_separates_kv(tiny_model, token
                         max_num_batched_tokens=STEP_TOKENS) as llm:
         prefix = tokens(768)
         a = prefix + tokens(256)
-        run_salted(llm, hs, a, "tenant-1")
+        run(llm, hs, a, cache_salt="tenant-1")
 
         b = prefix + tokens(256)
-        states, out, d = run_salted(llm, hs, b, "tenant-2")
+        states, out, d = run(llm, hs, b, cache_salt="tenant-2")
         # The server slices KV by salt: no hit for tenant 2, so no hidden states either.
         assert out.num_cached_tokens == 0 and d["rows_restored"] == 0
-        reference, _, _ = run_salted(llm, hs, b, "tenant-2", recompute_all=True)
+        reference, _, _ = run(llm, hs, b, cache_salt="tenant-2", skip_prefix_cache=True)
         assert_exact(states, reference, len(b))
         # Each tenant's hidden states under keys of its own.
         assert engines.rpc(llm, worker_salted, a, "tenant-1") == 1024
@@ -248,16 +226,16 @@ def test_cache_salt_separates_hidden_states_as_it_separates_kv(tiny_model, token
         # the server's hit (tenant 2's KV) is capped at tenant 2's coverage, 0.
         assert engines.rpc(llm, worker_salted, b, "tenant-2", True) == 0
         c = prefix + tokens(256)
-        states, out, d = run_salted(llm, hs, c, "tenant-2")
+        states, out, d = run(llm, hs, c, cache_salt="tenant-2")
         assert out.num_cached_tokens == 0
         assert d["lookup_hits_capped"] == 1 and d["lookup_tokens_capped"] == 768
         assert d["rows_restored"] == 0 and d["rows_computed"] == len(c)
-        reference, _, _ = run_salted(llm, hs, c, "tenant-2", recompute_all=True)
+        reference, _, _ = run(llm, hs, c, cache_salt="tenant-2", skip_prefix_cache=True)
         assert_exact(states, reference, len(c))
 
         # Tenant 1 is still served its own, KV and hidden states.
         e = prefix + tokens(256)
-        states, out, d = run_salted(llm, hs, e, "tenant-1")
+        states, out, d = run(llm, hs, e, cache_salt="tenant-1")
         assert out.num_cached_tokens == 768 and d["rows_restored"] == 768
-        reference, _, _ = run_salted(llm, hs, e, "tenant-1", recompute_all=True)
+        reference, _, _ = run(llm, hs, e, cache_salt="tenant-1", skip_prefix_cache=True)
         assert_exact(states, reference, len(e))
