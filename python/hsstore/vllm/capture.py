@@ -62,7 +62,7 @@ class _Request:
     """What a capture holds for one request; `have` rows of the prompt are valid, contiguous."""
 
     __slots__ = ("req_id", "tokens", "prompt_len", "chunks", "outs", "have", "offset", "stored",
-                 "failed")
+                 "restored", "failed")
 
     def __init__(self, req_id: str, tokens: List[int]) -> None:
         self.req_id = req_id
@@ -73,6 +73,7 @@ class _Request:
         self.have = 0  # rows [0, have) hold the prompt's hidden states
         self.offset: Optional[int] = None  # first position computed here (the store's token_offset)
         self.stored = 0  # chunks ending at or before this are stored (or were restored)
+        self.restored = 0  # rows of the prompt restored from the store (the rest were computed)
         self.failed: Optional[str] = None
 
     @property
@@ -335,6 +336,7 @@ class PromptCapture:
                                      position)
         if reached > begin:
             self.counters["rows_restored"] += min(reached, req.prompt_len) - begin
+            req.restored += min(reached, req.prompt_len) - begin
             req.have = min(reached, req.prompt_len)
             req.stored = max(req.stored, req.have)
         if req.have >= position:
@@ -376,7 +378,8 @@ class PromptCapture:
         self._requests.pop(req.req_id, None)
         self.counters["prompts_completed"] += 1
         if self.writer is not None:  # the buffers are complete: nothing writes them again
-            self.writer.submit(external_request_id(req.req_id), req.outs, req.prompt_len)
+            self.writer.submit(external_request_id(req.req_id), req.outs, req.prompt_len,
+                               rows_restored=req.restored)
         if not self.keep:
             return
         self._results[req.req_id] = req

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 import threading
 from typing import Any, Dict, List, Optional
@@ -64,12 +65,35 @@ from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCac
 from .capture import PromptCapture
 from .eagle3 import EAGLE3, eagle3_layers, expand_specs
 from .layers import check_specs, resolve_layers
+from .metrics import HiddenStateKVStats, HiddenStatePromMetrics, StatsReporter
 from .output import StateFileWriter, output_options
 from .transfer import PRODUCER_CONFIG, HiddenStateTransfer, parse_options, request_producer
 
 __all__ = ["HiddenStateConnector", "HiddenStateLMCacheConnector", "worker_connector"]
 
 logger = logging.getLogger("hsstore.vllm")
+
+_LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
+           "warn": logging.WARNING, "warning": logging.WARNING, "error": logging.ERROR,
+           "off": logging.CRITICAL + 1}
+
+
+def _log_to_stderr() -> None:
+    """hsstore.vllm's lines in the engine's log: vLLM configures only its own "vllm" logger, and
+    Python drops INFO lines of a logger without a handler. One stderr handler on "hsstore", at
+    HSS_LOG_LEVEL (the native library's variable; info by default), unless the application
+    configured "hsstore" or the root logger itself."""
+    package = logging.getLogger("hsstore")
+    if package.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("(hsstore) %(levelname)s %(asctime)s %(message)s",
+                                           "%m-%d %H:%M:%S"))
+    package.addHandler(handler)
+    package.setLevel(_LEVELS.get(os.environ.get("HSS_LOG_LEVEL", "info").lower(), logging.INFO))
+
+
+_log_to_stderr()
 
 # Worker-side connectors of this process by engine_id: install()/take() find the capture here,
 # and a scheduler in the same process asks the store for coverage.
@@ -132,6 +156,10 @@ class _HiddenStates:
         self.transfer: Optional[HiddenStateTransfer] = None
         self._async_sender: Any = None  # cap_async_lookups' response thread
         self.extra_stats: Any = None  # a connector's own entries for stats() (the MP one's)
+        self._reporter: Optional[StatsReporter] = None  # vLLM's connector metrics (metrics.py)
+        self._reporter_failed = False
+        self._flushed = False  # flush_and_report ran
+        self._reset_requested = False  # a reset_cache for the worker's next step (scheduler)
         # One set of counters per engine and process: a scheduler that shares its worker's
         # process (in-process engines, vLLM's default engine core) counts into the same one.
         self.lock, self.counters = _COUNTERS.setdefault(self.engine_id, (threading.Lock(), {
@@ -141,7 +169,9 @@ class _HiddenStates:
             # hsstore.nixl pulls (decode side): attempts, chunks brought, misses, time.
             "pulls": 0, "pulled_chunks": 0, "pulls_missed": 0, "pull_ns": 0,
             # The MP connector: lookups answered as no hit because the server was down.
-            "lookups_server_down": 0}))
+            "lookups_server_down": 0,
+            # vLLM's POST /reset_prefix_cache?reset_external=true: resets, keys dropped.
+            "resets": 0, "reset_keys_dropped": 0}))
 
     def count(self, **deltas: int) -> None:
         with self.lock:
@@ -233,6 +263,75 @@ class _HiddenStates:
         if self.extra_stats is not None:
             out.update(self.extra_stats())
         return out
+
+    def request_reset(self) -> None:
+        """vLLM's connector reset_cache (the scheduler's side): the next step's metadata tells
+        the worker to drop its hidden states (the worker may live in another process)."""
+        with self.lock:
+            self._reset_requested = True
+
+    def stamp_metadata(self, meta: Any, scheduler_output: Any) -> Any:
+        """What every step's metadata carries to the worker from the scheduler."""
+        # Steps without a forward (only KV transfers) must not read a stale input batch.
+        meta.hsstore_forward = scheduler_output.total_num_scheduled_tokens > 0
+        with self.lock:
+            meta.hsstore_reset, self._reset_requested = self._reset_requested, False
+        return meta
+
+    def drop_hidden_states(self) -> Optional[int]:
+        """The worker's side of a reset: evicts every hidden state its store holds (the KV is
+        not touched); the keys dropped, or None where the store cannot drop (LMCache's own)."""
+        if self.store is None:
+            return None
+        dropped = self.store.drop_all()
+        if dropped is None:
+            logger.warning("hsstore.vllm: reset: the %s store cannot drop its hidden states",
+                           self.store.name)
+            return None
+        self.count(resets=1, reset_keys_dropped=dropped)
+        logger.warning("hsstore.vllm: reset: %d hidden-state keys dropped (the KV is kept: a "
+                       "prefix hit is capped at the hidden states left, or its rows recomputed)",
+                       dropped)
+        return dropped
+
+    def flush_and_report(self) -> None:
+        """At shutdown, before the store closes: waits for its write-behind to be written or
+        dropped (bounded by the tiers' timeouts), then logs what every tier wrote and dropped
+        over the engine's life; a warning when anything was dropped (a clean shutdown never
+        loses an acknowledged write without saying so)."""
+        if self.store is None or self.capture is None or self._flushed:
+            return
+        self._flushed = True  # vLLM and HiddenStates.shutdown() may both shut the connector down
+        try:
+            self.store.flush()
+            tiers = self.store.stats().get("tiers") or []
+        except Exception:  # noqa: BLE001 (shutdown goes on)
+            logger.exception("hsstore.vllm: shutdown: flushing the hidden-state store failed")
+            return
+        for tier in tiers:
+            dropped = tier.get("dropped_writes", 0)
+            (logger.warning if dropped else logger.info)(
+                "hsstore.vllm: shutdown: %s tier: %d writes done, %d dropped, %d bytes unsent",
+                tier.get("name"), tier.get("writes_done", 0), dropped, tier.get("queue_bytes", 0))
+
+    def stats_token(self) -> tuple:
+        """Changes when a prompt arrives or completes, or a lookup is answered (metrics.py)."""
+        captured = self.capture.counters if self.capture is not None else {}
+        return (captured.get("requests"), captured.get("prompts_completed"),
+                self.counters.get("lookups"))
+
+    def report_stats(self) -> Any:
+        """vLLM's get_kv_connector_stats: the growth since the last report (metrics.py), or
+        None. A failure is logged, never raised into vLLM's step."""
+        if self._reporter is None:
+            self._reporter = StatsReporter(self.engine_id, self.stats, self.stats_token)
+        try:
+            return self._reporter.report()
+        except Exception:  # noqa: BLE001 (metrics must not stop a step)
+            if not self._reporter_failed:
+                logger.exception("hsstore.vllm: reading the stats for vLLM's metrics failed")
+                self._reporter_failed = True
+            return None
 
     # -- caps -----------------------------------------------------------------------------------
 
@@ -381,6 +480,8 @@ class _StepMetadata:
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)  # type: ignore[misc]
+        if getattr(connector_metadata, "hsstore_reset", False):
+            self._hs.drop_hidden_states()  # before this step's restores
         if getattr(connector_metadata, "hsstore_forward", True):
             self._hs.begin_step()
 
@@ -393,17 +494,40 @@ class _StepMetadata:
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         meta = super().build_connector_meta(scheduler_output)  # type: ignore[misc]
-        # Steps without a forward (only KV transfers) must not read a stale input batch.
-        meta.hsstore_forward = scheduler_output.total_num_scheduled_tokens > 0
-        return meta
+        return self._hs.stamp_metadata(meta, scheduler_output)
 
     def register_kv_caches(self, kv_caches: Any) -> None:
         super().register_kv_caches(kv_caches)  # type: ignore[misc]
         self._hs.attach_to_caller()
 
+    def reset_cache(self) -> Optional[bool]:
+        """vLLM's ``POST /reset_prefix_cache?reset_external=true`` (the scheduler's connector):
+        the connector's own reset, and every hidden state of the store dropped by the worker
+        before its next step's restores (the step's metadata carries it there). A request
+        whose hit was looked up before the drop finds its rows missing and recomputes them
+        (counted as a recompute); a later one's hit is capped. Never served short."""
+        parent = super().reset_cache()  # type: ignore[misc]
+        self._hs.request_reset()
+        return parent
+
+    # vLLM's connector metrics: the "KV Transfer metrics" log line and /metrics (metrics.py).
+    def get_kv_connector_stats(self) -> Any:
+        return self._hs.report_stats()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Any = None) -> HiddenStateKVStats:
+        return HiddenStateKVStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: Any, labelnames: Any,
+                           per_engine_labelvalues: Any) -> HiddenStatePromMetrics:
+        return HiddenStatePromMetrics(vllm_config, metric_types, labelnames,
+                                      per_engine_labelvalues)
+
     def shutdown(self) -> None:
         self._hs.stop_async_sender()  # before LMCache closes the lookup server's sockets
         self._hs.close_transfer()  # first: the store's pool goes with LMCache's engine
+        self._hs.flush_and_report()
         try:
             super().shutdown()  # type: ignore[misc]
         finally:
@@ -516,9 +640,7 @@ class HiddenStateConnector(_StepMetadata, KVConnectorBase_V1):
         return None
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        meta = KVConnectorMetadata()
-        meta.hsstore_forward = scheduler_output.total_num_scheduled_tokens > 0
-        return meta
+        return self._hs.stamp_metadata(KVConnectorMetadata(), scheduler_output)
 
     def request_finished(self, request: Any, block_ids: list):
         return False, None
@@ -541,4 +663,5 @@ class HiddenStateConnector(_StepMetadata, KVConnectorBase_V1):
         return self._hs.invalid_blocks()
 
     def shutdown(self) -> None:
+        self._hs.flush_and_report()
         self._hs.unregister()

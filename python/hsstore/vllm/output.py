@@ -8,7 +8,8 @@ directory, one file per request, named by the request id the client chose.
 
 * one float tensor per label, named by the label (``"-1"``, ``"2"``), ``[prompt tokens, hidden]``,
   restored prefix plus computed tail, exactly what ``HiddenStates.take()`` returns offline;
-* metadata ``request_id``, ``prompt_tokens``, ``labels`` (comma-separated);
+* metadata ``request_id``, ``prompt_tokens``, ``labels`` (comma-separated) and, from a capture,
+  ``rows_restored`` (the prompt's first rows that came from the store; the rest were computed);
 * written to a temporary name in the same directory and renamed: a reader that sees the file sees
   all of it (a POSIX rename is atomic). The client reads it, then deletes it: hsstore never does.
 
@@ -67,7 +68,8 @@ class StateFileWriter:
         self._thread.start()
         self._closed = False
 
-    def submit(self, request_id: str, states: Dict[int, Any], prompt_tokens: int) -> bool:
+    def submit(self, request_id: str, states: Dict[int, Any], prompt_tokens: int,
+               rows_restored: Optional[int] = None) -> bool:
         """Queues one prompt's states (not copied: the caller no longer writes them). False
         (counted) if the queue is full or the id cannot name a file."""
         try:
@@ -80,7 +82,11 @@ class StateFileWriter:
             self._count("files_dropped")
             return False
         try:
-            self._queue.put_nowait((name, request_id, dict(states), int(prompt_tokens)))
+            metadata = {"request_id": request_id, "prompt_tokens": str(int(prompt_tokens)),
+                        "labels": ",".join(str(label) for label in states)}
+            if rows_restored is not None:
+                metadata["rows_restored"] = str(int(rows_restored))
+            self._queue.put_nowait((name, dict(states), metadata))
         except queue.Full:
             logger.warning("hsstore.output_dir: %d prompts queued, the file of %r is dropped",
                            self._queue.maxsize, request_id)
@@ -101,6 +107,11 @@ class StateFileWriter:
         self._closed = True
         self._queue.put(_STOP)
         self._thread.join()
+        stats = self.stats()
+        lost = stats["files_dropped"] + stats["file_write_errors"]
+        (logger.warning if lost else logger.info)(
+            "hsstore.output_dir: closed: %d files written, %d dropped, %d failed",
+            stats["files_written"], stats["files_dropped"], stats["file_write_errors"])
 
     def _count(self, key: str) -> None:
         with self._lock:
@@ -111,22 +122,19 @@ class StateFileWriter:
             item = self._queue.get()
             if item is _STOP:
                 return
-            name, request_id, states, prompt_tokens = item
+            name, states, metadata = item
             try:
-                self._write(name, request_id, states, prompt_tokens)
+                self._write(name, states, metadata)
                 self._count("files_written")
             except Exception as error:  # a full disk, a removed directory: counted, not fatal
                 logger.warning("hsstore.output_dir: writing %s failed: %s", name, error)
                 self._count("file_write_errors")
 
-    def _write(self, name: str, request_id: str, states: Dict[int, Any],
-               prompt_tokens: int) -> None:
+    def _write(self, name: str, states: Dict[int, Any], metadata: Dict[str, str]) -> None:
         from safetensors.torch import save_file
 
         tensors = {str(label): tensor.detach().contiguous().cpu()
                    for label, tensor in states.items()}
-        metadata = {"request_id": request_id, "prompt_tokens": str(prompt_tokens),
-                    "labels": ",".join(str(label) for label in states)}
         final = self.directory / name
         partial = self.directory / f".{name}.{os.getpid()}.partial"
         try:

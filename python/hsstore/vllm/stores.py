@@ -9,6 +9,9 @@
   prefix cache, which a worker cannot ask per chunk, so KV presence is not checked here (the
   scheduler caps vLLM's hits at this store's coverage instead).
 
+Coverage counts what the store's backing tiers hold (``TIERED``: the disk and Redis tiers, whose
+values a restore reads through into the pool); without it a capped hit would never reach them.
+
 Every store works on a request's chunk list (``chunks(tokens)``, computed once per request) and
 labels (``hsstore.vllm.layers``). Restores are all or nothing across labels and report the prefix
 end they reached; stores take rows [token_offset, end) of a request's prompt buffers.
@@ -17,12 +20,20 @@ Thread safety: what the underlying store offers (hsstore's: any thread; LMCache'
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
 __all__ = ["DropInStore", "EngineStore", "LMCacheStore", "SaltedEngineStore", "engine_store",
            "store_for_lmcache_engine"]
+
+
+def _tiered() -> Any:
+    """CoverageScope.local_and_remote: a (chunk, layer) a backing tier holds counts as present
+    (one round trip per server, bounded by its timeout; with no tier, the local walk)."""
+    import hsstore
+
+    return hsstore.CoverageScope.local_and_remote
 
 
 def _complete_end(chunks: Sequence[Any], have: int) -> int:
@@ -57,7 +68,7 @@ class DropInStore:
         return self.store.chunks(tokens)
 
     def coverage(self, chunks: List[Any], labels: Sequence[int]) -> int:
-        return self.store.coverage(chunks, labels)
+        return self.store.coverage(chunks, labels, scope=_tiered())
 
     complete_end = staticmethod(_complete_end)
 
@@ -90,6 +101,15 @@ class DropInStore:
 
     def stats(self) -> dict:
         return dict(self.store.stats())
+
+    def drop_all(self) -> int:
+        """Evicts every hidden state the pool holds (as pool pressure would, LRU first; KV and
+        the backing tiers are not touched); the keys evicted."""
+        return _evict_all(self.store.native)
+
+    def flush(self) -> None:
+        """Waits until the write-behind queues are written or dropped (hsstore's flush())."""
+        self.store.native.flush()
 
 
 class LMCacheStore:
@@ -149,6 +169,12 @@ class LMCacheStore:
     def stats(self) -> dict:
         return {"keys_held": self.store.num_cached_chunks()}
 
+    def drop_all(self) -> Optional[int]:
+        return None  # LMCache's store has no eviction in its public API
+
+    def flush(self) -> None:
+        return None  # nothing queued behind LMCache's store
+
 
 class EngineStore:
     """An hsstore Engine's store (no LMCache): token ids in, hsstore's own chunk keys."""
@@ -168,7 +194,7 @@ class EngineStore:
         return torch.tensor(tokens, dtype=torch.int64)  # token ids are the chunk list here
 
     def coverage(self, chunks: torch.Tensor, labels: Sequence[int]) -> int:
-        return self.store.coverage(chunks, list(labels))
+        return self.store.coverage(chunks, list(labels), scope=_tiered())
 
     def complete_end(self, chunks: torch.Tensor, have: int) -> int:
         return have // self.chunk_size * self.chunk_size
@@ -190,6 +216,20 @@ class EngineStore:
 
     def stats(self) -> dict:
         return dict(self.store.stats())
+
+    def drop_all(self) -> int:
+        return _evict_all(self.store)
+
+    def flush(self) -> None:
+        self.store.flush()
+
+
+def _evict_all(native: Any) -> int:
+    """evict_one_lru until nothing is evictable (entries a call holds stay: they are in use)."""
+    evicted = 0
+    while native.evict_one_lru():
+        evicted += 1
+    return evicted
 
 
 def salted_key(key: Any, salt: str) -> Any:
@@ -222,7 +262,7 @@ class SaltedEngineStore(EngineStore):
     complete_end = staticmethod(_complete_end)
 
     def coverage(self, chunks: List[Any], labels: Sequence[int]) -> int:
-        return self.store.coverage(chunks, list(labels)) if chunks else 0
+        return self.store.coverage(chunks, list(labels), scope=_tiered()) if chunks else 0
 
     def restore(self, tokens, chunks, labels, outs: Dict[int, torch.Tensor], row_begin, end) -> int:
         need = chunks[: _chunk_count_before(chunks, end)]
