@@ -181,10 +181,13 @@ TEST(Fp8Rows, RowScaleIsTheKernelsRowScaleWhateverTheRowHolds) {
                                        {f16.data(), ElemType::kFloat16, kCols, kStride}};
   for (const kernels::SourceView& view : views) {
     for (ElemType type : kFp8Types) {
-      for (int64_t r = 0; r < kRows; ++r) {
-        EXPECT_EQ(bits_of(fp8_row_scale(view, r, type)),
-                  bits_of(kernels::source_row_scale(view, r, type)))
-            << name_of(type) << " source " << static_cast<int>(view.type) << " row " << r;
+      for (CopyIsa isa : every_isa()) {
+        for (int64_t r = 0; r < kRows; ++r) {
+          EXPECT_EQ(bits_of(fp8_row_scale(view, r, type, isa)),
+                    bits_of(kernels::source_row_scale(view, r, type)))
+              << name_of(type) << " " << to_string(isa) << " source "
+              << static_cast<int>(view.type) << " row " << r;
+        }
       }
     }
   }

@@ -3,10 +3,10 @@
 # an error fail, naming every switch over element types (the kernels' conversions and layout, the
 # host copy's widening, the DType and wire-code mapping). Run as
 #   cmake -DCXX=<compiler> -DSOURCE_DIR=<repo> -P element_types_exhaustive.cmake
-set(sources src/datapath/host/host_data_path.cpp src/format/value_codec.cpp
-            src/datapath/batch_tiles.cpp)
+set(sources src/datapath/host/host_data_path.cpp src/datapath/host/host_copy.cpp
+            src/format/value_codec.cpp src/datapath/batch_tiles.cpp)
 set(expected kernels/hss/kernels/convert.hpp kernels/hss/kernels/elem_visit.hpp
-             kernels/hss/kernels/layout.hpp src/datapath/host/host_data_path.cpp
+             kernels/hss/kernels/layout.hpp src/datapath/host/host_copy.cpp
              src/format/dtype_codes.hpp)
 set(all_output "")
 foreach(source IN LISTS sources)

@@ -19,7 +19,7 @@ HSS_HOST_DEVICE constexpr bool store_pair_supported(ElemType src, ElemType dst) 
 /// Calls fn.template operator()<T>() for `type`. False (nothing called) for a value outside the
 /// enum, and for the 8-bit storage types: the kernels' tile loops move unscaled elements only
 /// (a store configured with fp8 storage refuses a device path at construction, so no fp8 tile
-/// is ever planned; the host path quantises, src/datapath/host/host_data_path.cpp).
+/// is ever planned; the host path quantises, src/datapath/host/fp8_rows.cpp: visit_fp8_type).
 template <typename Fn>
 HSS_HOST_DEVICE bool visit_elem_type(ElemType type, Fn&& fn) {
   switch (type) {
@@ -34,6 +34,25 @@ HSS_HOST_DEVICE bool visit_elem_type(ElemType type, Fn&& fn) {
       return true;
     case ElemType::kFp8E4M3:
     case ElemType::kFp8E5M2:
+      return false;
+  }
+  return false;
+}
+
+/// Calls fn.template operator()<T>() for the 8-bit storage type `type` (scaled rows: a code per
+/// element and a float32 scale per row). False (nothing called) for any other type.
+template <typename Fn>
+HSS_HOST_DEVICE bool visit_fp8_type(ElemType type, Fn&& fn) {
+  switch (type) {
+    case ElemType::kFp8E4M3:
+      fn.template operator()<ElemType::kFp8E4M3>();
+      return true;
+    case ElemType::kFp8E5M2:
+      fn.template operator()<ElemType::kFp8E5M2>();
+      return true;
+    case ElemType::kFloat32:
+    case ElemType::kFloat16:
+    case ElemType::kBFloat16:
       return false;
   }
   return false;

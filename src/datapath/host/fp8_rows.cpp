@@ -2,7 +2,8 @@
 // vectorises on the x86-64 baseline (SSE2; checked with -fopt-info-vec):
 // * amax: a running maximum of finite_magnitude_bits as integers (a float maximum reduction does
 //   not vectorise without -ffinite-math-only; an integer one does, and gives the same bits).
-// * quantise: quantise_as straight off a float32 row (16-bit rows a widened block at a time);
+// * quantise: quantise_as straight off a float32 row (16-bit rows a block at a time, widened by
+//   the host path's widen, host_copy.hpp);
 //   fp8.hpp's encode is branch-free so the loop vectorises; with CopyIsa::kAvx2 (the CPU has it:
 //   host_copy.hpp) the same loops compiled for AVX2.
 // * dequantise: a row of n >= 256 codes first dequantises all 256 codes against its scale (one
@@ -31,16 +32,6 @@ constexpr int64_t kBlock = 256;
 /// From this many codes on, a run dequantises through a per-row table of the 256 codes.
 constexpr int64_t kRowTableMin = 256;
 
-/// Calls fn.template operator()<T>() for an 8-bit type.
-template <typename Fn>
-void visit_fp8(ElemType type, Fn&& fn) {
-  if (type == ElemType::kFp8E5M2) {
-    fn.template operator()<ElemType::kFp8E5M2>();
-  } else {
-    fn.template operator()<ElemType::kFp8E4M3>();
-  }
-}
-
 template <ElemType T>
 struct CodeValues {
   std::array<float, 256> value{};
@@ -59,13 +50,6 @@ const std::array<float, 256>& code_values() {
   return table.value;
 }
 
-/// n contiguous 16-bit elements of type S widened to float32 into `out` (exact).
-template <ElemType S>
-void widen_block(const void* src, float* __restrict out, int64_t n) {
-  const auto* in = static_cast<const uint16_t*>(src);
-  for (int64_t i = 0; i < n; ++i) out[i] = kernels::half_to_float<S>(in[i]);
-}
-
 /// The running maximum of finite_magnitude_bits over n floats (as int32: every such value is
 /// below 0x7F800000, and a signed maximum vectorises on SSE2 where an unsigned one needs SSE4.1).
 int32_t amax_bits(const float* __restrict x, int64_t n, int32_t amax) {
@@ -76,10 +60,11 @@ int32_t amax_bits(const float* __restrict x, int64_t n, int32_t amax) {
   return amax;
 }
 
-/// The quantiser's loops, compiled once per instruction set below.
+/// The quantiser's loops, compiled once per instruction set below (a 16-bit block widens in the
+/// loops of `isa`; the block is in L1, so regular stores).
 template <ElemType S, ElemType T>
 __attribute__((always_inline)) inline void quantise_loops(const void* src, uint8_t* __restrict dst,
-                                                          int64_t n, float scale) {
+                                                          int64_t n, float scale, CopyIsa isa) {
   if constexpr (S == ElemType::kFloat32) {
     const auto* __restrict in = static_cast<const float*>(src);
     for (int64_t i = 0; i < n; ++i) dst[i] = kernels::quantise_as<T>(in[i], scale);
@@ -88,7 +73,7 @@ __attribute__((always_inline)) inline void quantise_loops(const void* src, uint8
     const auto* in = static_cast<const uint16_t*>(src);
     for (int64_t at = 0; at < n; at += kBlock) {
       const int64_t k = std::min(kBlock, n - at);
-      widen_block<S>(in + at, wide, k);
+      widen(in + at, S, wide, k, Streaming{}, isa);
       uint8_t* __restrict out = dst + at;
       for (int64_t i = 0; i < k; ++i) out[i] = kernels::quantise_as<T>(wide[i], scale);
     }
@@ -96,8 +81,8 @@ __attribute__((always_inline)) inline void quantise_loops(const void* src, uint8
 }
 
 template <ElemType S, ElemType T>
-void quantise_from(const void* src, uint8_t* dst, int64_t n, float scale) {
-  quantise_loops<S, T>(src, dst, n, scale);
+void quantise_from(const void* src, uint8_t* dst, int64_t n, float scale, CopyIsa isa) {
+  quantise_loops<S, T>(src, dst, n, scale, isa);
 }
 
 #if HSS_FP8_ROWS_X86
@@ -105,7 +90,7 @@ void quantise_from(const void* src, uint8_t* dst, int64_t n, float scale) {
 template <ElemType S, ElemType T>
 __attribute__((target("avx2"))) void quantise_from_avx2(const void* src, uint8_t* dst, int64_t n,
                                                         float scale) {
-  quantise_loops<S, T>(src, dst, n, scale);
+  quantise_loops<S, T>(src, dst, n, scale, CopyIsa::kAvx2);
 }
 #endif
 
@@ -132,7 +117,7 @@ void dequantise_into(const uint8_t* src, Out* __restrict out, int64_t n, float s
 
 }  // namespace
 
-float fp8_row_scale(const kernels::SourceView& src, int64_t row, ElemType type) {
+float fp8_row_scale(const kernels::SourceView& src, int64_t row, ElemType type, CopyIsa isa) {
   const auto* base = static_cast<const unsigned char*>(src.data) +
                      row * src.row_stride * static_cast<int64_t>(kernels::elem_bytes(src.type));
   int32_t amax = 0;
@@ -144,7 +129,7 @@ float fp8_row_scale(const kernels::SourceView& src, int64_t row, ElemType type) 
       const auto* in = reinterpret_cast<const uint16_t*>(base);
       for (int64_t at = 0; at < src.cols; at += kBlock) {
         const int64_t k = std::min(kBlock, src.cols - at);
-        widen_block<S>(in + at, wide, k);
+        widen(in + at, S, wide, k, Streaming{}, isa);
         amax = amax_bits(wide, k, amax);
       }
     }
@@ -155,23 +140,21 @@ float fp8_row_scale(const kernels::SourceView& src, int64_t row, ElemType type) 
 void fp8_quantise_run(const void* src, ElemType src_type, uint8_t* dst, int64_t n, float scale,
                       ElemType type, CopyIsa isa) {
   kernels::visit_elem_type(src_type, [&]<ElemType S>() {
-    visit_fp8(type, [&]<ElemType T>() {
+    kernels::visit_fp8_type(type, [&]<ElemType T>() {
 #if HSS_FP8_ROWS_X86
       if (isa == CopyIsa::kAvx2) {
         quantise_from_avx2<S, T>(src, dst, n, scale);
         return;
       }
-#else
-      (void)isa;
 #endif
-      quantise_from<S, T>(src, dst, n, scale);
+      quantise_from<S, T>(src, dst, n, scale, isa);
     });
   });
 }
 
 void fp8_dequantise_run(const uint8_t* src, ElemType type, float scale, void* dst,
                         ElemType out_type, int64_t n) {
-  visit_fp8(type, [&]<ElemType T>() {
+  kernels::visit_fp8_type(type, [&]<ElemType T>() {
     kernels::visit_elem_type(out_type, [&]<ElemType D>() {
       if constexpr (D == ElemType::kFloat32) {
         dequantise_into<T, D>(src, static_cast<float*>(dst), n, scale);

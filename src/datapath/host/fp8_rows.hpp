@@ -12,9 +12,10 @@
 
 namespace hss::detail {
 
-/// The scale of source row `row` for the 8-bit type `type`: kernels::source_row_scale's value.
+/// The scale of source row `row` for the 8-bit type `type`: kernels::source_row_scale's value
+/// (a 16-bit row widened in the loops of `isa`: the same value from each).
 [[nodiscard]] float fp8_row_scale(const kernels::SourceView& src, int64_t row,
-                                  kernels::ElemType type);
+                                  kernels::ElemType type, CopyIsa isa);
 
 /// Quantises n contiguous source elements of `src_type` against `scale` into 8-bit codes of
 /// `type`: kernels::quantise_as per element, in the loops of `isa` (the same bits from each).

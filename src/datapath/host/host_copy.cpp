@@ -450,6 +450,28 @@ void widen_bf16(const uint16_t* in, float* out, int64_t n, bool stream, CopyIsa 
   for (int64_t i = 0; i < n; ++i) out[i] = kernels::bf16_to_float(in[i]);
 }
 
+void widen(const void* src, kernels::ElemType type, float* dst, int64_t n,
+           const Streaming& streaming, CopyIsa isa) {
+  using kernels::ElemType;
+  switch (type) {
+    case ElemType::kFloat32:
+      copy_bytes(dst, src, static_cast<size_t>(n) * sizeof(float), streaming.copies, isa);
+      return;
+    case ElemType::kBFloat16:
+      widen_bf16(static_cast<const uint16_t*>(src), dst, n, streaming.widening, isa);
+      return;
+    case ElemType::kFloat16: {  // rare on this path: the exact scalar conversion is enough
+      const auto* in = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = kernels::f16_to_float(in[i]);
+      return;
+    }
+    case ElemType::kFp8E4M3:  // never planned: scaled rows go through fp8_dequantise_run
+    case ElemType::kFp8E5M2:
+      for (int64_t i = 0; i < n; ++i) dst[i] = kernels::load_as_float(src, i, type);
+      return;
+  }
+}
+
 void end_streaming(bool streamed) {
 #if HSS_HOST_X86
   if (streamed) _mm_sfence();

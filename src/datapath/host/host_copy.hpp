@@ -33,6 +33,7 @@
 
 #include "hss/config.hpp"
 #include "hss/host_copy_stats.hpp"
+#include "hss/kernels/convert.hpp"
 
 namespace hss::detail {
 
@@ -106,10 +107,23 @@ struct CalibrationTimes {
 
 // ---- The loops. Any alignment of either side; `stream` is ignored by kPortable.
 
+/// Which of a call's operations stream (from the bytes the whole call writes: HostCopy's
+/// copy_stream_bytes and widen_stream_bytes). The default streams nothing.
+struct Streaming {
+  bool copies = false;
+  bool widening = false;
+  [[nodiscard]] bool any() const { return copies || widening; }
+};
+
 /// memcpy, or a non-temporal copy when `stream`.
 void copy_bytes(void* dst, const void* src, size_t bytes, bool stream, CopyIsa isa);
 /// bfloat16 -> float32 (a 16-bit shift: exact), non-temporal stores when `stream`.
 void widen_bf16(const uint16_t* in, float* out, int64_t n, bool stream, CopyIsa isa);
+/// n elements of `type` widened to float32 (exact; a plain copy for float32), with the stores
+/// `streaming` picks for a copy or a widening. The host path's one widening cast: its float32
+/// stores and restores, and fp8_rows.cpp's 16-bit rows a block at a time.
+void widen(const void* src, kernels::ElemType type, float* dst, int64_t n,
+           const Streaming& streaming, CopyIsa isa);
 /// Streaming stores are weakly ordered: the thread that issued them fences before the data is
 /// published (a mutex release does not order non-temporal stores).
 void end_streaming(bool streamed);

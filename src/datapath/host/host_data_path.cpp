@@ -24,36 +24,8 @@ static_assert(HostCopyContext{}.min_split_bytes == kMinBytesPerCopyThread,
 constexpr int64_t kSplitAlignElems = 16;
 
 /// Which of a call's operations stream, from the bytes the whole call writes.
-struct Streaming {
-  bool copies = false;
-  bool widening = false;
-  [[nodiscard]] bool any() const { return copies || widening; }
-};
-
 Streaming streaming_for(const HostCopy& strategy, uint64_t bytes) {
   return {bytes >= strategy.copy_stream_bytes(), bytes >= strategy.widen_stream_bytes()};
-}
-
-/// Widens n elements of `type` to float32 (a plain copy for float32).
-void widen(const void* src, ElemType type, float* dst, int64_t n, const Streaming& streaming,
-           CopyIsa isa) {
-  switch (type) {
-    case ElemType::kFloat32:
-      copy_bytes(dst, src, static_cast<size_t>(n) * sizeof(float), streaming.copies, isa);
-      return;
-    case ElemType::kBFloat16:
-      widen_bf16(static_cast<const uint16_t*>(src), dst, n, streaming.widening, isa);
-      return;
-    case ElemType::kFloat16: {  // rare on this path: the exact scalar conversion is enough
-      const auto* in = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = kernels::f16_to_float(in[i]);
-      return;
-    }
-    case ElemType::kFp8E4M3:  // never planned: scaled rows go through fp8_dequantise_run
-    case ElemType::kFp8E5M2:
-      for (int64_t i = 0; i < n; ++i) dst[i] = kernels::load_as_float(src, i, type);
-      return;
-  }
 }
 
 // Calls run(first_flat, n) for the pieces of [flat, flat + count) that stay inside one row, or once
@@ -164,7 +136,7 @@ void host_store(const kernels::SourceView& src, std::span<const kernels::WriteSe
             // of a split computes the row's scale from the whole source row, so every part and
             // the scale agree; the part holding the row's first element writes the scale.
             const int64_t row = seg.src_row0 + seg.src_elem / src.cols;
-            const float scale = fp8_row_scale(src, row, seg.dst_type);
+            const float scale = fp8_row_scale(src, row, seg.dst_type, strategy.isa);
             if (first == 0 && seg.src_elem % src.cols == 0) *seg.scale = scale;
             fp8_quantise_run(kernels::source_address(src, seg.src_row0, seg.src_elem + first),
                              src.type, dst + first, n, scale, seg.dst_type, strategy.isa);
