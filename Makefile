@@ -74,13 +74,16 @@ demo: build
 # The soak (issue 34): a real `vllm serve` with hsstore under load and faults for MINUTES (3 by
 # default; .ci/run runs the short form), checked for wrong rows, a stalled engine and memory
 # growth (docs/reliability.md, "The soak"). Writes SOAK_REPORT and, beside it, its PNG timeline
-# (drawn even when the soak failed; make then fails), with Debian's python3-matplotlib.
+# (drawn even when the soak failed; make then fails), with Debian's python3-matplotlib. PD=1: the
+# P/D form (a producer engine prefills, its hidden states pulled over NIXL; it is killed and
+# restarted among the faults): bench/soak_report_pd.json is its committed report.
 MINUTES ?= 3
-SOAK_REPORT ?= bench/soak_report.json
+PD ?= 0
+SOAK_REPORT ?= bench/soak_report$(if $(filter 1,$(PD)),_pd).json
 soak:
 	@HSS_BOOTSTRAP_PLOT=1 scripts/bootstrap
 	@rm -f $(SOAK_REPORT); rc=0; HSS_VLLM_REQUIRED=1 scripts/vllm_venv --python bench/soak.py --minutes $(MINUTES) \
-	  --report $(SOAK_REPORT) || rc=$$?; \
+	  $(if $(filter 1,$(PD)),--pd) --report $(SOAK_REPORT) || rc=$$?; \
 	  if [ -f $(SOAK_REPORT) ]; then \
 	    /usr/bin/python3 bench/soak_plot.py $(SOAK_REPORT) $(SOAK_REPORT:.json=.png) || { [ $$rc -ne 0 ] || rc=1; }; fi; \
 	  exit $$rc

@@ -13,12 +13,19 @@ What runs (soak_server.py starts the server):
   * Faults, in turn, each several times: the Redis server killed (SIGKILL) and restarted empty;
     every hidden state dropped (vLLM's ``POST /reset_prefix_cache?reset_external=true``); an
     eviction storm (a burst of long unique prompts); and clients that disconnect mid-request.
+  * ``--pd``: prefill/decode. A second ``vllm serve``, the producer, computes each prompt first
+    (the client acts as the router) and serves its hidden states over NIXL; the server under
+    test is the decode engine: its KV comes from LMCache's Redis remote backend, the hidden
+    states its pool lacks are pulled from the producer the request names in its
+    kv_transfer_params. The faults add the producer killed (SIGKILL of its process group) and
+    restarted on the same ports; while it is down, requests go to the decode engine alone.
 
 What is checked:
   * every answered request's file: whole prompt, both layers, finite, the metadata's counts; the
     rows of each shared prefix's chunks identical in every request (a digest per chunk);
   * 1 request in ``--sample-every`` (and every prefix) against an offline recompute of the same
-    prompt with the same prefill step boundaries, bit for bit (after the run, in this process);
+    prompt with the same prefill step boundaries, bit for bit (soak_reference.py: a process of its
+    own, beside the load);
   * the server answers every request but the disconnected ones; it exits 0 on SIGTERM, its log has
     no traceback and no nanobind leak; every output file is accounted for;
   * host RSS of the server's processes and the pool's bytes, sampled every ``--sample-s``: after
@@ -37,7 +44,9 @@ timeline) and exits 1 when anything failed; bench/soak_plot.py draws the timelin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import http.client
 import json
 import pathlib
 import platform
@@ -56,6 +65,7 @@ sys.path.insert(0, str(HERE.parent / "python" / "tests_vllm"))
 sys.path.insert(0, str(HERE))
 
 import soak_server  # noqa: E402
+from soak_reference import ReferenceChecker, relative_difference  # noqa: E402
 
 CHUNK = soak_server.CHUNK
 LAYERS = soak_server.LAYERS
@@ -66,6 +76,7 @@ STORM_PROMPTS, STORM_LENGTHS = 16, (1500, 2500)
 FILE_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 600.0
 TOLERANCE = 1e-4  # --engine-seqs > 1: vLLM CPU's attention rounds by step start (1e-6 seen)
+REFERENCE_TIMEOUT_S = 900.0  # the recompute of what is still queued when the load ends
 
 
 class Tally:
@@ -110,6 +121,8 @@ class Load:
         self.id_lock = threading.Lock()
         self.stop = threading.Event()
         self.pending_disconnects: List[tuple] = []  # (request id, prompt): files may come
+        self.checker: Optional[ReferenceChecker] = None  # set before the clients start
+        self.producer: Optional[soak_server.Producer] = None  # --pd
 
     def new_id(self) -> int:
         with self.id_lock:
@@ -138,10 +151,12 @@ class Load:
         request_id = f"soak-{number}"
         self.tally.add("sent")
         started = time.monotonic()
+        kv_transfer_params = self.prefill(request_id, prompt) if self.producer else None
         try:
             answer = soak_server.complete(self.server.base, prompt, request_id, max_tokens=2,
                                           timeout=(rng_disconnect_s(number) if disconnect
-                                                   else REQUEST_TIMEOUT_S))
+                                                   else REQUEST_TIMEOUT_S),
+                                          kv_transfer_params=kv_transfer_params)
         except (socket.timeout, TimeoutError, urllib.error.URLError) as error:
             if disconnect and "timed out" in str(error):
                 self.tally.add("disconnected")  # the client hung up; vLLM aborts the request
@@ -160,6 +175,20 @@ class Load:
         self.tally.add(f"completed_{kind}")
         self.tally.add("latency_ms", int((time.monotonic() - started) * 1000))
         self.check_file(f"cmpl-{request_id}-0", prompt, index, number, wait=True)
+
+    def prefill(self, request_id: str, prompt: List[int]) -> Optional[Dict[str, Any]]:
+        """P/D: the producer computes the prompt first, as a router sends it to a prefill host,
+        and the decode request names that producer in its kv_transfer_params. A producer that is
+        down (killed, restarting) answers nothing: the request goes to the decode engine alone,
+        which pulls what it can and computes the rest."""
+        try:
+            soak_server.complete(self.producer.base, prompt, f"{request_id}-prefill",
+                                 max_tokens=1, timeout=REQUEST_TIMEOUT_S)
+        except (OSError, http.client.HTTPException):  # refused, reset, timed out
+            self.tally.add("prefill_failed")
+            return None
+        self.tally.add("prefilled")
+        return {"hsstore.producer": self.producer.address}
 
     def check_file(self, engine_id: str, prompt: List[int], index: Optional[int], number: int,
                    *, wait: bool) -> None:
@@ -213,16 +242,12 @@ class Load:
         if number % self.args.sample_every == 0:
             kept = self.samples_dir / path.name
             path.replace(kept)
+            sample = {"id": engine_id, "prompt": prompt, "path": str(kept), "restored": restored}
             with self.tally.lock:
-                self.tally.samples.append({"id": engine_id, "prompt": prompt, "path": str(kept),
-                                           "restored": restored})
+                self.tally.samples.append(sample)
+                self.checker.submit(sample)
         else:
             path.unlink()
-
-
-def relative_difference(rows: Any, reference: Any) -> float:
-    """The largest difference of a row, over that row's largest magnitude in `reference`."""
-    return float(((rows - reference).abs().amax(dim=1) / reference.abs().amax(dim=1)).max())
 
 
 def rng_disconnect_s(number: int) -> float:
@@ -234,6 +259,7 @@ class Faults:
     """Redis killed and restarted, every hidden state dropped, an eviction storm: in turn."""
 
     KINDS = ("redis_restart", "reset", "storm")
+    PD_KINDS = KINDS + ("producer_restart",)
 
     def __init__(self, args: argparse.Namespace, server: Any, redis: Any, load: Load,
                  tally: Tally, sampler: "Sampler") -> None:
@@ -246,11 +272,16 @@ class Faults:
         while not self.load.stop.wait(self.args.fault_every_s):
             if time.monotonic() > deadline - self.args.fault_every_s / 2:
                 return
-            kind = self.KINDS[turn % len(self.KINDS)]
+            kinds = self.PD_KINDS if self.load.producer else self.KINDS
+            kind = kinds[turn % len(kinds)]
             turn += 1
             before = self.sampler.counters()
             event: Dict[str, Any] = {"kind": kind, "t": round(time.monotonic() - started, 1)}
-            getattr(self, kind)(event)
+            try:
+                getattr(self, kind)(event)
+            except Exception as error:  # noqa: BLE001 (a fault that could not be made fails)
+                self.tally.fail(f"fault {kind} at {event['t']} s: {error!r}")
+                return
             self.tally.add(f"fault_{kind}")
             event["counters_before"] = before
             self.events.append(event)
@@ -263,6 +294,12 @@ class Faults:
     def reset(self, event: Dict[str, Any]) -> None:
         answer = soak_server.post(self.server.base, "/reset_prefix_cache?reset_external=true")
         event["detail"] = f"reset_prefix_cache answered {answer}"
+
+    def producer_restart(self, event: Dict[str, Any]) -> None:
+        started = time.monotonic()
+        self.load.producer.restart(down_s=self.args.producer_down_s)
+        event["detail"] = (f"producer killed (SIGKILL), down {self.args.producer_down_s} s, "
+                           f"serving again after {time.monotonic() - started:.1f} s")
 
     def storm(self, event: Dict[str, Any]) -> None:
         rng = random.Random(len(self.events))
@@ -279,8 +316,9 @@ class Faults:
 class Sampler:
     """Every few seconds: RSS of the server's processes, hsstore's /metrics, requests done."""
 
-    def __init__(self, server: Any, tally: Tally, every_s: float) -> None:
-        self.server, self.tally, self.every_s = server, tally, every_s
+    def __init__(self, server: Any, tally: Tally, every_s: float,
+                 producer: Optional[soak_server.Producer]) -> None:
+        self.server, self.tally, self.every_s, self.producer = server, tally, every_s, producer
         self.timeline: List[Dict[str, Any]] = []
         self.stop = threading.Event()
         self._last: Dict[str, float] = {}
@@ -300,11 +338,15 @@ class Sampler:
             done = len(self.tally.completed_at)
             recent = [hit for t, hit in self.tally.restored_at if t > now - 10]
         rss = soak_server.rss_bytes(self.server.process.pid)
+        producer = self.producer.server if self.producer else None
+        producer_rss = (soak_server.rss_bytes(producer.process.pid)["total"]
+                        if producer is not None and producer.process.poll() is None else 0)
         self.timeline.append({
             "t": round(now - started, 1), "completed": done,
             "rss_mib": round(rss["total"] / 2**20, 1),
             "rss_api_mib": round(rss["api"] / 2**20, 1),
             "rss_engine_mib": round(rss["children"] / 2**20, 1),
+            "rss_producer_mib": round(producer_rss / 2**20, 1),
             "pool_bytes": metrics.get("store_bytes_held", 0),
             "pool_capacity": metrics.get("store_pool_capacity_bytes", 0),
             "hit_rate_10s": round(sum(recent) / len(recent), 3) if recent else None,
@@ -315,54 +357,47 @@ class Sampler:
             self.sample(started)
 
 
-def check_against_recompute(model_dir: pathlib.Path, load: Load, tally: Tally,
-                            exact: bool) -> Dict[str, Any]:
-    """Each sampled file, and each shared prefix's chunk digests, against an offline recompute
-    (a fresh engine, prefill steps of one chunk, no prefix reuse)."""
-    import engines
-    import hsstore.vllm
+def compare_with_reference(checker: ReferenceChecker, load: Load, tally: Tally,
+                           exact: bool) -> Dict[str, Any]:
+    """Each sampled file, and each shared prefix's chunk digests, against the offline recompute
+    (soak_reference.py: a fresh engine, prefill steps of one chunk, no prefix reuse), which has
+    run beside the load; waits for what is still queued."""
     import torch
-    from conftest import CPU_KV
-    from safetensors import safe_open
 
     out = {"samples": len(tally.samples), "bit_exact": 0, "within_tolerance": 0,
            "max_relative_difference": 0.0}
-    hs = hsstore.vllm.HiddenStates(layers=LAYERS, store="hsstore", worker_init=CPU_KV)
-    with engines.engine(model_dir, hs, lmcache=engines.lmcache_config(),
-                        max_num_batched_tokens=CHUNK) as llm:
-        for index, prefix in enumerate(load.prefixes):
-            reference, output, _ = engines.run(llm, hs, prefix, skip_prefix_cache=True)
-            if output.num_cached_tokens:
-                tally.fail(f"prefix {index}: the recompute reused {output.num_cached_tokens} tokens")
-            for chunk in range(len(prefix) // CHUNK):
-                for label in LAYERS:
-                    seen = tally.prefix_digests.get((index, chunk, label))
-                    rows = reference[label][chunk * CHUNK:(chunk + 1) * CHUNK]
-                    if seen is None:
-                        continue
-                    if (seen != digest(rows)) if exact else (
-                            relative_difference(seen, rows) > TOLERANCE):
-                        tally.fail(f"prefix {index} chunk {chunk} layer {label}: served rows "
-                                   "differ from the recompute")
-        for sample in tally.samples:
-            reference, output, counted = engines.run(llm, hs, sample["prompt"],
-                                                     skip_prefix_cache=True)
-            if output.num_cached_tokens or counted["rows_restored"]:
-                tally.fail(f"{sample['id']}: the recompute reused a prefix "
-                           f"({output.num_cached_tokens} tokens, {counted['rows_restored']} rows)")
-            with safe_open(sample["path"], framework="pt") as f:
-                served = {int(k): f.get_tensor(k) for k in f.keys()}
-            same = all(torch.equal(served[label], reference[label]) for label in LAYERS)
-            worst = max(relative_difference(served[label], reference[label]) for label in LAYERS)
-            out["max_relative_difference"] = max(out["max_relative_difference"], worst)
-            if same:
-                out["bit_exact"] += 1
-            elif not exact and worst <= TOLERANCE:
-                out["within_tolerance"] += 1
-            else:
-                tally.fail(f"{sample['id']} ({len(sample['prompt'])} tokens, "
-                           f"{sample['restored']} restored): differs from the recompute "
-                           f"(largest difference {worst:.3g} of its row's largest value)")
+    prefix_reply, replies, error = checker.finish(timeout=REFERENCE_TIMEOUT_S)
+    if error:
+        tally.fail(error)
+    for index, reference in enumerate(prefix_reply.get("prefixes", [])):
+        if reference["reused"]:
+            tally.fail(f"prefix {index}: the recompute reused {reference['reused']} tokens")
+        rows_by_label = torch.load(reference["path"])
+        for chunk in range(len(load.prefixes[index]) // CHUNK):
+            for label in LAYERS:
+                seen = tally.prefix_digests.get((index, chunk, label))
+                rows = rows_by_label[label][chunk * CHUNK:(chunk + 1) * CHUNK]
+                if seen is None:
+                    continue
+                if (seen != digest(rows)) if exact else (
+                        relative_difference(seen, rows) > TOLERANCE):
+                    tally.fail(f"prefix {index} chunk {chunk} layer {label}: served rows "
+                               "differ from the recompute")
+    samples = {sample["id"]: sample for sample in tally.samples}
+    for reply in replies:
+        sample = samples[reply["id"]]
+        if reply["reused_tokens"] or reply["reused_rows"]:
+            tally.fail(f"{sample['id']}: the recompute reused a prefix "
+                       f"({reply['reused_tokens']} tokens, {reply['reused_rows']} rows)")
+        out["max_relative_difference"] = max(out["max_relative_difference"], reply["worst"])
+        if reply["same"]:
+            out["bit_exact"] += 1
+        elif not exact and reply["worst"] <= TOLERANCE:
+            out["within_tolerance"] += 1
+        else:
+            tally.fail(f"{sample['id']} ({len(sample['prompt'])} tokens, "
+                       f"{sample['restored']} restored): differs from the recompute "
+                       f"(largest difference {reply['worst']:.3g} of its row's largest value)")
     return out
 
 
@@ -396,6 +431,9 @@ OPTIONS = (
     ("--sample-s", float, 2.0, "seconds between memory and /metrics samples"),
     ("--fault-every-s", float, 20.0, "seconds between faults (they come in turn)"),
     ("--redis-down-s", float, 3.0, "how long a killed Redis stays down"),
+    ("--pd", bool, False, "P/D: a producer engine prefills each prompt first, the server pulls "
+     "its hidden states over NIXL (KV through Redis); the faults add its kill and restart"),
+    ("--producer-down-s", float, 3.0, "--pd: how long a killed producer stays down"),
     ("--unique-share", float, 0.15, "share of prompts with no shared prefix"),
     ("--disconnect-share", float, 0.05, "share of clients that hang up early"),
     ("--warmup", float, 0.4, "share of the run before memory growth counts"),
@@ -409,7 +447,10 @@ OPTIONS = (
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for flag, kind, default, help_text in OPTIONS:
-        parser.add_argument(flag, type=kind, default=default, help=help_text)
+        if kind is bool:
+            parser.add_argument(flag, action="store_true", help=help_text)
+        else:
+            parser.add_argument(flag, type=kind, default=default, help=help_text)
     args = parser.parse_args()
     if args.concurrency < 1 or args.engine_seqs < 1 or args.sample_every < 1:
         parser.error("--concurrency, --engine-seqs and --sample-every must be >= 1")
@@ -425,11 +466,17 @@ def main() -> int:
     model_dir = soak_server.write_model(work / "model")
     duration = args.minutes * 60
     print(f"soak: {args.minutes} min, {args.concurrency} clients, work dir {work}", flush=True)
-    with soak_server.RedisServer(work / "redis") as redis, \
-            soak_server.serve(model_dir, out_dir, redis.url, work / "serve.log",
-                              engine_seqs=args.engine_seqs) as server:
+    with contextlib.ExitStack() as stack:
+        redis = stack.enter_context(soak_server.RedisServer(work / "redis"))
+        producer = (stack.enter_context(soak_server.Producer(
+            model_dir, redis.url, work, engine_seqs=args.engine_seqs)) if args.pd else None)
+        server = stack.enter_context(soak_server.serve(
+            model_dir, out_dir, redis.url, work / "serve.log", engine_seqs=args.engine_seqs,
+            producer=producer.address if producer else None))
         load = Load(args, server, out_dir, samples_dir, tally)
-        sampler = Sampler(server, tally, args.sample_s)
+        load.producer = producer
+        load.checker = ReferenceChecker(model_dir, work, load.prefixes)
+        sampler = Sampler(server, tally, args.sample_s, producer)
         faults = Faults(args, server, redis, load, tally, sampler)
         started = time.monotonic()
         deadline = started + duration
@@ -457,13 +504,18 @@ def main() -> int:
         sampler.sample(started)
     log = server.log()
     server_report = soak_server.check_log(log, server.exit_code, tally)
+    if producer is not None:  # the last producer: stopped with SIGTERM like the server
+        server_report["producer"] = soak_server.check_log(
+            producer.server.log(), producer.server.exit_code, tally, name="producer",
+            writer=False) | {"starts": producer.starts}
     leftovers = sorted(p.name for p in out_dir.iterdir()) if out_dir.exists() else []
     known = {f"{engine_id}.safetensors" for engine_id, _, _ in load.pending_disconnects}
     stray = [name for name in leftovers if name not in known]
     if stray:
         tally.fail(f"{len(stray)} files nobody asked for or half-written: {stray[:5]}")
-    print(f"soak: checking {len(tally.samples)} sampled requests against a recompute", flush=True)
-    recompute = check_against_recompute(model_dir, load, tally, exact=args.engine_seqs == 1)
+    print(f"soak: {len(tally.samples)} sampled requests checked against a recompute (beside the "
+          f"load; {load.checker.submitted - len(load.checker.replies) + 1} still queued)", flush=True)
+    recompute = compare_with_reference(load.checker, load, tally, exact=args.engine_seqs == 1)
     memory = memory_summary(sampler.timeline, elapsed, args.warmup, args.rss_bound_mib, tally)
     final = sampler.timeline[-1]["metrics"] if sampler.timeline else {}
     completed = sum(v for k, v in tally.counts.items() if k.startswith("completed_"))
@@ -471,7 +523,7 @@ def main() -> int:
         "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": f"{platform.processor() or platform.machine()}, {soak_server.cpu_model()}",
         "config": {k: (str(v) if isinstance(v, pathlib.Path) else v)
-                   for k, v in vars(args).items()} | soak_server.describe(),
+                   for k, v in vars(args).items()} | soak_server.describe(args.pd),
         "seconds": round(elapsed, 1),
         "requests": {"sent": tally.counts.get("sent", 0), "completed": completed,
                      "per_second": round(completed / elapsed, 2),

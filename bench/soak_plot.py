@@ -15,7 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-FAULT_COLORS = {"redis_restart": "tab:red", "reset": "tab:purple", "storm": "tab:orange"}
+FAULT_COLORS = {"redis_restart": "tab:red", "reset": "tab:purple", "storm": "tab:orange",
+                "producer_restart": "tab:brown"}
 
 
 def rates(timeline):
@@ -45,6 +46,9 @@ def main(report_path, png_path):
     if "rss_engine_mib" in timeline[0]:
         axes[2].plot(t, [s["rss_engine_mib"] for s in timeline], label="engine core and its worker")
         axes[2].plot(t, [s["rss_api_mib"] for s in timeline], label="API server")
+    if any(s.get("rss_producer_mib") for s in timeline):  # --pd
+        axes[2].plot(t, [s["rss_producer_mib"] for s in timeline], ":",
+                     label="P/D producer (restarted)")
     axes[2].set_ylabel("host RSS (MiB)")
     axes[2].legend(loc="center right", fontsize="small")
     axes[3].plot(t, [s["pool_bytes"] / 2**20 for s in timeline], label="held")
@@ -56,10 +60,13 @@ def main(report_path, png_path):
         for ax in axes:
             ax.axvline(event["t"], color=FAULT_COLORS.get(event["kind"], "grey"), alpha=0.4,
                        linewidth=1)
-    handles = [plt.Line2D([], [], color=c, alpha=0.6, label=k) for k, c in FAULT_COLORS.items()]
+    kinds = {event["kind"] for event in report.get("fault_log", [])} or set(FAULT_COLORS)
+    handles = [plt.Line2D([], [], color=c, alpha=0.6, label=k) for k, c in FAULT_COLORS.items()
+               if k in kinds]
     axes[0].legend(handles=handles, loc="lower right", fontsize="small", title="faults")
     requests = report["requests"]
-    fig.suptitle(f"hsstore soak: {requests['completed']} requests in {report['seconds']:.0f} s, "
+    pd = " (P/D)" if report.get("config", {}).get("pd") else ""
+    fig.suptitle(f"hsstore soak{pd}: {requests['completed']} requests in {report['seconds']:.0f} s, "
                  f"{report['mismatches']} mismatches, "
                  f"RSS growth {report['memory'].get('rss_growth_mib', '?')} MiB after warm-up "
                  f"({'passed' if report['passed'] else 'FAILED'})", fontsize=10)

@@ -4,20 +4,22 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import time
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, List, Optional
 
 import engines
 from conftest import CPU_KV, STEP_TOKENS
 from lmcache_server import free_ports
 from serving import complete, metrics, post, vllm_serve
 
-__all__ = ["CHUNK", "HIDDEN", "LAYERS", "RedisServer", "check_log", "complete", "cpu_model",
+__all__ = ["CHUNK", "HIDDEN", "LAYERS", "Producer", "RedisServer", "check_log", "complete", "cpu_model",
            "describe", "metrics", "misses_by_cause", "post", "rss_bytes", "serve", "write_model"]
 
 CHUNK = STEP_TOKENS  # LMCache's chunk: every prefill step starts on a chunk boundary
@@ -34,10 +36,17 @@ def write_model(directory: pathlib.Path) -> pathlib.Path:
     return engines.write_llama(directory)
 
 
-def describe() -> Dict[str, Any]:
-    return {"model": engines.TINY, "layers": LAYERS, "chunk": CHUNK,
-            "hidden_state_pool_gb": HS_POOL_GB, "kv_pool_gb": KV_POOL_GB,
-            "redis_timeout_ms": REDIS_TIMEOUT_MS}
+def describe(pd: bool) -> Dict[str, Any]:
+    out = {"model": engines.TINY, "layers": LAYERS, "chunk": CHUNK,
+           "hidden_state_pool_gb": HS_POOL_GB, "kv_pool_gb": KV_POOL_GB}
+    if pd:
+        out.update(pd={"kv": "LMCache's Redis remote backend", "hidden_states": "NIXL (UCX, tcp)",
+                       "pull_timeout_ms": PD_PULL_TIMEOUT_MS,
+                       "lookup_timeout_ms": PD_LOOKUP_TIMEOUT_MS,
+                       "producer_hidden_state_pool_gb": PRODUCER_HS_POOL_GB})
+    else:
+        out.update(hidden_state_tier="Redis", redis_timeout_ms=REDIS_TIMEOUT_MS)
+    return out
 
 
 class RedisServer:
@@ -91,18 +100,100 @@ class RedisServer:
             self.proc.wait()
 
 
+# P/D (--pd): the KV crosses through LMCache's Redis remote backend, the hidden states over NIXL
+# from the producer. A pull is bounded below LMCache's lookup timeout (the lookup waits for it).
+PD_PULL_TIMEOUT_MS = 3000
+PD_LOOKUP_TIMEOUT_MS = 20000
+PRODUCER_HS_POOL_GB = 32 / 1024  # the producer keeps more: a pull usually finds the prompt
+# NIXL's UCX backend over loopback TCP (the machine has no RDMA device).
+NIXL_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo", "NIXL_LOG_LEVEL": "WARN"}
+
+
+def _extra(out_dir: Any, lmcache: Dict[str, Any], **hsstore_keys: Any) -> Dict[str, Any]:
+    extra = {"hsstore.layers": LAYERS, "hsstore.keep": False, "hsstore.worker_init": CPU_KV,
+             **{f"hsstore.{k}": v for k, v in hsstore_keys.items()},
+             **{f"lmcache.{k}": v for k, v in lmcache.items()}}
+    if out_dir is not None:
+        extra["hsstore.output_dir"] = str(out_dir)
+    return extra
+
+
+def _pd_lmcache(redis_url: str, hs_gb: float) -> Dict[str, Any]:
+    return engines.lmcache_config(kv_gb=KV_POOL_GB, hs_gb=hs_gb, remote_url=redis_url,
+                                  remote_serde="naive", lookup_timeout_ms=PD_LOOKUP_TIMEOUT_MS)
+
+
 @contextlib.contextmanager
 def serve(model_dir: pathlib.Path, out_dir: pathlib.Path, redis_url: str,
-          log_path: pathlib.Path, *, engine_seqs: int) -> Iterator[Any]:
-    lmcache = engines.lmcache_config(kv_gb=KV_POOL_GB, hs_gb=HS_POOL_GB, extra_config={
-        "hidden_state_remote_url": redis_url, "hidden_state_remote_timeout_ms": REDIS_TIMEOUT_MS})
-    extra = {"hsstore.layers": LAYERS, "hsstore.keep": False,
-             "hsstore.output_dir": str(out_dir), "hsstore.worker_init": CPU_KV,
-             **{f"lmcache.{k}": v for k, v in lmcache.items()}}
+          log_path: pathlib.Path, *, engine_seqs: int,
+          producer: Optional[str] = None) -> Iterator[Any]:
+    """The server the load is checked against. Alone: hidden states in a small pool with the
+    Redis tier behind it. With `producer` (P/D, the decode engine): KV from LMCache's Redis remote
+    backend, hidden states pulled over NIXL from `producer`, no hidden-state tier."""
+    if producer is None:
+        lmcache = engines.lmcache_config(kv_gb=KV_POOL_GB, hs_gb=HS_POOL_GB, extra_config={
+            "hidden_state_remote_url": redis_url,
+            "hidden_state_remote_timeout_ms": REDIS_TIMEOUT_MS})
+        extra = _extra(out_dir, lmcache)
+    else:
+        extra = _extra(out_dir, _pd_lmcache(redis_url, HS_POOL_GB),
+                       nixl={"producer": producer, "timeout_ms": PD_PULL_TIMEOUT_MS})
     with vllm_serve(model_dir, extra, log_path, step_tokens=STEP_TOKENS,
                     args=["--max-num-seqs", str(engine_seqs)],
-                    env={"VLLM_SERVER_DEV_MODE": "1", "HSS_LOG_LEVEL": "info"}) as server:
+                    env={"VLLM_SERVER_DEV_MODE": "1", "HSS_LOG_LEVEL": "info",
+                         **(NIXL_ENV if producer else {})}) as server:
         yield server
+
+
+class Producer:
+    """The P/D producer (prefill engine): a ``vllm serve`` that computes each prompt, writes its KV
+    to Redis through LMCache and serves its hidden states over NIXL on a fixed port. kill() is
+    SIGKILL of its whole process group (API server and engine core); start() brings up a new one
+    on the same HTTP and NIXL ports, as a restarted prefill host would."""
+
+    def __init__(self, model_dir: pathlib.Path, redis_url: str, log_dir: pathlib.Path, *,
+                 engine_seqs: int) -> None:
+        self.model_dir, self.redis_url, self.log_dir = model_dir, redis_url, log_dir
+        self.engine_seqs = engine_seqs
+        self.http_port, nixl_port = free_ports(2)
+        self.address = f"127.0.0.1:{nixl_port}"
+        self.base = f"http://127.0.0.1:{self.http_port}"
+        self.starts = 0
+        self.server: Any = None
+        self.logs: List[pathlib.Path] = []
+        self._stack: Optional[contextlib.ExitStack] = None
+
+    def start(self) -> None:
+        extra = _extra(None, _pd_lmcache(self.redis_url, PRODUCER_HS_POOL_GB),
+                       nixl={"listen": self.address})
+        log = self.log_dir / f"producer-{self.starts}.log"
+        self.logs.append(log)
+        self._stack = contextlib.ExitStack()
+        self.server = self._stack.enter_context(vllm_serve(
+            self.model_dir, extra, log, step_tokens=STEP_TOKENS, port=self.http_port,
+            args=["--max-num-seqs", str(self.engine_seqs)],  # the rows it serves: as the decode's
+            env={"HSS_LOG_LEVEL": "info", **NIXL_ENV}))
+        self.starts += 1
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.server.process.pid, signal.SIGKILL)
+        self.server.process.wait()
+        self._stack.close()
+        self._stack = None
+
+    def restart(self, down_s: float) -> None:
+        self.kill()
+        time.sleep(down_s)
+        self.start()
+
+    def __enter__(self) -> "Producer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._stack is not None:
+            self._stack.close()  # SIGTERM, as the decode server gets
 
 
 def rss_bytes(pid: int) -> Dict[str, int]:
@@ -143,9 +234,10 @@ def _expected_traceback(lines: list, i: int, shutdown_at: int) -> bool:
                                         for j in range(i, min(len(lines), i + 12)))
 
 
-def check_log(log: str, exit_code: Any, tally: Any) -> Dict[str, Any]:
-    """The server's exit and log: SIGTERM exits 0, no traceback but vLLM's expected ones, no
-    nanobind leak report, hsstore's shutdown lines."""
+def check_log(log: str, exit_code: Any, tally: Any, *, name: str = "server",
+              writer: bool = True) -> Dict[str, Any]:
+    """A server's exit and log: SIGTERM exits 0, no traceback but vLLM's expected ones, no
+    nanobind leak report, hsstore's shutdown lines (the file writer's where it has one)."""
     lines = log.splitlines()
     shutdown_at = next((i for i, line in enumerate(lines) if _SHUTDOWN_STARTED in line), -1)
     tracebacks = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line
@@ -161,13 +253,17 @@ def check_log(log: str, exit_code: Any, tally: Any) -> Dict[str, Any]:
            # until vLLM kills it, after hsstore's shutdown has flushed (docs/reliability.md).
            "worker_killed_by_vllm": any("workers still running" in line for line in lines)}
     if exit_code != 0:
-        tally.fail(f"the server exited {exit_code} on SIGTERM (0 expected)")
+        tally.fail(f"the {name} exited {exit_code} on SIGTERM (0 expected)")
     for i in tracebacks[:3]:
-        tally.fail("traceback in the server log:\n" + "\n".join(lines[i:i + 25]))
+        tally.fail(f"traceback in the {name} log:\n" + "\n".join(lines[i:i + 25]))
     if leaks:
-        tally.fail(f"{len(leaks)} nanobind leak lines at exit: {leaks[:3]}")
-    if not any("hsstore.output_dir: closed:" in line for line in shutdown):
-        tally.fail("no 'hsstore.output_dir: closed' line: the writer was not closed on SIGTERM")
+        tally.fail(f"{len(leaks)} nanobind leak lines at the {name}'s exit: {leaks[:3]}")
+    if writer and not any("hsstore.output_dir: closed:" in line for line in shutdown):
+        tally.fail(f"no 'hsstore.output_dir: closed' line: the {name}'s writer was not closed "
+                   "on SIGTERM")
+    if not any("hsstore.vllm: shutdown:" in line for line in shutdown):
+        tally.fail(f"no 'hsstore.vllm: shutdown' line: the {name}'s store was not flushed on "
+                   "SIGTERM")
     return out
 
 
@@ -186,5 +282,6 @@ def misses_by_cause(final: Dict[str, float]) -> Dict[str, float]:
         "remote_errors": "remote_errors_total",
         "remote_dropped_writes": "remote_dropped_writes_total",
         "store_miss_tokens": "store_miss_tokens_total",
+        "pulls_missed": "pulls_missed_total",
     }
     return {cause: final.get(name, 0.0) for cause, name in names.items()}

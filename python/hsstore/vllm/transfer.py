@@ -72,7 +72,11 @@ PRODUCER_CONFIG = "lmcache.hsstore.producer"
 class TransferOptions:
     """The parsed "hsstore.nixl" value."""
 
-    config: Any  # hsstore.Config with hidden_state_transfer: nixl and the keys given
+    # hsstore config keys (hidden_state_transfer: nixl and the keys given), checked by
+    # hsstore.Config at parse time. A plain dict, not a native Config: the scheduler's connector
+    # keeps these options until the interpreter exits, and a native object still alive then is a
+    # nanobind "leaked instance" at exit (the P/D soak's finding, docs/reliability.md).
+    settings: Dict[str, Any]
     serve: bool  # "listen" given: this worker serves its pool
     producer: Optional[str]  # "producer" given: this worker pulls from there by default
     timeout_ms: Optional[int]  # "timeout_ms" as given (None: derived from LMCache's lookup)
@@ -116,8 +120,8 @@ def parse_options(value: Any, *, lmcache: bool = True,
 
     settings = {"hidden_state_transfer": "nixl"}
     settings.update({_CONFIG_KEYS[k]: v for k, v in value.items() if k in _CONFIG_KEYS})
-    config = hsstore.Config(settings)  # the table's checks; ConfigError without nixl
-    return TransferOptions(config=config, serve="listen" in value, producer=producer,
+    hsstore.Config(settings)  # the table's checks; ConfigError without nixl
+    return TransferOptions(settings=settings, serve="listen" in value, producer=producer,
                            timeout_ms=int(value["timeout_ms"]) if "timeout_ms" in value else None,
                            pull=producer is not None or bool(value.get("pull")))
 
@@ -172,7 +176,7 @@ class HiddenStateTransfer:
         self.producer = options.producer
         self.timeout_s = pull_timeout_ms(options, lookup_timeout_ms) / 1000.0
         self._count = count
-        self.agent = hsstore.nixl.NixlAgent(store.native, options.config, serve=options.serve)
+        self.agent = hsstore.nixl.NixlAgent(store.native, options.settings, serve=options.serve)
         if options.serve:
             logger.info("hsstore.vllm: serving hidden states over NIXL on %s", self.agent.address)
 
