@@ -87,7 +87,8 @@ class Tally:
         self.counts: Dict[str, int] = {}
         self.failures: List[str] = []
         self.samples: List[Dict[str, Any]] = []
-        self.prefix_digests: Dict[tuple, str] = {}
+        self.prefix_digests: Dict[tuple, str] = {}  # (prefix, chunk, label): first seen
+        self.prefix_rows: Dict[tuple, Any] = {}  # and its rows (the difference, when not equal)
         self.completed_at: List[float] = []
         self.restored_at: List[tuple] = []  # (time, rows restored > 0)
 
@@ -176,6 +177,13 @@ class Load:
         self.tally.add("latency_ms", int((time.monotonic() - started) * 1000))
         self.check_file(f"cmpl-{request_id}-0", prompt, index, number, wait=True)
 
+    def keep_failed(self, path: pathlib.Path, engine_id: str, problems: List[str]) -> None:
+        """A file that failed a check is kept (work dir, failed/) for a post-mortem."""
+        kept = self.samples_dir.parent / "failed" / path.name
+        kept.parent.mkdir(exist_ok=True)
+        path.replace(kept)
+        self.tally.fail(f"{engine_id} (kept: {kept}): " + "; ".join(problems))
+
     def prefill(self, request_id: str, prompt: List[int]) -> Optional[Dict[str, Any]]:
         """P/D: the producer computes the prompt first, as a router sends it to a prefill host,
         and the decode request names that producer in its kv_transfer_params. A producer that is
@@ -218,7 +226,8 @@ class Load:
             elif not bool(rows.isfinite().all()) or float(rows.abs().mean()) < 0.05:
                 problems.append(f"layer {label}: non-finite or near-zero rows")
         if problems:
-            self.tally.fail(f"{engine_id}: " + "; ".join(problems))
+            self.keep_failed(path, engine_id, problems)
+            return
         with self.tally.lock:
             self.tally.restored_at.append((time.monotonic(), restored > 0))
         if index is not None:  # the shared prefix's chunks: the same rows in every request
@@ -230,13 +239,19 @@ class Load:
                 for label in LAYERS:
                     rows = states[label][chunk * CHUNK:(chunk + 1) * CHUNK]
                     # Bit for bit with one prompt per step; else within TOLERANCE of the first.
-                    key, value = (index, chunk, label), digest(rows) if exact else rows.clone()
+                    key = (index, chunk, label)
                     with self.tally.lock:
-                        seen = self.tally.prefix_digests.setdefault(key, value)
-                    if (seen != value) if exact else relative_difference(rows, seen) > TOLERANCE:
-                        self.tally.fail(f"{engine_id}: prefix {index} chunk {chunk} layer "
-                                        f"{label} differs from an earlier request's "
-                                        f"(restored rows: {restored})")
+                        seen_digest = self.tally.prefix_digests.setdefault(key, digest(rows))
+                        seen = self.tally.prefix_rows.setdefault(key, rows.clone())
+                    worst = relative_difference(rows, seen)
+                    if (seen_digest != digest(rows)) if exact else worst > TOLERANCE:
+                        problems.append(f"prefix {index} chunk {chunk} layer {label} differs "
+                                        f"from an earlier request's (largest difference "
+                                        f"{worst:.3g} of its row's largest value; restored rows: "
+                                        f"{restored})")
+            if problems:
+                self.keep_failed(path, engine_id, problems)
+                return
         else:
             self.tally.add("unique_restored_rows" if restored else "unique_cold")
         if number % self.args.sample_every == 0:
@@ -375,12 +390,12 @@ def compare_with_reference(checker: ReferenceChecker, load: Load, tally: Tally,
         rows_by_label = torch.load(reference["path"])
         for chunk in range(len(load.prefixes[index]) // CHUNK):
             for label in LAYERS:
-                seen = tally.prefix_digests.get((index, chunk, label))
+                key = (index, chunk, label)
                 rows = rows_by_label[label][chunk * CHUNK:(chunk + 1) * CHUNK]
-                if seen is None:
+                if key not in tally.prefix_digests:
                     continue
-                if (seen != digest(rows)) if exact else (
-                        relative_difference(seen, rows) > TOLERANCE):
+                if (tally.prefix_digests[key] != digest(rows)) if exact else (
+                        relative_difference(tally.prefix_rows[key], rows) > TOLERANCE):
                     tally.fail(f"prefix {index} chunk {chunk} layer {label}: served rows "
                                "differ from the recompute")
     samples = {sample["id"]: sample for sample in tally.samples}

@@ -105,6 +105,7 @@ class RedisServer:
 PD_PULL_TIMEOUT_MS = 3000
 PD_LOOKUP_TIMEOUT_MS = 20000
 PRODUCER_HS_POOL_GB = 32 / 1024  # the producer keeps more: a pull usually finds the prompt
+PRODUCER_STARTUP_TIMEOUT_S = 900.0
 # NIXL's UCX backend over loopback TCP (the machine has no RDMA device).
 NIXL_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo", "NIXL_LOG_LEVEL": "WARN"}
 
@@ -172,7 +173,10 @@ class Producer:
         self.server = self._stack.enter_context(vllm_serve(
             self.model_dir, extra, log, step_tokens=STEP_TOKENS, port=self.http_port,
             args=["--max-num-seqs", str(self.engine_seqs)],  # the rows it serves: as the decode's
-            env={"HSS_LOG_LEVEL": "info", **NIXL_ENV}))
+            env={"HSS_LOG_LEVEL": "info", **NIXL_ENV},
+            # A restart competes with the running decode server (and, in a loaded machine, with
+            # everything else): minutes on two busy cores.
+            startup_timeout_s=PRODUCER_STARTUP_TIMEOUT_S))
         self.starts += 1
 
     def kill(self) -> None:

@@ -391,26 +391,42 @@ class NixlAgent:
                     time.sleep(0.0002)  # past the first microseconds: yield the core
         except Exception:  # noqa: BLE001 (nixl's error types derive from Exception only)
             state = "ERR"
-        stuck = []
-        for handle in handles:
-            try:
-                self._agent.release_xfer_handle(handle)
-            except Exception:  # noqa: BLE001 (NIXL could not cancel: the NIC may still write)
-                stuck.append(handle)
+        stuck = self._release_finished(handles)
         if stuck:
             self._stuck.append((stuck, pull))
             return "STUCK"
         return state
 
+    def _release_finished(self, handles: list) -> list:
+        """Releases the handles whose READ is over; returns the others, still in flight.
+
+        A READ given up on (timed out, or its batch failed) may still land: releasing its
+        handle does not stop the data of a posted READ (UCX over TCP wrote a timed-out READ's
+        data into the consumer's pool once the producer answered, over granules the pool had
+        given to another prompt meanwhile: the P/D soak served those rows). So a handle still in
+        flight is never released, and its pull's granules stay reserved, until NIXL reports the
+        READ over (DONE, or failed with its peer)."""
+        left = []
+        for handle in handles:
+            try:
+                in_flight = self._agent.check_xfer_state(handle) == "PROC"
+            except Exception:  # noqa: BLE001 (nixl raises for a failed transfer: it is over)
+                in_flight = False
+            if in_flight:
+                left.append(handle)
+                continue
+            try:
+                self._agent.release_xfer_handle(handle)
+            except Exception:  # noqa: BLE001 (NIXL could not release it: keep it)
+                left.append(handle)
+        return left
+
     def _retry_stuck(self) -> None:
+        """The pulls whose READs were still in flight when given up on: each one's granules go
+        back to the pool once all its READs are over (checked at every pull, stats and close)."""
         still = []
         for handles, pull in self._stuck:
-            left = []
-            for handle in handles:
-                try:
-                    self._agent.release_xfer_handle(handle)
-                except Exception:  # noqa: BLE001
-                    left.append(handle)
+            left = self._release_finished(handles)
             if left:
                 still.append((left, pull))
             else:
@@ -465,7 +481,7 @@ class NixlAgent:
                 hooks["leased"]()
             state = self._read(peer, plan, deadline, hooks)
             if state == "STUCK":
-                result.missed = "transfer could not be cancelled"
+                result.missed = "transfer given up on while still in flight"
                 self._count("timeouts")
                 self._drop_peer(address, peer)
                 return self._finish(result, token_ids, layers, started, missed=True)
@@ -546,7 +562,9 @@ class NixlAgent:
                 peer.sock.close()
             except OSError:
                 pass
-        if not self._stuck:
+        if self._stuck:
+            self._retry_stuck()
+        if not self._stuck:  # a READ still in flight may write there: the pool stays registered
             try:
                 self._agent.deregister_memory(self._registered, backends=[self.backend])
             except Exception:  # noqa: BLE001 (teardown)

@@ -85,6 +85,8 @@ def main():
                     hooks["leased"] = lambda: time.sleep(cmd["sleep_after_lease"])
                 if cmd.get("kill_after_post"):
                     hooks["posted"] = lambda: os.kill(cmd["kill_after_post"], signal.SIGKILL)
+                if cmd.get("stop_after_post"):  # the producer hangs with the READ in flight
+                    hooks["posted"] = lambda: os.kill(cmd["stop_after_post"], signal.SIGSTOP)
                 if cmd.get("corrupt_at") is not None:
                     def corrupt(pull, first, count):
                         # Flips one bit at a byte offset of the reservation (entries in order:
@@ -118,6 +120,16 @@ def main():
                 reply({"result": result.__dict__, "rows": rows_got, "equal": bool(equal),
                        "elapsed": elapsed, "stats": store.stats(), "agent": agent.stats(),
                        "entries": store.num_entries()})
+            elif c == "check":  # this store's rows of a prompt against what was stored
+                tokens = tokens_for(cmd["seed"], cmd["n"])
+                got = store.retrieve_layers(tokens, cmd["layers"], like="numpy")
+                rows_got = got[0].shape[0] if got else 0
+                equal = all(np.array_equal(np.asarray(t).view(np.uint32), rows_for(
+                    cmd["seed"], layer, cmd["n"], cmd["cols"])[:rows_got].view(np.uint32))
+                    for layer, t in zip(cmd["layers"], got or []))
+                store.check_invariants()
+                reply({"rows": rows_got, "equal": bool(equal), "stats": store.stats(),
+                       "agent": agent.stats() if agent else None})
             elif c == "has":
                 tokens = tokens_for(cmd["seed"], cmd["n"])
                 chunks = engine.token_database.process_tokens(tokens)

@@ -2,8 +2,11 @@
 against the producer's eviction, a producer killed mid-transfer, corrupted and unauthenticated
 granules, an expired lease, a full consumer pool, KV gaps, and two consumers at once."""
 
+import os
+import signal
 import socket
 import struct
+import time
 
 import pytest
 
@@ -86,6 +89,30 @@ def test_producer_killed_mid_transfer_is_a_bounded_clean_miss(peers):
     assert r["stats"]["pool_free_bytes"] == r["stats"]["pool_capacity_bytes"]
     assert r["elapsed"] < 5 + 2  # bounded by the timeout
     assert r["agent"]["missed_pulls"] == 1
+
+
+def test_a_read_outliving_its_timeout_never_lands_in_granules_reused_since(peers):
+    # The producer hangs (SIGSTOP) with the READ posted: the pull times out. Whatever NIXL says
+    # about cancelling it, the READ may still land when the producer resumes, so its granules
+    # must not hold anything else until it is known to be over (the P/D soak served another
+    # prompt's rows from such granules: docs/reliability.md, "The soak").
+    producer, consumer = peers(("producer", config(160)),
+                               ("consumer", config(80, hidden_state_transfer_timeout_ms=1500)))
+    store(producer, n=16384, layers=[0, 1])  # 32 MiB per layer: the READ takes a while
+    r = pull(consumer, producer, n=16384, layers=[0, 1], stop_after_post=producer.pid)
+    try:
+        assert r["result"]["missed"] is not None and r["rows"] == 0
+        # The consumer's pool is then filled with a prompt of its own, in any granule it may use.
+        filled = consumer.send(cmd="store", seed=2, n=16384, layers=[0, 1], cols=COLS)
+        assert "error" not in filled
+    finally:
+        os.kill(producer.pid, signal.SIGCONT)
+    time.sleep(3)  # a late READ lands now, if it can
+    own = consumer.send(cmd="check", seed=2, n=16384, layers=[0, 1], cols=COLS)
+    assert own["rows"] > 0 and own["equal"], own
+    # Once the READ is over, its granules go back to the pool: a later pull cleans up.
+    again = pull(consumer, producer, n=CHUNK, layers=[0, 1], seed=1)
+    assert again["agent"]["stuck_transfers"] == 0
 
 
 def test_corrupted_granule_is_a_counted_miss_and_the_prefix_stops_before_it(peers):

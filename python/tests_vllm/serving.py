@@ -45,7 +45,8 @@ class Server:
 @contextlib.contextmanager
 def vllm_serve(model_dir: pathlib.Path, extra: Dict[str, Any], log_path: pathlib.Path, *,
                step_tokens: int, args: Optional[List[str]] = None,
-               env: Optional[Dict[str, str]] = None, port: Optional[int] = None) -> Iterator[Server]:
+               env: Optional[Dict[str, str]] = None, port: Optional[int] = None,
+               startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[Server]:
     """The server for `model_dir` (float32, no tokenizer, eager, prefill steps of at most
     `step_tokens`, no vLLM prefix cache: LMCache holds the KV), more `args` and `env`, on `port`
     (default: a free one)."""
@@ -73,7 +74,7 @@ def vllm_serve(model_dir: pathlib.Path, extra: Dict[str, Any], log_path: pathlib
                                    start_new_session=True)
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        deadline = time.monotonic() + startup_timeout_s
         while True:
             assert process.poll() is None, f"vllm serve exited:\n{server.log()[-4000:]}"
             with contextlib.suppress(OSError):
