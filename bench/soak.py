@@ -29,7 +29,8 @@ What is checked:
   * the server answers every request but the disconnected ones; it exits 0 on SIGTERM, its log has
     no traceback and no nanobind leak; every output file is accounted for;
   * host RSS of the server's processes and the pool's bytes, sampled every ``--sample-s``: after
-    the warm-up (the first ``--warmup`` of the run) RSS grows by at most ``--rss-bound-mib``.
+    the warm-up (the first ``--warmup`` of the run, and at least ``--warmup-requests`` answered)
+    RSS grows by at most ``--rss-bound-mib``.
 
 Prefill steps: ``--max-num-seqs 1`` by default, so that every prefill step starts on a chunk
 boundary whatever the load (vLLM CPU's attention rounds differently when a step starts elsewhere:
@@ -417,11 +418,17 @@ def compare_with_reference(checker: ReferenceChecker, load: Load, tally: Tally,
 
 
 def memory_summary(timeline: List[Dict[str, Any]], duration: float, warmup: float,
-                   bound_mib: float, tally: Tally) -> Dict[str, Any]:
-    warm = [s for s in timeline if s["t"] >= warmup * duration]
-    out: Dict[str, Any] = {"rss_bound_mib": bound_mib}
+                   warmup_requests: int, bound_mib: float, tally: Tally) -> Dict[str, Any]:
+    """RSS growth after the warm-up: the later of a share of the run and a number of requests
+    answered (the server's RSS rises with the requests it has served, about 0.8 MiB each for
+    the first several hundred here, whatever the time they take: docs/reliability.md)."""
+    warm = [s for s in timeline
+            if s["t"] >= warmup * duration and s["completed"] >= warmup_requests]
+    out: Dict[str, Any] = {"rss_bound_mib": bound_mib, "warmup_requests": warmup_requests}
     if len(warm) < 3:
-        tally.fail(f"{len(warm)} memory samples after the warm-up: too few to judge")
+        done = timeline[-1]["completed"] if timeline else 0
+        tally.fail(f"{len(warm)} memory samples after the warm-up ({warmup:.0%} of the run and "
+                   f"{warmup_requests} requests; {done} answered): too few to judge")
         return out
     rss = [s["rss_mib"] for s in warm]
     head = statistics.median(rss[: max(1, len(rss) // 4)])
@@ -452,6 +459,7 @@ OPTIONS = (
     ("--unique-share", float, 0.15, "share of prompts with no shared prefix"),
     ("--disconnect-share", float, 0.05, "share of clients that hang up early"),
     ("--warmup", float, 0.4, "share of the run before memory growth counts"),
+    ("--warmup-requests", int, 800, "requests answered before memory growth counts"),
     ("--rss-bound-mib", float, 64.0, "RSS growth allowed after the warm-up"),
     ("--seed", int, 34, "prompts and client choices"),
     ("--report", pathlib.Path, HERE / "soak_report.json", "the JSON report"),
@@ -531,7 +539,8 @@ def main() -> int:
     print(f"soak: {len(tally.samples)} sampled requests checked against a recompute (beside the "
           f"load; {load.checker.submitted - len(load.checker.replies) + 1} still queued)", flush=True)
     recompute = compare_with_reference(load.checker, load, tally, exact=args.engine_seqs == 1)
-    memory = memory_summary(sampler.timeline, elapsed, args.warmup, args.rss_bound_mib, tally)
+    memory = memory_summary(sampler.timeline, elapsed, args.warmup, args.warmup_requests,
+                            args.rss_bound_mib, tally)
     final = sampler.timeline[-1]["metrics"] if sampler.timeline else {}
     completed = sum(v for k, v in tally.counts.items() if k.startswith("completed_"))
     report = {
