@@ -102,16 +102,18 @@ asan: bootstrap
 	  ctest --test-dir $(MODEL_ASAN_DIR) --output-on-failure -j $(JOBS)
 
 # The concurrency stress tests under ThreadSanitizer for TSAN_SECONDS, then the CUDA path on the
-# model under ThreadSanitizer; any report fails the run. (TSan's 1 s sleep at every exit, made
-# 100 ms: the model's tests are 122 processes.)
+# model under ThreadSanitizer; any report fails the run. Both from one TSan tree, the model's
+# (build-model-tsan; .ci/run's too): the stress tests are host-path tests, run with
+# HSS_CUDA_MODEL_DEVICES=0 so that the model answers "no device" and the store takes the host
+# path, as in a CUDA-off build; one TSan build of the library instead of two. The CUDA-off preset
+# `tsan` (build-tsan) stays for hand use. (TSan's 1 s sleep at every exit, made 100 ms: the
+# model's tests are 122 processes.)
 tsan:
 	@HSS_BOOTSTRAP_SANITIZERS=1 scripts/bootstrap
-	cmake --preset tsan
-	cmake --build $(TSAN_DIR) -j $(JOBS) --target hss_stress_tests
-	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" HSS_STRESS_SECONDS=$(TSAN_SECONDS) \
-	  HSS_LOG_LEVEL=warn $(TSAN_DIR)/tests/hss_stress_tests
 	cmake --preset model-tsan
-	cmake --build $(MODEL_TSAN_DIR) -j $(JOBS)
+	cmake --build $(MODEL_TSAN_DIR) -j $(JOBS) --target all hss_stress_tests
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" HSS_STRESS_SECONDS=$(TSAN_SECONDS) \
+	  HSS_CUDA_MODEL_DEVICES=0 HSS_LOG_LEVEL=warn $(MODEL_TSAN_DIR)/tests/hss_stress_tests
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 atexit_sleep_ms=100" \
 	  ctest --test-dir $(MODEL_TSAN_DIR) --output-on-failure -j $(JOBS)
 
