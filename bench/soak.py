@@ -25,7 +25,7 @@ What is checked:
     rows of each shared prefix's chunks identical in every request (a digest per chunk);
   * 1 request in ``--sample-every`` (and every prefix) against an offline recompute of the same
     prompt with the same prefill step boundaries, bit for bit (soak_reference.py: a process of its
-    own, beside the load);
+    own, after the load);
   * the server answers every request but the disconnected ones; it exits 0 on SIGTERM, its log has
     no traceback and no nanobind leak; every output file is accounted for;
   * host RSS of the server's processes and the pool's bytes, sampled every ``--sample-s``: after
@@ -123,7 +123,6 @@ class Load:
         self.id_lock = threading.Lock()
         self.stop = threading.Event()
         self.pending_disconnects: List[tuple] = []  # (request id, prompt): files may come
-        self.checker: Optional[ReferenceChecker] = None  # set before the clients start
         self.producer: Optional[soak_server.Producer] = None  # --pd
 
     def new_id(self) -> int:
@@ -261,7 +260,6 @@ class Load:
             sample = {"id": engine_id, "prompt": prompt, "path": str(kept), "restored": restored}
             with self.tally.lock:
                 self.tally.samples.append(sample)
-                self.checker.submit(sample)
         else:
             path.unlink()
 
@@ -498,7 +496,6 @@ def main() -> int:
             producer=producer.address if producer else None))
         load = Load(args, server, out_dir, samples_dir, tally)
         load.producer = producer
-        load.checker = ReferenceChecker(model_dir, work, load.prefixes)
         sampler = Sampler(server, tally, args.sample_s, producer)
         faults = Faults(args, server, redis, load, tally, sampler)
         started = time.monotonic()
@@ -536,9 +533,13 @@ def main() -> int:
     stray = [name for name in leftovers if name not in known]
     if stray:
         tally.fail(f"{len(stray)} files nobody asked for or half-written: {stray[:5]}")
-    print(f"soak: {len(tally.samples)} sampled requests checked against a recompute (beside the "
-          f"load; {load.checker.submitted - len(load.checker.replies) + 1} still queued)", flush=True)
-    recompute = compare_with_reference(load.checker, load, tally, exact=args.engine_seqs == 1)
+    # After the load, not beside it: the reference engine's OpenMP threads beside the server's
+    # (one per core each, spinning at barriers) cut the server's throughput several times over.
+    print(f"soak: checking {len(tally.samples)} sampled requests against a recompute", flush=True)
+    checker = ReferenceChecker(model_dir, work, load.prefixes)
+    for sample in tally.samples:
+        checker.submit(sample)
+    recompute = compare_with_reference(checker, load, tally, exact=args.engine_seqs == 1)
     memory = memory_summary(sampler.timeline, elapsed, args.warmup, args.warmup_requests,
                             args.rss_bound_mib, tally)
     final = sampler.timeline[-1]["metrics"] if sampler.timeline else {}
