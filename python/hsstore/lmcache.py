@@ -30,8 +30,9 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _hsstore
+from .salt import SaltedKey, salt_suffix, salted
 
-__all__ = ["HiddenStateStore", "install", "uninstall", "installed"]
+__all__ = ["HiddenStateStore", "install", "install_none", "uninstall", "installed"]
 
 _GIB = 1024**3
 
@@ -63,9 +64,14 @@ def _release_live_stores() -> None:
 
 
 def _native_key(key: Any) -> _hsstore.CacheEngineKey:
-    """hsstore's key for an LMCache CacheEngineKey (tags folded into fmt so they stay distinct)."""
+    """hsstore's key for an LMCache CacheEngineKey (tags folded into fmt so they stay distinct),
+    or for a SaltedKey (the request's cache_salt folded in after them: hsstore.salt)."""
+    salt = None
+    if isinstance(key, SaltedKey):
+        key, salt = key.key, key.salt
     tags = getattr(key, "tags", None)
     fmt = "lmcache" if not tags else "lmcache@" + "@".join(f"{k}%{v}" for k, v in tags)
+    fmt += salt_suffix(salt)
     return _hsstore.CacheEngineKey(
         model_name=key.model_name,
         world_size=key.world_size,
@@ -74,6 +80,12 @@ def _native_key(key: Any) -> _hsstore.CacheEngineKey:
         kv_dtype=key.dtype,
         fmt=fmt,
     )
+
+
+def _kv_key(key: Any) -> Any:
+    """The LMCache key its storage manager knows the chunk's KV by (a salt is hidden states'
+    only: LMCache's in-process KV keys have none)."""
+    return key.key if isinstance(key, SaltedKey) else key
 
 
 def _native_config(config: Any) -> _hsstore.Config:
@@ -282,10 +294,15 @@ class HiddenStateStore:
     def stats(self) -> dict:
         return self._store.stats()
 
-    def chunks(self, token_ids) -> List[Tuple[int, int, Any]]:
+    def chunks(self, token_ids, salt: Optional[str] = None) -> List[Tuple[int, int, Any]]:
         """LMCache's (start, end, key) chunks of token_ids, for the calls below (hash once per
-        request, use for every layer and step)."""
-        return self._chunk(token_ids)
+        request, use for every layer and step). `salt`: the request's cache_salt (vLLM's); its
+        keys are then SaltedKeys, whose hidden states no other salt sees (hsstore.salt), while
+        KV presence is still asked of LMCache with the plain key."""
+        chunks = self._chunk(token_ids)
+        if salt:
+            chunks = [(start, end, salted(key, salt)) for start, end, key in chunks]
+        return chunks
 
     def coverage(self, chunks, layer_idxs=(0,), *, scope=None) -> int:
         """Tokens of the prefix whose every chunk has KV (LMCache's storage manager) and every
@@ -355,7 +372,7 @@ class HiddenStateStore:
         chunks = []
         for start, end, key in lmcache_chunks:
             native = _native_key(key)
-            mapping[native] = key
+            mapping[native] = _kv_key(key)
             chunks.append((start, end, native))
         self._call.keys = mapping
         return chunks
@@ -377,7 +394,7 @@ class HiddenStateStore:
         # single dict.get calls, atomic under the GIL.
         with self._stored_keys_lock:
             for (_, _, key), (_, _, lmcache_key) in zip(native, lmcache_chunks):
-                self._stored_keys[key] = lmcache_key
+                self._stored_keys[key] = _kv_key(lmcache_key)
             if len(self._stored_keys) <= 2 * self._store.num_cached_chunks() + 1024:
                 return
             held = set(self._store.lru_keys())
@@ -387,20 +404,40 @@ class HiddenStateStore:
 _original: Optional[type] = None
 
 
+def _no_hidden_state_store(config: Any, token_database: Any) -> None:
+    """What LMCacheEngine builds as its hidden-state store under install_none(): nothing."""
+    return None
+
+
+def _remember_original(cache_engine: Any) -> None:
+    global _original
+    if cache_engine.HiddenStateStore not in (HiddenStateStore, _no_hidden_state_store):
+        _original = cache_engine.HiddenStateStore
+
+
 def install() -> None:
     """Make every LMCacheEngine built from now on use hsstore's HiddenStateStore."""
-    global _original
     import lmcache.v1.cache_engine as cache_engine
 
-    if cache_engine.HiddenStateStore is not HiddenStateStore:
-        _original = cache_engine.HiddenStateStore
+    _remember_original(cache_engine)
     cache_engine.HiddenStateStore = HiddenStateStore
+
+
+def install_none() -> None:
+    """Make every LMCacheEngine built from now on build no hidden-state store, whatever its
+    config says (``engine.hidden_state_store is None``): a tensor-parallel rank whose hidden
+    states another rank keeps (hsstore.vllm) reserves no pool. uninstall() undoes it."""
+    import lmcache.v1.cache_engine as cache_engine
+
+    _remember_original(cache_engine)
+    cache_engine.HiddenStateStore = _no_hidden_state_store
 
 
 def uninstall() -> None:
     """Put LMCache's own HiddenStateStore back."""
     import lmcache.v1.cache_engine as cache_engine
 
+    _remember_original(cache_engine)
     if _original is not None:
         cache_engine.HiddenStateStore = _original
 

@@ -15,6 +15,7 @@ import numpy as np
 
 import hsstore
 import hsstore.nixl
+from hsstore.salt import salted_native_key
 
 
 def rows_for(seed, layer, n, cols):
@@ -23,6 +24,23 @@ def rows_for(seed, layer, n, cols):
 
 def tokens_for(seed, n):
     return list(np.random.default_rng(seed).integers(0, 50000, size=n))
+
+
+def prompt_for(engine, cmd):
+    """The prompt a command names: its token ids, or with "salt" (a vLLM cache_salt) its chunks
+    under salted keys, as hsstore.vllm keys a salted request's hidden states (hsstore.salt)."""
+    tokens = tokens_for(cmd["seed"], cmd["n"])
+    if not cmd.get("salt"):
+        return tokens
+    return [(start, end, salted_native_key(key, cmd["salt"]))
+            for start, end, key in engine.token_database.process_tokens(tokens)]
+
+
+def restored(store, prompt, layers, n, cols):
+    """The rows the store restores of `prompt` for `layers` (all or nothing), as numpy arrays."""
+    outs = [np.zeros((n, cols), dtype=np.float32) for _ in layers]
+    rows = store.retrieve_layers_into(prompt, layers, outs)
+    return [out[:rows] for out in outs] if rows else None
 
 
 class KvGaps:
@@ -66,10 +84,13 @@ def main():
                 agent = hsstore.nixl.NixlAgent(engine, serve=(role == "producer"))
                 reply({"address": agent.address if role == "producer" else None, "pid": os.getpid()})
             elif c == "store":
-                tokens = tokens_for(cmd["seed"], cmd["n"])
+                prompt = prompt_for(engine, cmd)
                 for layer in cmd["layers"]:
                     rows = rows_for(cmd["seed"], layer, cmd["n"], cmd["cols"])
-                    store.store_hidden_states(tokens, rows, layer_idx=layer)
+                    if cmd.get("salt"):
+                        store.store_chunks(prompt, rows, layer_idx=layer)
+                    else:
+                        store.store_hidden_states(prompt, rows, layer_idx=layer)
                 reply({"stats": store.stats(), "entries": store.num_entries()})
             elif c == "pull":
                 tokens = tokens_for(cmd["seed"], cmd["n"])
@@ -106,9 +127,10 @@ def main():
                             at -= int(size)
                     hooks["landed"] = corrupt
                 t0 = time.monotonic()
-                result = agent.pull(cmd["address"], tokens, cmd["layers"], timeout=cmd.get("timeout"), _hooks=hooks)
+                prompt = prompt_for(engine, cmd)
+                result = agent.pull(cmd["address"], prompt, cmd["layers"], timeout=cmd.get("timeout"), _hooks=hooks)
                 elapsed = time.monotonic() - t0
-                got = store.retrieve_layers(tokens, cmd["layers"], like="numpy")
+                got = restored(store, prompt, cmd["layers"], cmd["n"], cmd["cols"])
                 equal = True
                 rows_got = 0
                 if got:
@@ -121,8 +143,7 @@ def main():
                        "elapsed": elapsed, "stats": store.stats(), "agent": agent.stats(),
                        "entries": store.num_entries()})
             elif c == "check":  # this store's rows of a prompt against what was stored
-                tokens = tokens_for(cmd["seed"], cmd["n"])
-                got = store.retrieve_layers(tokens, cmd["layers"], like="numpy")
+                got = restored(store, prompt_for(engine, cmd), cmd["layers"], cmd["n"], cmd["cols"])
                 rows_got = got[0].shape[0] if got else 0
                 equal = all(np.array_equal(np.asarray(t).view(np.uint32), rows_for(
                     cmd["seed"], layer, cmd["n"], cmd["cols"])[:rows_got].view(np.uint32))

@@ -19,8 +19,8 @@ ENTRY_BYTES = CHUNK * COLS * 4
 KEY = "decode-and-prefill-share-this-secret"
 
 
-def store(producer, seed=1, n=TOKENS, layers=LAYERS, cols=COLS):
-    return producer.send(cmd="store", seed=seed, n=n, layers=layers, cols=cols)
+def store(producer, seed=1, n=TOKENS, layers=LAYERS, cols=COLS, **extra):
+    return producer.send(cmd="store", seed=seed, n=n, layers=layers, cols=cols, **extra)
 
 
 def pull(consumer, producer, seed=1, n=TOKENS, layers=LAYERS, **extra):
@@ -209,3 +209,22 @@ def test_a_restarted_producer_is_reached_again_on_the_next_pull(peers):
     r = consumer.send(cmd="pull", address=third.address, seed=4, n=2 * CHUNK, layers=LAYERS, cols=COLS)
     assert r["result"]["missed"] is None and r["rows"] == 2 * CHUNK and r["equal"]
     assert r["agent"]["peer_failures"] == 1
+
+
+def test_a_pull_under_one_cache_salt_never_gets_another_s_hidden_states(peers):
+    # hsstore.vllm keys a salted request's hidden states with its cache_salt (hsstore.salt); the
+    # key travels on the wire, so a decode engine asking for one tenant's chunks is answered
+    # with that tenant's only: another salt, or none, pulls nothing.
+    producer, consumer = peers(("producer", config(64)), ("consumer", config(64)))
+    store(producer, n=4 * CHUNK, salt="tenant-1")
+    for salt in ("tenant-2", None):
+        r = pull(consumer, producer, n=4 * CHUNK, salt=salt)
+        assert r["result"]["chunks_wanted"] == 4 and r["result"]["chunks_pulled"] == 0
+        assert r["rows"] == 0 and r["stats"]["transfer"]["imported_entries"] == 0
+    r = pull(consumer, producer, n=4 * CHUNK, salt="tenant-1")
+    assert r["result"]["missed"] is None and r["result"]["chunks_pulled"] == 4
+    assert r["rows"] == 4 * CHUNK and r["equal"]
+    # Pulled under tenant 1's keys only: the consumer has nothing under another salt or none.
+    for salt in ("tenant-2", None):
+        assert consumer.send(cmd="check", seed=1, n=4 * CHUNK, layers=LAYERS, cols=COLS,
+                             salt=salt)["rows"] == 0

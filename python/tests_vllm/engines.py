@@ -253,6 +253,20 @@ def worker_store(worker: Any, engine_id: str, method: str, *args: Any) -> Any:
     return getattr(adapter.store, method)(*args)
 
 
+def worker_salted(worker: Any, engine_id: str, tokens: List[int], salt: str,
+                  drop: bool = False) -> int:
+    """The store's coverage of tokens under `salt` (every label); drop=True drops those chunks
+    first (hidden states only, the server's KV stays)."""
+    from hsstore.vllm.connector import worker_connector
+
+    hs = worker_connector(engine_id)
+    chunks = hs.store.chunks(list(tokens), salt)
+    if drop:
+        for _, _, key in chunks:
+            hs.store.store.drop_key(key)
+    return hs.store.coverage(chunks, hs.labels)
+
+
 def worker_chunk_keys(worker: Any, engine_id: str, tokens: List[int]) -> List[Any]:
     from hsstore.vllm.connector import worker_connector
 
@@ -297,19 +311,34 @@ def block_size(llm: Any) -> int:
     return llm.llm_engine.vllm_config.cache_config.block_size
 
 
+def on_keeper(worker: Any, engine_id: str, function: Any, *args: Any) -> Any:
+    """`function` on the worker that keeps the hidden states (tensor-parallel rank 0); None on
+    the others, which have no store."""
+    from hsstore.vllm.connector import worker_connector
+
+    if not worker_connector(engine_id).keeper:
+        return None
+    return function(worker, engine_id, *args)
+
+
 def rpc(llm: Any, function: Any, *args: Any) -> Any:
-    """collective_rpc of a helper above; the first worker's answer."""
+    """collective_rpc of a helper above, run by the worker keeping the hidden states; its answer
+    (the first worker's)."""
     engine_id = llm.llm_engine.vllm_config.kv_transfer_config.engine_id
-    return llm.collective_rpc(function, args=(engine_id, *args))[0]
+    return llm.collective_rpc(on_keeper, args=(engine_id, function, *args))[0]
 
 
 def worker_keep_only(worker: Any, engine_id: str, tokens: List[int], first: int, last: int,
                      label: int, rows: Any) -> None:
     """Drops chunks [first, last) of tokens from the store, then stores them again for `label`
     alone (from `rows`, the prompt's states of that label): a store where one required layer
-    goes further than another."""
+    goes further than another. `rows`: a tensor, or nested lists (what crosses to a worker
+    process intact)."""
+    import torch
+
     from hsstore.vllm.connector import worker_connector
 
+    rows = torch.as_tensor(rows, dtype=torch.float32)
     adapter = worker_connector(engine_id).store
     chunks = adapter.chunks(tokens)
     for _, _, key in chunks[first:last]:

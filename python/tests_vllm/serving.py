@@ -42,6 +42,33 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
 
+def process_states(pid: int) -> str:
+    """One line per process of the tree under `pid`: state, kernel wait channel, CPU seconds,
+    age and command (what a server that never came up was doing: starved, or blocked where)."""
+    import psutil
+
+    lines = []
+    try:
+        root = psutil.Process(pid)
+        tree = [root] + root.children(recursive=True)
+    except psutil.Error as error:
+        return f"  (unreadable: {error})"
+    for proc in tree:
+        try:
+            with proc.oneshot():
+                cpu = proc.cpu_times()
+                try:
+                    wchan = pathlib.Path(f"/proc/{proc.pid}/wchan").read_text().strip() or "-"
+                except OSError:
+                    wchan = "?"
+                lines.append(f"  pid {proc.pid} ppid {proc.ppid()} {proc.status()} wchan={wchan} "
+                             f"cpu={cpu.user + cpu.system:.1f}s age={time.time() - proc.create_time():.0f}s "
+                             f"{' '.join(proc.cmdline())[:160]}")
+        except psutil.Error:
+            continue
+    return "\n".join(lines)
+
+
 @contextlib.contextmanager
 def vllm_serve(model_dir: pathlib.Path, extra: Dict[str, Any], log_path: pathlib.Path, *,
                step_tokens: int, args: Optional[List[str]] = None,
@@ -81,7 +108,9 @@ def vllm_serve(model_dir: pathlib.Path, extra: Dict[str, Any], log_path: pathlib
                 with urllib.request.urlopen(f"{server.base}/health", timeout=2) as response:
                     if response.status == 200:
                         break
-            assert time.monotonic() < deadline, f"not up:\n{server.log()[-4000:]}"
+            assert time.monotonic() < deadline, (
+                f"not up after {startup_timeout_s:.0f} s; its processes:\n"
+                f"{process_states(process.pid)}\nits log's end:\n{server.log()[-3000:]}")
             time.sleep(1)
         yield server
     finally:

@@ -119,3 +119,51 @@ def test_two_layers_required_one_missing_recomputes_uncovered_part(lmcache_engin
     assert d["lookup_hits_capped"] == 1 and d["lookup_tokens_capped"] == 512
     assert d["rows_restored"] == 512 and d["rows_computed"] == len(b) - 512
     assert_exact(states, recompute(llm, hs, b), len(b))
+
+
+def test_cache_salt_keeps_tenants_hidden_states_apart(lmcache_engine, tokens):
+    # LMCache's in-process engine keys KV without vLLM's cache_salt: tenant 2 finds tenant 1's
+    # KV. hsstore keys hidden states with the salt (hsstore.salt), so that hit is capped at
+    # tenant 2's own hidden states: none, a full recompute. LMCache's own store, the reference,
+    # keys by tokens only: tenant 2 is served tenant 1's entries.
+    llm, hs, store = lmcache_engine
+    prefix = tokens(1024)
+    a, b, c = prefix + tokens(100), prefix + tokens(100), prefix + tokens(100)
+    run(llm, hs, a, cache_salt="tenant-1")
+
+    states, out, d = run(llm, hs, b, cache_salt="tenant-2")
+    if store == "lmcache":
+        assert out.num_cached_tokens == 1024 and d["rows_restored"] == 1024
+        assert_exact(states, recompute(llm, hs, b), len(b))
+        return
+    assert out.num_cached_tokens == 0
+    assert d["lookup_hits_capped"] == 1 and d["lookup_tokens_capped"] == 1024
+    assert d["rows_restored"] == 0 and d["rows_computed"] == len(b)
+    assert_exact(states, recompute(llm, hs, b), len(b))
+    # Each tenant's rows under keys of its own (the recomputes store unsalted ones too).
+    assert engines.rpc(llm, engines.worker_salted, a, "tenant-1") == 1024
+    assert engines.rpc(llm, engines.worker_salted, b, "tenant-2") == 1024
+    assert engines.rpc(llm, engines.worker_salted, c, "tenant-3") == 0
+
+    # Each tenant is now served its own prefix.
+    for salt in ("tenant-2", "tenant-1"):
+        states, out, d = run(llm, hs, c, cache_salt=salt)
+        assert out.num_cached_tokens == 1024 and d["lookup_hits_capped"] == 0
+        assert d["rows_restored"] == 1024 and d["rows_computed"] == 100
+        assert_exact(states, recompute(llm, hs, c), len(c))
+    # Tenant 2's hidden states dropped (its KV and tenant 1's rows stay): tenant 2 is capped and
+    # recomputes, never served tenant 1's rows.
+    assert engines.rpc(llm, engines.worker_salted, b, "tenant-2", True) == 0
+    states, out, d = run(llm, hs, c, cache_salt="tenant-2")
+    assert out.num_cached_tokens == 0 and d["lookup_tokens_capped"] == 1024
+    assert d["rows_restored"] == 0
+    assert_exact(states, recompute(llm, hs, c), len(c))
+    # A client cannot claim another tenant's salt through kv_transfer_params: the connector
+    # replaces it with the request's own cache_salt before LMCache carries it to the lookup.
+    spoof = {"lmcache.hsstore.cache_salt": "tenant-1"}
+    states, out, d = run(llm, hs, prefix + tokens(100), cache_salt="tenant-3",
+                         kv_transfer_params=spoof)
+    assert out.num_cached_tokens == 0 and d["lookup_tokens_capped"] == 1024
+    assert d["rows_restored"] == 0
+    states, out, d = run(llm, hs, prefix + tokens(100), kv_transfer_params=spoof)  # no salt
+    assert out.num_cached_tokens == 1024 and d["rows_restored"] == 1024  # the unsalted rows

@@ -189,19 +189,6 @@ def test_server_dropping_kv_ends_the_hit_hidden_states_unserved(tiny_model, toke
         assert_exact(states, recompute(llm, hs, c), len(c))
 
 
-def worker_salted(worker, engine_id, tokens, salt, drop=False):
-    """The store's coverage of tokens under `salt` (every label); drop=True drops those chunks
-    first (hidden states only, the server's KV stays)."""
-    from hsstore.vllm.connector import worker_connector
-
-    hs = worker_connector(engine_id)
-    chunks = hs.store.chunks(list(tokens), salt)
-    if drop:
-        for _, _, key in chunks:
-            hs.store.store.drop_key(key)
-    return hs.store.coverage(chunks, hs.labels)
-
-
 def test_cache_salt_separates_hidden_states_as_it_separates_kv(tiny_model, tokens, server):
     hs = capture()
     with engines.engine(tiny_model, hs, lmcache=client(server),
@@ -217,14 +204,14 @@ def test_cache_salt_separates_hidden_states_as_it_separates_kv(tiny_model, token
         reference, _, _ = run(llm, hs, b, cache_salt="tenant-2", skip_prefix_cache=True)
         assert_exact(states, reference, len(b))
         # Each tenant's hidden states under keys of its own.
-        assert engines.rpc(llm, worker_salted, a, "tenant-1") == 1024
-        assert engines.rpc(llm, worker_salted, b, "tenant-2") == 1024
-        assert engines.rpc(llm, worker_salted, a, "") == 0  # nothing under no salt
+        assert engines.rpc(llm, engines.worker_salted, a, "tenant-1") == 1024
+        assert engines.rpc(llm, engines.worker_salted, b, "tenant-2") == 1024
+        assert engines.rpc(llm, engines.worker_salted, a, "") == 0  # nothing under no salt
 
         # Tenant 2's hidden states are dropped; its KV stays in the server, tenant 1's hidden
         # states of the same tokens stay in hsstore. Tenant 2 is not served tenant 1's rows:
         # the server's hit (tenant 2's KV) is capped at tenant 2's coverage, 0.
-        assert engines.rpc(llm, worker_salted, b, "tenant-2", True) == 0
+        assert engines.rpc(llm, engines.worker_salted, b, "tenant-2", True) == 0
         c = prefix + tokens(256)
         states, out, d = run(llm, hs, c, cache_salt="tenant-2")
         assert out.num_cached_tokens == 0

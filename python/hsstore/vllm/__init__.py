@@ -76,10 +76,10 @@ def _connector(engine_id: str):
 
 def _worker_install(worker: Any, engine_id: str) -> List[int]:
     hs = _connector(engine_id)
+    if not hs.keeper:
+        return []  # tensor-parallel ranks > 0 hold the same states: rank 0 keeps them
     if hs.capture is None:
         raise RuntimeError("hsstore.vllm: this worker's connector has no store")
-    if getattr(hs, "rank", 0) != 0:
-        return []  # tensor-parallel ranks > 0 hold the same states: rank 0 keeps them
     return hs.capture.attach(worker.model_runner)
 
 

@@ -125,7 +125,7 @@ class PromptCapture:
         self._fired: set = set()
         self._invalid_blocks: set = set()
         self._step_started = 0
-        # The request's cache_salt by request id, where the store keys by salt (MP connector).
+        # The request's cache_salt by request id (the connector's worker_salts: hsstore.salt).
         self.salt_of: Optional[Any] = None
         self.counters = collections.Counter({name: 0 for name in self.COUNTERS})
 

@@ -67,6 +67,7 @@ from .eagle3 import EAGLE3, eagle3_layers, expand_specs
 from .layers import check_specs, resolve_layers
 from .metrics import HiddenStateKVStats, HiddenStatePromMetrics, StatsReporter
 from .output import StateFileWriter, output_options
+from ..salt import salted
 from .transfer import PRODUCER_CONFIG, HiddenStateTransfer, parse_options, request_producer
 
 __all__ = ["HiddenStateConnector", "HiddenStateLMCacheConnector", "worker_connector"]
@@ -99,6 +100,19 @@ _log_to_stderr()
 # and a scheduler in the same process asks the store for coverage.
 _WORKERS: Dict[str, "_HiddenStates"] = {}
 _COUNTERS: Dict[str, Any] = {}
+
+
+# The request config (LMCache's, from kv_transfer_params' "lmcache.*" keys) that carries a
+# request's cache_salt from the scheduler to the worker's lookup (LMCache's in-process engine
+# gives its lookup no salt; not a key tag, so LMCache's KV keys stay as they are).
+SALT_CONFIG = "lmcache.hsstore.cache_salt"
+
+
+def salt_of(request_configs: Any) -> str:
+    """The cache_salt a request's LMCache request configs carry ("" for none)."""
+    if isinstance(request_configs, dict):
+        return str(request_configs.get(SALT_CONFIG) or "")
+    return ""
 
 
 def producer_of(request_configs: Any) -> Optional[str]:
@@ -153,6 +167,12 @@ class _HiddenStates:
                                               store=self.store_kind)
         self.store: Any = None
         self.capture: Optional[PromptCapture] = None
+        self.rank: Optional[int] = None  # the worker's tensor-parallel rank (find_rank)
+        # vLLM's per-request cache_salt (hsstore.salt): the scheduler's, by request id, from its
+        # first lookup to request_finished; sent with each step's metadata to the worker, whose
+        # copy lives until get_finished (vLLM gives a worker no request's salt).
+        self.scheduler_salts: Dict[str, str] = {}
+        self.worker_salts: Dict[str, str] = {}
         self.transfer: Optional[HiddenStateTransfer] = None
         self._async_sender: Any = None  # cap_async_lookups' response thread
         self.extra_stats: Any = None  # a connector's own entries for stats() (the MP one's)
@@ -184,16 +204,34 @@ class _HiddenStates:
         module, _, function = str(self.worker_init).partition(":")
         getattr(importlib.import_module(module), function)()
 
-    def register_worker(self, store: Any) -> None:
+    @property
+    def keeper(self) -> bool:
+        """This worker keeps the engine's hidden states: tensor-parallel rank 0. Every rank holds
+        the same final and residual states after the all-reduce, so one copy per TP group is
+        the whole of them; the other ranks have no store, no capture and no pool (a rank's
+        pool would be pinned memory never written), and leave their lookups uncapped (LMCache
+        takes the min over ranks: rank 0's capped answer is the hit)."""
+        return self.rank == 0
+
+    def find_rank(self) -> int:
+        """This worker's tensor-parallel rank (vLLM has set up its groups before it builds the
+        worker's connector)."""
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
-        self.store = store
-        # Hidden states are replicated across tensor-parallel ranks: rank 0 keeps them.
         self.rank = get_tensor_model_parallel_rank()
-        writer = (StateFileWriter(*self.output)
-                  if self.output is not None and self.rank == 0 else None)
-        self.capture = PromptCapture(store, self.layer_specs, self.block_size, keep=self.keep,
-                                     eagle3_labels=self.eagle3_labels, writer=writer)
+        return self.rank
+
+    def register_worker(self, store: Any) -> None:
+        """The worker's store (None on a rank that is not the keeper) and its capture."""
+        if getattr(self, "rank", None) is None:
+            self.find_rank()
+        self.store = store if self.keeper else None
+        if self.keeper:
+            writer = StateFileWriter(*self.output) if self.output is not None else None
+            self.capture = PromptCapture(store, self.layer_specs, self.block_size,
+                                         keep=self.keep, eagle3_labels=self.eagle3_labels,
+                                         writer=writer)
+            self.capture.salt_of = lambda request_id: self.worker_salts.get(request_id, "")
         _WORKERS[self.engine_id] = self
 
     def attach_to_caller(self) -> None:
@@ -201,7 +239,7 @@ class _HiddenStates:
         connector (vLLM calls register_kv_caches from the runner, after the model is loaded):
         under ``vllm serve`` nobody calls HiddenStates.install(), and the hooks must be there
         before the first request. install() later finds them attached (attach is idempotent)."""
-        if self.capture is None or getattr(self, "rank", 0) != 0:
+        if self.capture is None:
             return
         if self.capture.model_runner is not None:
             return
@@ -214,7 +252,7 @@ class _HiddenStates:
 
     def start_transfer(self, lookup_timeout_ms: int) -> None:
         """hsstore.nixl: this worker's agent (rank 0, which keeps the hidden states)."""
-        if self.transfer_options is not None and self.rank == 0:
+        if self.transfer_options is not None and self.keeper:
             self.transfer = HiddenStateTransfer(self.transfer_options, self.store, self.count,
                                                 lookup_timeout_ms)
 
@@ -270,13 +308,37 @@ class _HiddenStates:
         with self.lock:
             self._reset_requested = True
 
+    def note_salt(self, request: Any) -> str:
+        """The scheduler's side: remembers the request's cache_salt until request_finished."""
+        salt = getattr(request, "cache_salt", None) or ""
+        if salt:
+            with self.lock:
+                self.scheduler_salts[request.request_id] = salt
+        return salt
+
+    def forget_salt(self, request_id: str) -> None:
+        with self.lock:
+            self.scheduler_salts.pop(request_id, None)
+
     def stamp_metadata(self, meta: Any, scheduler_output: Any) -> Any:
         """What every step's metadata carries to the worker from the scheduler."""
         # Steps without a forward (only KV transfers) must not read a stale input batch.
         meta.hsstore_forward = scheduler_output.total_num_scheduled_tokens > 0
+        ids = [new.req_id for new in scheduler_output.scheduled_new_reqs]
+        ids += list(getattr(scheduler_output.scheduled_cached_reqs, "req_ids", ()))
         with self.lock:
             meta.hsstore_reset, self._reset_requested = self._reset_requested, False
+            meta.hsstore_salts = {request_id: self.scheduler_salts[request_id]
+                                  for request_id in ids if request_id in self.scheduler_salts}
         return meta
+
+    def bind_salts(self, meta: Any) -> None:
+        """The worker's side of stamp_metadata: the salts of this step's requests."""
+        self.worker_salts.update(getattr(meta, "hsstore_salts", None) or {})
+
+    def finish_salts(self, request_ids: Any) -> None:
+        for request_id in request_ids or ():
+            self.worker_salts.pop(request_id, None)
 
     def drop_hidden_states(self) -> Optional[int]:
         """The worker's side of a reset: evicts every hidden state its store holds (the KV is
@@ -369,13 +431,14 @@ class _HiddenStates:
             self.count(lookups=1)
             if hit <= 0:
                 return hit
+            salt = salt_of(request_configs) if self.store.keys_by_salt else ""
             chunks = []
-            for chunk in token_database.process_tokens(tokens=tokens, hashes=hashes,
-                                                       offsets=offsets,
-                                                       request_configs=request_configs):
-                if chunk[0] >= hit:
+            for start, end, key in token_database.process_tokens(tokens=tokens, hashes=hashes,
+                                                                 offsets=offsets,
+                                                                 request_configs=request_configs):
+                if start >= hit:
                     break
-                chunks.append(chunk)
+                chunks.append((start, end, salted(key, salt)))
             return self.cap_hit(chunks, hit, producer_of(request_configs))
 
         engine.lookup = lookup
@@ -404,9 +467,11 @@ class _HiddenStates:
 
         def async_lookup_and_prefetch(lookup_id, tokens=None, hashes=None, offsets=None,
                                       search_range=None, pin=False, request_configs=None):
-            chunks = list(token_database.process_tokens(tokens=tokens, hashes=hashes,
-                                                        offsets=offsets,
-                                                        request_configs=request_configs))
+            salt = salt_of(request_configs) if self.store.keys_by_salt else ""
+            chunks = [(start, end, salted(key, salt)) for start, end, key in
+                      token_database.process_tokens(tokens=tokens, hashes=hashes,
+                                                    offsets=offsets,
+                                                    request_configs=request_configs)]
             with pending_lock:
                 pending[lookup_id] = (chunks, producer_of(request_configs))
             return original_lookup(lookup_id=lookup_id, tokens=tokens, hashes=hashes,
@@ -482,6 +547,7 @@ class _StepMetadata:
     _hs: _HiddenStates
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        self._hs.bind_salts(connector_metadata)
         super().bind_connector_metadata(connector_metadata)  # type: ignore[misc]
         if getattr(connector_metadata, "hsstore_reset", False):
             self._hs.drop_hidden_states()  # before this step's restores
@@ -494,6 +560,14 @@ class _StepMetadata:
 
     def get_block_ids_with_load_errors(self) -> set:
         return set(super().get_block_ids_with_load_errors()) | self._hs.invalid_blocks()  # type: ignore[misc]
+
+    def get_finished(self, finished_req_ids: set):
+        self._hs.finish_salts(finished_req_ids)
+        return super().get_finished(finished_req_ids)  # type: ignore[misc]
+
+    def request_finished(self, request: Any, block_ids: list):
+        self._hs.forget_salt(request.request_id)
+        return super().request_finished(request, block_ids)  # type: ignore[misc]
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         meta = super().build_connector_meta(scheduler_output)  # type: ignore[misc]
@@ -547,7 +621,9 @@ class HiddenStateLMCacheConnector(_StepMetadata, LMCacheConnectorV1):
             self._hs.run_worker_init()
             import hsstore.lmcache as dropin
 
-            if self._hs.store_kind == "hsstore":
+            if self._hs.find_rank() != 0:
+                dropin.install_none()  # a rank that keeps no hidden states builds no store
+            elif self._hs.store_kind == "hsstore":
                 dropin.install()
             else:
                 dropin.uninstall()
@@ -558,6 +634,11 @@ class HiddenStateLMCacheConnector(_StepMetadata, LMCacheConnectorV1):
             engine = self._lmcache_engine.lmcache_engine
             if engine is None:
                 raise RuntimeError("hsstore.vllm: LMCache built no engine in this worker")
+            if not self._hs.keeper:
+                # LMCache asks every rank's lookup and takes the least: this rank's KV answer
+                # stands, rank 0 caps it at the hidden states.
+                self._hs.register_worker(None)
+                return
             self._hs.register_worker(store_for_lmcache_engine(engine))
             self._hs.start_transfer(int(engine.config.lookup_timeout_ms))
             self._hs.cap_lmcache_lookups(engine)
@@ -570,28 +651,42 @@ class HiddenStateLMCacheConnector(_StepMetadata, LMCacheConnectorV1):
         self._hs.cap_local_hits(kv_cache_manager, self._lmcache_coverage)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
-        self._name_producer(request)
+        self._carry_request_configs(request)
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
-    def _name_producer(self, request: Any) -> None:
-        """hsstore.nixl: the producer the request's kv_transfer_params name (transfer.py), put
-        where LMCache carries it to the worker's lookup: its request configs, from the
-        "lmcache.*" keys of kv_transfer_params (lmcache.hsstore.producer; not a key tag)."""
+    def _carry_request_configs(self, request: Any) -> None:
+        """What the worker's lookup needs of the request, put where LMCache carries it there:
+        its request configs, from the "lmcache.*" keys of kv_transfer_params (not key tags):
+        the request's cache_salt (lmcache.hsstore.cache_salt: its hidden-state keys) and, for
+        hsstore.nixl, the producer its kv_transfer_params name (lmcache.hsstore.producer).
+
+        The salt is always vLLM's own for the request: a salt a client wrote into its
+        kv_transfer_params is replaced (or removed), so no request reads another tenant's keys.
+        The dicts are replaced, never changed in place: a request's sampling params may be a
+        shallow copy sharing its extra_args with other requests (vLLM's skip_clone)."""
         params = getattr(request, "kv_transfer_params", None)
+        carried = dict(params) if isinstance(params, dict) else {}
+        salt = self._hs.note_salt(request)
+        if salt:
+            carried[SALT_CONFIG] = salt
+        else:
+            carried.pop(SALT_CONFIG, None)
         producer = request_producer(params, self._hs.transfer_options)
-        if producer is None or params.get(PRODUCER_CONFIG) == producer:
+        if producer is not None:
+            carried[PRODUCER_CONFIG] = producer
+        if carried == (params if isinstance(params, dict) else {}):
             return
-        params[PRODUCER_CONFIG] = producer
-        # LMCache reads sampling_params.extra_args["kv_transfer_params"] (vLLM's Request keeps
-        # the same dict as request.kv_transfer_params; set it there too should that change).
-        extra = getattr(getattr(request, "sampling_params", None), "extra_args", None)
-        if isinstance(extra, dict) and isinstance(extra.get("kv_transfer_params"), dict):
-            extra["kv_transfer_params"][PRODUCER_CONFIG] = producer
+        request.kv_transfer_params = carried
+        # LMCache reads sampling_params.extra_args["kv_transfer_params"] (vLLM's Request starts
+        # with the same dict as request.kv_transfer_params).
+        sampling = getattr(request, "sampling_params", None)
+        if sampling is not None:
+            sampling.extra_args = {**(sampling.extra_args or {}), "kv_transfer_params": carried}
 
     def _lmcache_coverage(self, request: Any) -> Optional[int]:
         """The capped LMCache lookup (KV and hidden states both present), primed for LMCache's
         own get_num_new_matched_tokens of the same request (its lookup cache, by request id)."""
-        self._name_producer(request)
+        self._carry_request_configs(request)
         impl = self._lmcache_engine
         client = getattr(impl, "lookup_client", None)
         if client is None:
@@ -619,9 +714,12 @@ class HiddenStateConnector(_StepMetadata, KVConnectorBase_V1):
             from .stores import engine_store
 
             self._hs.run_worker_init()
-            store = engine_store(vllm_config, self._hs.block_size, self._hs.engine_config)
-            self._engine = store.engine
-            self._hs.register_worker(store)
+            if self._hs.find_rank() == 0:  # ranks > 0 keep nothing (_HiddenStates.keeper)
+                store = engine_store(vllm_config, self._hs.block_size, self._hs.engine_config)
+                self._engine = store.engine
+                self._hs.register_worker(store)
+            else:
+                self._hs.register_worker(None)
 
     # -- scheduler: no external KV; vLLM's own hits are capped at the store's coverage ----------
 
@@ -633,10 +731,11 @@ class HiddenStateConnector(_StepMetadata, KVConnectorBase_V1):
         worker = _WORKERS.get(self._hs.engine_id)
         if worker is None:
             return None  # the store lives in another process: the worker verifies instead
-        return worker.store.coverage(worker.store.chunks(list(request.all_token_ids)),
-                                     self._hs.labels)
+        chunks = worker.store.chunks(list(request.all_token_ids), self._hs.note_salt(request))
+        return worker.store.coverage(chunks, self._hs.labels)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
+        self._hs.note_salt(request)  # for the worker's keys (stamp_metadata)
         return 0, False
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
@@ -646,6 +745,7 @@ class HiddenStateConnector(_StepMetadata, KVConnectorBase_V1):
         return self._hs.stamp_metadata(KVConnectorMetadata(), scheduler_output)
 
     def request_finished(self, request: Any, block_ids: list):
+        self._hs.forget_salt(request.request_id)
         return False, None
 
     # -- worker: nothing to load or save for KV -------------------------------------------------

@@ -83,11 +83,9 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
                              f"LMCache server's chunk size {chunk_size}: hidden-state chunks must "
                              "be the server's (leave chunk_size out to take the server's)")
         self._hs.run_worker_init()
-        self._hs.register_worker(engine_store(vllm_config, chunk_size, user, salted=True))
-        # Each request's cache_salt, sent by the scheduler (build_connector_meta): the store's
-        # keys carry it, so one tenant's hidden states are never another's hit.
-        self._salts: Dict[str, str] = {}
-        self._hs.capture.salt_of = lambda request_id: self._salts.get(request_id, "")
+        # Keyed chunks (the server's), salted with each request's cache_salt (the scheduler
+        # sends it with the step's metadata: _HiddenStates.stamp_metadata).
+        self._hs.register_worker(engine_store(vllm_config, chunk_size, user, keyed=True))
         adapter = self.worker_adapter
         self._hs.extra_stats = lambda: {"mp_server_healthy": bool(adapter.is_healthy),
                                         "mp_chunk_size": chunk_size}
@@ -184,28 +182,9 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
         self._hs.cap_local_hits(kv_cache_manager, lambda request: self._coverage(
             request.all_token_ids, getattr(request, "cache_salt", None)))
 
-    def build_connector_meta(self, scheduler_output: Any):
-        """The salts of the requests scheduled this step travel to the worker with the step's
-        metadata (vLLM gives a worker no request's cache_salt)."""
-        meta = super().build_connector_meta(scheduler_output)
-        ids = [new.req_id for new in scheduler_output.scheduled_new_reqs]
-        ids += list(getattr(scheduler_output.scheduled_cached_reqs, "req_ids", ()))
-        salts = {}
-        for request_id in ids:
-            tracker = self.request_trackers.get(request_id)
-            if tracker is not None and tracker.cache_salt:
-                salts[request_id] = tracker.cache_salt
-        meta.hsstore_salts = salts
-        return meta
-
-    def bind_connector_metadata(self, connector_metadata: Any) -> None:
-        self._salts.update(getattr(connector_metadata, "hsstore_salts", None) or {})
-        super().bind_connector_metadata(connector_metadata)
-
-    def get_finished(self, finished_req_ids: set):
-        for request_id in finished_req_ids:
-            self._salts.pop(request_id, None)
-        return super().get_finished(finished_req_ids)
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
+        self._hs.note_salt(request)  # sent to the worker with the step's metadata
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def shutdown(self) -> None:
         """Once: LMCache's adapters close their message-queue clients, and a second close waits

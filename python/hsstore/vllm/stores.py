@@ -12,7 +12,8 @@
 Coverage counts what the store's backing tiers hold (``TIERED``: the disk and Redis tiers, whose
 values a restore reads through into the pool); without it a capped hit would never reach them.
 
-Every store works on a request's chunk list (``chunks(tokens)``, computed once per request) and
+Every store works on a request's chunk list (``chunks(tokens, salt)``, computed once per request;
+`salt` is vLLM's per-request cache_salt, whose hidden states no other salt sees: hsstore.salt) and
 labels (``hsstore.vllm.layers``). Restores are all or nothing across labels and report the prefix
 end they reached; stores take rows [token_offset, end) of a request's prompt buffers.
 Thread safety: what the underlying store offers (hsstore's: any thread; LMCache's: one thread).
@@ -20,11 +21,16 @@ Thread safety: what the underlying store offers (hsstore's: any thread; LMCache'
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-__all__ = ["DropInStore", "EngineStore", "LMCacheStore", "SaltedEngineStore", "engine_store",
+from ..salt import salted_native_key
+
+logger = logging.getLogger("hsstore.vllm")
+
+__all__ = ["DropInStore", "EngineStore", "LMCacheStore", "engine_store",
            "store_for_lmcache_engine"]
 
 
@@ -60,12 +66,13 @@ class DropInStore:
     """hsstore's LMCache drop-in, as LMCacheEngine built it (hsstore.lmcache.install())."""
 
     name = "hsstore"
+    keys_by_salt = True  # a salted request's chunk keys are SaltedKeys (hsstore.salt)
 
     def __init__(self, store: Any) -> None:
         self.store = store
 
-    def chunks(self, tokens: List[int]) -> List[Any]:
-        return self.store.chunks(tokens)
+    def chunks(self, tokens: List[int], salt: Optional[str] = None) -> List[Any]:
+        return self.store.chunks(tokens, salt)
 
     def coverage(self, chunks: List[Any], labels: Sequence[int]) -> int:
         return self.store.coverage(chunks, labels, scope=_tiered())
@@ -116,13 +123,20 @@ class LMCacheStore:
     """LMCache's own HiddenStateStore (its public API: store/retrieve per layer, has_chunk)."""
 
     name = "lmcache"
+    keys_by_salt = False  # LMCache's store keys by tokens only: a salt is not applied
 
     def __init__(self, store: Any, engine: Any) -> None:
         self.store = store
         self.engine = engine  # its storage manager exists from post_init() on
         self.token_database = engine.token_database
+        self._salt_warned = False
 
-    def chunks(self, tokens: List[int]) -> List[Any]:
+    def chunks(self, tokens: List[int], salt: Optional[str] = None) -> List[Any]:
+        if salt and not self._salt_warned:
+            self._salt_warned = True
+            logger.warning("hsstore.vllm: LMCache's own hidden-state store keys by tokens only: "
+                           "requests with a cache_salt share its hidden states across tenants "
+                           "(hsstore's store, the default, keeps them apart)")
         return list(self.token_database.process_tokens(tokens=tokens))
 
     complete_end = staticmethod(_complete_end)
@@ -177,37 +191,68 @@ class LMCacheStore:
 
 
 class EngineStore:
-    """An hsstore Engine's store (no LMCache): token ids in, hsstore's own chunk keys."""
+    """An hsstore Engine's store, without LMCache. Two kinds of chunk list, by request:
+
+    * token ids (a tensor), hsstore's own chunk keys: an unsalted request of the connector
+      without LMCache (vLLM's prefix cache holds the KV);
+    * (start, end, key) lists of full chunks from the Engine's token database, keys salted with
+      the request's cache_salt (hsstore.salt): a salted request, and every request where the
+      chunks must be a server's (``keyed=True``: the MP connector, the server's chunk size).
+    """
 
     name = "hsstore-engine"
+    keys_by_salt = True
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, *, keyed: bool = False) -> None:
         self.engine = engine
         self.store = engine.hidden_state_store
         if self.store is None:
             raise ValueError("hsstore.config: enable_hidden_state_cache must be true")
-        # vLLM's prefix cache holds the KV, in the scheduler: treat KV as present here.
+        # vLLM's prefix cache (or the MP server) holds the KV: treat KV as present here.
         self.store.bind_storage_manager(None)
         self.chunk_size = engine.config.chunk_size
+        self.keyed = keyed
 
-    def chunks(self, tokens: List[int]) -> torch.Tensor:
-        return torch.tensor(tokens, dtype=torch.int64)  # token ids are the chunk list here
+    def chunks(self, tokens: List[int], salt: Optional[str] = None) -> Any:
+        if not salt and not self.keyed:
+            return torch.tensor(tokens, dtype=torch.int64)  # token ids are the chunk list here
+        out = []
+        for start, end, key in self.engine.token_database.process_tokens(list(tokens)):
+            if end - start < self.chunk_size:
+                break
+            out.append((start, end, salted_native_key(key, salt)))
+        return out
 
-    def coverage(self, chunks: torch.Tensor, labels: Sequence[int]) -> int:
+    def coverage(self, chunks: Any, labels: Sequence[int]) -> int:
+        if isinstance(chunks, list) and not chunks:
+            return 0
         return self.store.coverage(chunks, list(labels), scope=_tiered())
 
-    def complete_end(self, chunks: torch.Tensor, have: int) -> int:
+    def complete_end(self, chunks: Any, have: int) -> int:
+        if isinstance(chunks, list):
+            return _complete_end(chunks, have)
         return have // self.chunk_size * self.chunk_size
 
     def restore(self, tokens, chunks, labels, outs: Dict[int, torch.Tensor], row_begin, end) -> int:
-        upto = -(-end // self.chunk_size) * self.chunk_size
+        if isinstance(chunks, list):
+            need = chunks[: _chunk_count_before(chunks, end)]
+        else:
+            need = chunks[: -(-end // self.chunk_size) * self.chunk_size]
+        if len(need) == 0:
+            return 0
         rows = self.store.retrieve_layers_into(
-            chunks[:upto], list(labels), [outs[label][row_begin:] for label in labels],
-            row_begin=row_begin,
+            need, list(labels), [outs[label][row_begin:] for label in labels], row_begin=row_begin
         )
         return row_begin + rows if rows else 0
 
     def store_rows(self, tokens, chunks, labels, outs, token_offset: int, end: int) -> int:
+        if isinstance(chunks, list):
+            upto = chunks[: _chunk_count_before(chunks, end)]
+            if not upto:
+                return 0
+            return sum(self.store.store_chunks(upto, outs[label][token_offset:end],
+                                               layer_idx=label, token_offset=token_offset)
+                       for label in labels)
         ids = chunks[:end]
         written = self.store.store_batch(
             [(ids, outs[label][token_offset:end], label, token_offset) for label in labels]
@@ -232,57 +277,8 @@ def _evict_all(native: Any) -> int:
     return evicted
 
 
-def salted_key(key: Any, salt: str) -> Any:
-    """`key` in the namespace of vLLM's per-request `cache_salt` (a tenant): the salt's digest is
-    folded into the key's format, so entries of different salts never share a key (as
-    hsstore.lmcache folds LMCache's key tags)."""
-    import hashlib
-
-    import hsstore
-
-    digest = hashlib.sha256(salt.encode()).hexdigest()[:32]
-    return hsstore.CacheEngineKey(model_name=key.model_name, world_size=key.world_size,
-                                  worker_id=key.worker_id, chunk_hash=key.chunk_hash,
-                                  kv_dtype=key.kv_dtype, fmt=f"{key.fmt}@salt%{digest}")
-
-
-class SaltedEngineStore(EngineStore):
-    """An hsstore Engine's store addressed by (start, end, key) chunk lists whose keys carry the
-    request's cache_salt (``chunks(tokens, salt)``): hidden states of one tenant are never another
-    tenant's hit (the MP connector, hsstore.vllm.mp_connector). Full chunks only."""
-
-    def chunks(self, tokens: List[int], salt: str = "") -> List[Any]:
-        out = []
-        for start, end, key in self.engine.token_database.process_tokens(list(tokens)):
-            if end - start < self.chunk_size:
-                break
-            out.append((start, end, salted_key(key, salt) if salt else key))
-        return out
-
-    complete_end = staticmethod(_complete_end)
-
-    def coverage(self, chunks: List[Any], labels: Sequence[int]) -> int:
-        return self.store.coverage(chunks, list(labels), scope=_tiered()) if chunks else 0
-
-    def restore(self, tokens, chunks, labels, outs: Dict[int, torch.Tensor], row_begin, end) -> int:
-        need = chunks[: _chunk_count_before(chunks, end)]
-        if not need:
-            return 0
-        rows = self.store.retrieve_layers_into(
-            need, list(labels), [outs[label][row_begin:] for label in labels], row_begin=row_begin
-        )
-        return row_begin + rows if rows else 0
-
-    def store_rows(self, tokens, chunks, labels, outs, token_offset: int, end: int) -> int:
-        upto = chunks[: _chunk_count_before(chunks, end)]
-        if not upto:
-            return 0
-        return sum(self.store.store_chunks(upto, outs[label][token_offset:end], layer_idx=label,
-                                           token_offset=token_offset) for label in labels)
-
-
 def engine_store(vllm_config: Any, chunk_size: int, user_config: Any = None, *,
-                 salted: bool = False) -> EngineStore:
+                 keyed: bool = False) -> EngineStore:
     """An EngineStore for a vLLM worker: an hsstore Engine whose chunks are `chunk_size` tokens
     (vLLM's block size without LMCache, the MP server's chunk size with it), `user_config`
     (hsstore.config) over a 1 GB hidden-state pool."""
@@ -293,7 +289,7 @@ def engine_store(vllm_config: Any, chunk_size: int, user_config: Any = None, *,
     config.update(user_config or {})
     metadata = hsstore.Metadata(model_name=vllm_config.model_config.model,
                                 kv_dtype=str(vllm_config.model_config.dtype))
-    return (SaltedEngineStore if salted else EngineStore)(hsstore.Engine(config, metadata))
+    return EngineStore(hsstore.Engine(config, metadata), keyed=keyed)
 
 
 def store_for_lmcache_engine(engine: Any):
