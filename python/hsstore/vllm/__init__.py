@@ -85,7 +85,7 @@ def _worker_install(worker: Any, engine_id: str) -> List[int]:
 
 def _worker_take(worker: Any, engine_id: str, request_id: str, as_bytes: bool = False):
     hs = _connector(engine_id)
-    if hs.capture is None or getattr(hs, "rank", 0) != 0:
+    if not hs.keeper or hs.capture is None:
         return None
     states = hs.capture.take(request_id)
     if states is None:

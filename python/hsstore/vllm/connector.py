@@ -223,7 +223,7 @@ class _HiddenStates:
 
     def register_worker(self, store: Any) -> None:
         """The worker's store (None on a rank that is not the keeper) and its capture."""
-        if getattr(self, "rank", None) is None:
+        if self.rank is None:
             self.find_rank()
         self.store = store if self.keeper else None
         if self.keeper:
