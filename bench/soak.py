@@ -536,7 +536,8 @@ def main() -> int:
     # After the load, not beside it: the reference engine's OpenMP threads beside the server's
     # (one per core each, spinning at barriers) cut the server's throughput several times over.
     print(f"soak: checking {len(tally.samples)} sampled requests against a recompute", flush=True)
-    checker = ReferenceChecker(model_dir, work, load.prefixes)
+    checker = ReferenceChecker(model_dir, work, load.prefixes,
+                               env=soak_server.reference_env(args.pd))
     for sample in tally.samples:
         checker.submit(sample)
     recompute = compare_with_reference(checker, load, tally, exact=args.engine_seqs == 1)

@@ -24,7 +24,7 @@ import queue
 import subprocess
 import sys
 import threading
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -38,14 +38,14 @@ class ReferenceChecker:
     """The soak's side: one worker process, samples sent as they come, replies read by a thread."""
 
     def __init__(self, model_dir: pathlib.Path, workdir: pathlib.Path,
-                 prefixes: List[List[int]]) -> None:
+                 prefixes: List[List[int]], env: Optional[Dict[str, str]] = None) -> None:
         self.out = workdir / "reference"
         self.out.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / "reference.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, str(pathlib.Path(__file__).resolve())],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log, text=True)
+                                     stderr=self._log, text=True, env=dict(os.environ, **(env or {})))
         self.replies: List[Dict[str, Any]] = []
         self.submitted = 0
         self._changed = threading.Condition()

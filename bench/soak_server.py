@@ -43,7 +43,8 @@ def describe(pd: bool) -> Dict[str, Any]:
         out.update(pd={"kv": "LMCache's Redis remote backend", "hidden_states": "NIXL (UCX, tcp)",
                        "pull_timeout_ms": PD_PULL_TIMEOUT_MS,
                        "lookup_timeout_ms": PD_LOOKUP_TIMEOUT_MS,
-                       "producer_hidden_state_pool_gb": PRODUCER_HS_POOL_GB})
+                       "producer_hidden_state_pool_gb": PRODUCER_HS_POOL_GB,
+                       "worker_cpus": pd_cpu_sets() or "vLLM's auto binding (one CPU)"})
     else:
         out.update(hidden_state_tier="Redis", redis_timeout_ms=REDIS_TIMEOUT_MS)
     return out
@@ -110,6 +111,41 @@ PRODUCER_STARTUP_TIMEOUT_S = 900.0
 NIXL_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo", "NIXL_LOG_LEVEL": "WARN"}
 
 
+def pd_cpu_sets() -> Dict[str, str]:
+    """The CPUs of each P/D engine's worker (``VLLM_CPU_OMP_THREADS_BIND``): the CPUs this process
+    may run on, split in two, the decode engine's first. Empty (vLLM's own "auto") on one CPU.
+
+    Why not "auto": vLLM CPU gives every worker the same list (all allowed CPUs) through
+    GOMP_CPU_AFFINITY, and libgomp binds the worker's main thread, with every thread it starts
+    later (LMCache's, hsstore's), to the list's first CPU when the process loads. Two engines on
+    one machine then keep their workers' main threads on the same CPU, and a restarted producer's
+    worker, bound there from its first instruction, got 0.4 s of CPU in two minutes beside the
+    running decode worker's threads (watched with /proc and py-spy): the producer never came back
+    (docs/reliability.md, "The soak"). Disjoint lists are what a P/D deployment has anyway (its
+    engines on separate hosts or sockets). Both lists are the same length: the OpenMP thread
+    count sets the order of a matmul's sums, and rows are compared bit for bit."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return {}
+    half = len(cpus) // 2
+    return {"decode": ",".join(map(str, cpus[:half])),
+            "producer": ",".join(map(str, cpus[half:2 * half]))}
+
+
+def _bind_env(role: str) -> Dict[str, str]:
+    cpus = pd_cpu_sets().get(role)
+    return {"VLLM_CPU_OMP_THREADS_BIND": cpus} if cpus else {}
+
+
+def reference_env(pd: bool) -> Dict[str, str]:
+    """The recompute's engine (soak_reference.py) computes with as many OpenMP threads as the
+    engines it checks: with P/D, the decode engine's CPUs (it runs after the load)."""
+    if not pd or not pd_cpu_sets():
+        return {}
+    cpus = pd_cpu_sets()["decode"]
+    return {**_bind_env("decode"), "OMP_NUM_THREADS": str(len(cpus.split(",")))}
+
+
 def _extra(out_dir: Any, lmcache: Dict[str, Any], **hsstore_keys: Any) -> Dict[str, Any]:
     extra = {"hsstore.layers": LAYERS, "hsstore.keep": False, "hsstore.worker_init": CPU_KV,
              **{f"hsstore.{k}": v for k, v in hsstore_keys.items()},
@@ -142,7 +178,7 @@ def serve(model_dir: pathlib.Path, out_dir: pathlib.Path, redis_url: str,
     with vllm_serve(model_dir, extra, log_path, step_tokens=STEP_TOKENS,
                     args=["--max-num-seqs", str(engine_seqs)],
                     env={"VLLM_SERVER_DEV_MODE": "1", "HSS_LOG_LEVEL": "info",
-                         **(NIXL_ENV if producer else {})}) as server:
+                         **({**NIXL_ENV, **_bind_env("decode")} if producer else {})}) as server:
         yield server
 
 
@@ -173,7 +209,7 @@ class Producer:
         self.server = self._stack.enter_context(vllm_serve(
             self.model_dir, extra, log, step_tokens=STEP_TOKENS, port=self.http_port,
             args=["--max-num-seqs", str(self.engine_seqs)],  # the rows it serves: as the decode's
-            env={"HSS_LOG_LEVEL": "info", **NIXL_ENV},
+            env={"HSS_LOG_LEVEL": "info", **NIXL_ENV, **_bind_env("producer")},
             # A restart competes with the running decode server (and, in a loaded machine, with
             # everything else): minutes on two busy cores.
             startup_timeout_s=PRODUCER_STARTUP_TIMEOUT_S))

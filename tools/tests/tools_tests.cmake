@@ -9,7 +9,12 @@ include(GoogleTest)
 add_executable(hss_tools_tests ${_t}/workload_test.cpp)
 target_link_libraries(hss_tools_tests PRIVATE hss_workload GTest::gtest GTest::gtest_main)
 hss_set_warnings(hss_tools_tests)
-gtest_discover_tests(hss_tools_tests DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "unit" TIMEOUT 120)
+set(_environment)
+if(HSS_HOST_TEST_ENVIRONMENT)  # a model tree's host tests (CMakeLists.txt, HSS_MODEL_HOST_TESTS)
+  set(_environment ENVIRONMENT "${HSS_HOST_TEST_ENVIRONMENT}")
+endif()
+gtest_discover_tests(hss_tools_tests DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "unit" TIMEOUT 120
+                                                          ${_environment})
 
 # hss_expect(NAME rc REGEX cmd...): runs cmd, asserts exit code rc and output matching REGEX.
 function(hss_expect name rc regex)
@@ -166,4 +171,12 @@ if(HSS_HAVE_REMOTE AND HSS_REDIS_SERVER AND HSS_REDIS_CLI)
   hss_expect(demo_remote 0
              "thinker .*writes sent.*talker .*restored [0-9]+ of [0-9]+ stored rows.*[1-9][0-9]* hits.* 0 corrupt.* 0 mismatched rows.*OK, every restored row bit-identical"
              ${PROJECT_SOURCE_DIR}/scripts/demo-remote ${_demo} --requests 8 --max-prompt 2048)
+endif()
+
+# A model tree's host tests see no model device (CMakeLists.txt, HSS_MODEL_HOST_TESTS).
+if(HSS_HOST_TEST_ENVIRONMENT)
+  get_property(_tools_tests DIRECTORY PROPERTY TESTS)
+  foreach(_test IN LISTS _tools_tests)
+    set_property(TEST ${_test} APPEND PROPERTY ENVIRONMENT "${HSS_HOST_TEST_ENVIRONMENT}")
+  endforeach()
 endif()
