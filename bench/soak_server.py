@@ -147,10 +147,10 @@ def _cpus(role: str) -> Optional[str]:
 def reference_env(pd: bool) -> Dict[str, str]:
     """The recompute's engine (soak_reference.py) computes with as many OpenMP threads as the
     engines it checks: with P/D, the decode engine's CPUs (it runs after the load)."""
-    if not pd or not pd_cpu_sets():
+    cpus = pd_cpu_sets().get("decode") if pd else None
+    if not cpus:
         return {}
-    cpus = pd_cpu_sets()["decode"]
-    return {**_bind_env("decode"), "OMP_NUM_THREADS": str(len(cpus.split(",")))}
+    return {"VLLM_CPU_OMP_THREADS_BIND": cpus, "OMP_NUM_THREADS": str(len(cpus.split(",")))}
 
 
 def _extra(out_dir: Any, lmcache: Dict[str, Any], **hsstore_keys: Any) -> Dict[str, Any]:

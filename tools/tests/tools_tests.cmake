@@ -9,12 +9,8 @@ include(GoogleTest)
 add_executable(hss_tools_tests ${_t}/workload_test.cpp)
 target_link_libraries(hss_tools_tests PRIVATE hss_workload GTest::gtest GTest::gtest_main)
 hss_set_warnings(hss_tools_tests)
-set(_environment)
-if(HSS_HOST_TEST_ENVIRONMENT)  # a model tree's host tests (CMakeLists.txt, HSS_MODEL_HOST_TESTS)
-  set(_environment ENVIRONMENT "${HSS_HOST_TEST_ENVIRONMENT}")
-endif()
 gtest_discover_tests(hss_tools_tests DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "unit" TIMEOUT 120
-                                                          ${_environment})
+                                                          ${HSS_HOST_TEST_PROPERTIES})
 
 # hss_expect(NAME rc REGEX cmd...): runs cmd, asserts exit code rc and output matching REGEX.
 function(hss_expect name rc regex)
@@ -173,10 +169,4 @@ if(HSS_HAVE_REMOTE AND HSS_REDIS_SERVER AND HSS_REDIS_CLI)
              ${PROJECT_SOURCE_DIR}/scripts/demo-remote ${_demo} --requests 8 --max-prompt 2048)
 endif()
 
-# A model tree's host tests see no model device (CMakeLists.txt, HSS_MODEL_HOST_TESTS).
-if(HSS_HOST_TEST_ENVIRONMENT)
-  get_property(_tools_tests DIRECTORY PROPERTY TESTS)
-  foreach(_test IN LISTS _tools_tests)
-    set_property(TEST ${_test} APPEND PROPERTY ENVIRONMENT "${HSS_HOST_TEST_ENVIRONMENT}")
-  endforeach()
-endif()
+hss_host_test_environment()  # in a model tree: no model device (CMakeLists.txt)
