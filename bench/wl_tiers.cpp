@@ -11,8 +11,9 @@
 //    pwrite of the same bytes into one file (no fsync, as the tier does none); store with the
 //    tier on against off (the call alone: what write-behind costs the caller).
 //  * reads in flight: the tier's 64 files read with O_DIRECT one after the other against 2 and 4
-//    threads of preads (does fetch_each gain from several reads in flight?), and the tier's
-//    fetch alone, O_DIRECT against buffered after a drop.
+//    threads of preads (do several reads in flight pay on this device?), and the tier's fetch
+//    alone: O_DIRECT with its default 1 reader thread against 2 and 4, and against buffered
+//    reads after a drop.
 //
 // Files go in a fresh directory under HSS_BENCH_DISK_DIR (default /var/tmp), removed at the end.
 
@@ -289,20 +290,22 @@ void run_tiers(Context& ctx) {
     p.output = "O_DIRECT";
     (void)ctx.report.measure("tiers", "value files read serial", p, serial, pooled);
     // The tier's fetch alone (read, checked, dropped): O_DIRECT vs buffered after a drop.
-    auto make_fetch = [&](bool direct, int ahead) {
+    auto make_fetch = [&](bool direct, int ahead, int readers = 1) {
       detail::DiskTierOptions o;
       o.dir = values;
       o.budget_bytes = 16ULL << 30;
       o.queue_bytes = 16ULL << 20;
       o.direct_reads = direct;
       o.read_ahead_files = ahead;
+      o.read_threads = readers;
       auto tier = std::make_shared<detail::DiskTier>(std::move(o));
       auto requests = std::make_shared<std::vector<detail::TierRequest>>();
       for (const Chunk& c : *chunks) {
         requests->push_back({c.key, Slot{ActivationKind::kHidden, 0}, chunk, hidden});
       }
       Timed t;
-      t.name = direct ? "tier fetch O_DIRECT"
+      t.name = direct ? "tier fetch O_DIRECT " + std::to_string(readers) + " reader" +
+                            (readers == 1 ? "" : "s")
                       : "tier fetch buffered read-ahead " + std::to_string(ahead);
       t.prepare = [values] { drop_cache(values); };
       t.run = [tier, requests] {
@@ -326,7 +329,8 @@ void run_tiers(Context& ctx) {
                                              ? " takes O_DIRECT"
                                              : " refuses O_DIRECT: O_DIRECT figures are buffered"));
     }
-    const Timed against[] = {make_fetch(false, 4), make_fetch(false, 0), make_fetch(false, 8),
+    const Timed against[] = {make_fetch(true, 0, 2), make_fetch(true, 0, 4),
+                             make_fetch(false, 4), make_fetch(false, 0), make_fetch(false, 8),
                              raw_refs[0], raw_refs[1]};
     p.output = "checked values";
     (void)ctx.report.measure("tiers", "tier fetch O_DIRECT", p, make_fetch(true, 0), against);

@@ -16,21 +16,25 @@
 namespace hss::detail {
 namespace {
 
+std::string key_from_file(const std::string& file) {
+  std::string key;  // one named result (NRVO): GCC 12 warns on the move of a second one
+  try {
+    key = read_regular_file(file, "MAC key file", 4096);
+  } catch (const Error& e) {
+    throw ConfigError(std::string("config key 'hidden_state_mac_key_file': ") + e.what());
+  }
+  if (!key.empty() && key.back() == '\n') key.pop_back();
+  if (key.size() < kMinMacKeyBytes) {
+    throw ConfigError("config key 'hidden_state_mac_key_file': the key in '" + file + "' has " +
+                      std::to_string(key.size()) + " bytes, at least " +
+                      std::to_string(kMinMacKeyBytes) + " are needed");
+  }
+  return key;
+}
+
 std::string key_from_config(const Config& config) {
   if (!config.hidden_state_mac_key_file.empty()) {
-    std::string key;
-    try {
-      key = read_regular_file(config.hidden_state_mac_key_file, "MAC key file", 4096);
-    } catch (const Error& e) {
-      throw ConfigError(std::string("config key 'hidden_state_mac_key_file': ") + e.what());
-    }
-    if (!key.empty() && key.back() == '\n') key.pop_back();
-    if (key.size() < kMinMacKeyBytes) {
-      throw ConfigError("config key 'hidden_state_mac_key_file': the key in '" +
-                        config.hidden_state_mac_key_file + "' has " + std::to_string(key.size()) +
-                        " bytes, at least " + std::to_string(kMinMacKeyBytes) + " are needed");
-    }
-    return key;
+    return key_from_file(config.hidden_state_mac_key_file);
   }
   return config.hidden_state_mac_key;  // length checked by Config::validate
 }

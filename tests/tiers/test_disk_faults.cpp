@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -46,17 +47,21 @@ constexpr uint64_t kFileBytes = 32 + kPayload;
 using test::TempDir;
 
 /// Every store built while it lives gets one disk tier on `dir` going through `io` (one writer
-/// thread: writes land in store order). The config names no disk, so it is the only tier.
+/// thread: writes land in store order; one reader thread by default: files are opened in
+/// prefix order, which the tests that fail the n-th open count on). The config names no disk,
+/// so it is the only tier.
 class DiskThrough {
  public:
-  DiskThrough(const std::string& dir, DiskIo io, bool direct_reads = true) {
-    detail::set_extra_tiers_for_testing([this, dir, io, direct_reads](const Config&) {
+  DiskThrough(const std::string& dir, DiskIo io, bool direct_reads = true, int read_threads = 1) {
+    detail::set_extra_tiers_for_testing([this, dir, io, direct_reads,
+                                         read_threads](const Config&) {
       detail::DiskTierOptions o;
       o.dir = dir;
       o.budget_bytes = 1ULL << 30;
       o.queue_bytes = 16ULL << 20;
       o.writer_threads = 1;
       o.direct_reads = direct_reads;
+      o.read_threads = read_threads;
       o.io = io;
       auto tier = std::make_unique<DiskTier>(std::move(o));
       last = tier.get();
@@ -119,8 +124,8 @@ struct Read {
   bool direct = false;
 };
 Read read_through(const std::string& dir, const DiskIo& io, const std::vector<int32_t>& tokens,
-                  bool direct_reads = true) {
-  DiskThrough disk(dir, io, direct_reads);
+                  bool direct_reads = true, int read_threads = 1) {
+  DiskThrough disk(dir, io, direct_reads, read_threads);
   ChunkedTokenDatabase db(kChunk, false);
   testing::internal::CaptureStderr();
   HiddenStateStore store(pool_only(), db);
@@ -556,6 +561,93 @@ TEST(DiskFaults, ODirectRefusedAtReadFallsBackOnceAndServesBitExact) {
   EXPECT_EQ(refused.direct_opens->load(), 1);    // the first read, refused
   EXPECT_EQ(refused.buffered_opens->load(), 3);  // it again, then the other two
   EXPECT_EQ(count_of(r.log, "O_DIRECT read"), 1U) << r.log;
+}
+
+// Several O_DIRECT reads in flight (the read pipeline: files read while the ones before are
+// checked and handed over): two unreadable files among twelve are two counted misses, the rest
+// bit-exact. With one reader the files open in prefix order, so the 4th and 9th opens are
+// chunks 3 and 8; with four, which two fail is up to the scheduler, and the prefix ends at the
+// first of them.
+class PipelinedEio : public testing::TestWithParam<int> {};
+
+TEST_P(PipelinedEio, TwoOfTwelveReadsFailingMissThoseTwoTheRestServedBitExact) {
+  const TempDir dir;
+  const auto tokens = make_tokens(12 * kChunk, 23);
+  ASSERT_EQ(write_through(dir.root, DiskIo::system(), tokens, 12).stats.writes_done, 12U);
+  const int readers = GetParam();
+  const Read r = read_through(dir.root, failing_reads({4, 9}, EIO), tokens, true, readers);
+  if (!r.direct) GTEST_SKIP() << dir.root << " does not take O_DIRECT (tmpfs?)";
+  ASSERT_TRUE(r.got.has_value());
+  ASSERT_EQ(r.got->rows() % kChunk, 0);
+  ASSERT_LT(r.got->rows(), 12 * kChunk);
+  if (readers == 1) {
+    EXPECT_EQ(r.got->rows(), 3 * kChunk);  // it stops before chunk 3
+  }
+  expect_prefix(r.got, tokens, r.got->rows());
+  EXPECT_EQ(r.stats.hits, 10U);  // the others read and promoted all the same
+  EXPECT_EQ(r.stats.misses, 2U);
+  EXPECT_EQ(r.stats.errors, 2U);
+  EXPECT_EQ(r.stats.bytes_read, 10 * kPayload);
+  EXPECT_EQ(count_of(r.log, std::strerror(EIO)), 1U) << r.log;
+  EXPECT_EQ(names_in(dir.root).size(), 10U);
+
+  // The two files are gone; a fresh store serves the same prefix and asks for them no more.
+  const Read again = read_through(dir.root, DiskIo::system(), tokens, true, readers);
+  expect_prefix(again.got, tokens, r.got->rows());
+  EXPECT_EQ(again.stats.hits, 10U);
+  EXPECT_EQ(again.stats.errors, 0U);
+}
+
+INSTANTIATE_TEST_SUITE_P(Readers, PipelinedEio, testing::Values(1, 4));
+
+// A callback that throws in the middle of a pipelined fetch: the exception reaches the caller,
+// no reader thread is left behind, the counters hold what was handed over, and the next fetch
+// serves every value.
+TEST(DiskFaults, ACallbackThrowingMidFetchLeavesTheTierWhole) {
+  const TempDir dir;
+  detail::DiskTierOptions o;
+  o.dir = dir.root;
+  o.budget_bytes = 1ULL << 30;
+  o.queue_bytes = 16ULL << 20;
+  o.writer_threads = 1;
+  DiskTier tier(std::move(o));
+  if (!tier.direct_reads()) GTEST_SKIP() << dir.root << " does not take O_DIRECT (tmpfs?)";
+  constexpr size_t kValues = 8;
+  std::vector<detail::TierRequest> requests;
+  std::vector<std::vector<float>> values;
+  for (size_t i = 0; i < kValues; ++i) {
+    CacheEngineKey key;
+    key.model_name = "pipeline";
+    key.chunk_hash = 0x1000 + i;
+    requests.push_back({key, Slot{ActivationKind::kHidden, 0}, kChunk, kCols});
+    values.emplace_back(static_cast<size_t>(kChunk * kCols), static_cast<float>(i) + 0.5F);
+    const std::span<const std::byte> bytes = std::as_bytes(std::span(values.back()));
+    ASSERT_TRUE(tier.enqueue_write({key, requests.back().slot,
+                                    detail::RowFormat::of(kernels::ElemType::kFloat32), kChunk,
+                                    kCols},
+                                   std::span(&bytes, 1)));
+  }
+  tier.flush();
+  ASSERT_EQ(tier.stats().writes_done, kValues);
+
+  size_t seen = 0;
+  EXPECT_THROW(tier.fetch_each(requests,
+                               [&](size_t, const detail::TierValue&) {
+                                 if (++seen == 3) throw std::runtime_error("callback failed");
+                               }),
+               std::runtime_error);
+  EXPECT_EQ(seen, 3U);
+  EXPECT_EQ(tier.stats().hits, 3U);  // read, checked and handed over: the third failed after
+  EXPECT_EQ(tier.stats().misses, kValues - 3);
+
+  std::vector<bool> served(kValues, false);
+  tier.fetch_each(requests, [&](size_t i, const detail::TierValue& v) {
+    ASSERT_EQ(v.payload.size(), values[i].size() * sizeof(float));
+    EXPECT_EQ(std::memcmp(v.payload.data(), values[i].data(), v.payload.size()), 0) << i;
+    served[i] = true;
+  });
+  EXPECT_EQ(std::count(served.begin(), served.end(), true), static_cast<long>(kValues));
+  EXPECT_EQ(tier.stats().errors, 0U);
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,7 +22,9 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -28,6 +32,7 @@
 #include "base/log.hpp"
 #include "format/value_codec.hpp"
 #include "hss/error.hpp"
+#include "tiers/disk/read_pipeline.hpp"
 
 namespace hss::detail {
 namespace {
@@ -38,6 +43,15 @@ constexpr size_t kHashHex = 32;
 constexpr uint64_t kMinQueueBytes = 16ULL << 20;
 constexpr uint64_t kMaxQueueBytes = 256ULL << 20;
 constexpr int kWriterNice = 10;
+/// The queue's fill (of DiskTierOptions::queue_bytes) from which the pressure writer writes too.
+constexpr uint64_t kPressureNumerator = 3, kPressureDenominator = 4;
+
+/// Writer roles (see "Write-behind" in disk_tier.hpp).
+enum class WriterRole {
+  kIdle,      ///< SCHED_IDLE: writes whenever the queue has work, on CPU time nobody else wants
+  kPressure,  ///< nice 10: writes only while the queue is 3/4 full, a flush waits, or it stops
+  kOnly,      ///< writer_threads == 1: nice 10, always
+};
 
 std::string chunk_prefix(const CacheEngineKey& key) {
   const std::string text = key.to_string();
@@ -91,7 +105,12 @@ struct DiskTier::Impl {
     if (opts.writer_threads < 1) opts.writer_threads = 1;
     enabled = scan();
     try {
-      for (int t = 0; t < opts.writer_threads; ++t) threads.emplace_back([this] { run(); });
+      for (int t = 0; t < opts.writer_threads; ++t) {
+        const WriterRole role = opts.writer_threads == 1          ? WriterRole::kOnly
+                                : t + 1 == opts.writer_threads ? WriterRole::kPressure
+                                                               : WriterRole::kIdle;
+        threads.emplace_back([this, role] { run(role); });
+      }
     } catch (...) {
       stop();  // the threads already started, before the error leaves the constructor
       throw;
@@ -137,12 +156,15 @@ struct DiskTier::Impl {
   /// Reads go through the page cache from now on (logged once).
   void stop_direct_reads(std::string_view op, int err);
   /// Opens `name` and reads it whole (at most `limit` bytes) into `buffer`: O_DIRECT while
-  /// direct_reads holds, through the page cache after an EINVAL. `got` the bytes read; on
-  /// kFailed, `err` the errno and `op` the call that failed.
-  /// `opened`: a descriptor open_ahead gave for `name` (read buffered, and closed), or -1.
-  ReadOutcome read_file(const std::string& name, uint64_t limit, AlignedBuffer& buffer,
-                        int opened, size_t& got, int& err, const char*& op);
-  void run();
+  /// direct_reads holds, through the page cache after an EINVAL. `opened`: a descriptor
+  /// open_ahead gave for `name` (read buffered, and closed), or -1. Called from any thread.
+  FileRead read_file(const std::string& name, uint64_t limit, AlignedBuffer& buffer, int opened);
+  void run(WriterRole role);
+  /// Whether the pressure writer writes now. Queue lock held.
+  [[nodiscard]] bool under_pressure_locked() const {
+    return stopping || flushers > 0 ||
+           queue_bytes >= opts.queue_bytes / kPressureDenominator * kPressureNumerator;
+  }
   void write_one(PendingWrite& w);
   void unlink_discarded(std::vector<std::string> names);
   /// Deletes least recently used files until `need` more bytes fit. Index lock held.
@@ -161,6 +183,7 @@ struct DiskTier::Impl {
   std::deque<PendingWrite> queue;
   uint64_t queue_bytes = 0;
   int in_flight = 0;
+  int flushers = 0;  // flush() calls waiting: the pressure writer helps them
   std::vector<std::string> to_unlink;  // discarded files, deleted by a writer thread
   bool stopping = false;
   std::atomic<bool> closed{false};
@@ -270,9 +293,8 @@ void DiskTier::Impl::stop_direct_reads(std::string_view op, int err) {
                            "); reads go through the page cache from now on");
 }
 
-ReadOutcome DiskTier::Impl::read_file(const std::string& name, uint64_t limit,
-                                      AlignedBuffer& buffer, int opened, size_t& got, int& err,
-                                      const char*& op) {
+FileRead DiskTier::Impl::read_file(const std::string& name, uint64_t limit,
+                                   AlignedBuffer& buffer, int opened) {
   const std::string file = path(name);
   while (true) {
     const bool direct = opened < 0 && direct_reads.load(std::memory_order_relaxed);
@@ -287,10 +309,7 @@ ReadOutcome DiskTier::Impl::read_file(const std::string& name, uint64_t limit,
       stop_direct_reads(r.op, r.err);  // an alignment the device refuses: read it buffered
       continue;
     }
-    got = r.got;
-    err = r.err;
-    op = r.op;
-    return r.outcome;
+    return r;
   }
 }
 
@@ -313,8 +332,18 @@ void DiskTier::Impl::forget(const std::string& name, uint64_t generation) {
   if (it != files.end() && it->second.generation == generation) erase_locked(it, true);
 }
 
-void DiskTier::Impl::run() {
-  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
+void DiskTier::Impl::run(WriterRole role) {
+  // The write-behind must not slow the thread that stores (issue 32: <= 5%). An idle writer asks
+  // for SCHED_IDLE (any thread may; it runs when a CPU has nothing else to run); where that is
+  // refused, and for the other roles, nice 10 (a tenth of a normal thread's share of a busy CPU).
+  bool idle = false;
+  if (role == WriterRole::kIdle) {
+    const sched_param param{};
+    idle = ::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) == 0;
+  }
+  if (!idle) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
+  const bool waits_for_pressure = role == WriterRole::kPressure;
+  auto has_write = [&] { return !queue.empty() && (!waits_for_pressure || under_pressure_locked()); };
   std::unique_lock lock(queue_mutex);
   while (true) {
     if (!to_unlink.empty()) {
@@ -327,10 +356,10 @@ void DiskTier::Impl::run() {
       --in_flight;
       continue;
     }
-    if (queue.empty()) {
-      idle_cv.notify_all();
-      if (stopping) break;
-      work_cv.wait(lock, [&] { return stopping || !queue.empty() || !to_unlink.empty(); });
+    if (!has_write()) {
+      if (queue.empty()) idle_cv.notify_all();
+      if (stopping && queue.empty()) break;
+      work_cv.wait(lock, [&] { return stopping || has_write() || !to_unlink.empty(); });
       continue;
     }
     {
@@ -504,7 +533,7 @@ bool DiskTier::enqueue_write(const TierWrite& write,
   }
   m.dropped.fetch_add(dropped.size(), std::memory_order_relaxed);
   m.enqueued.fetch_add(1, std::memory_order_relaxed);
-  m.work_cv.notify_one();
+  m.work_cv.notify_all();  // every role: a writer that is not to write now waits again
   return true;
 }
 
@@ -521,20 +550,125 @@ std::vector<bool> DiskTier::contains(std::span<const TierRequest> requests) {
   return present;
 }
 
+namespace {
+
+/// One file a fetch reads: its request, the index generation it was found under, its name and
+/// the most bytes a value of the asked shape can take.
+struct PlannedRead {
+  size_t request = 0;
+  uint64_t generation = 0;
+  std::string name;
+  uint64_t limit = 0;
+};
+
+/// Larger than any value of the asked shape can be (float32 rows, or FP8 rows whose scales
+/// outweigh the codes when rows are narrow; a MAC): not read at all.
+uint64_t read_limit(const TierRequest& r) {
+  if (r.rows <= 0 || r.cols <= 0) return uint64_t{1} << 34;
+  return kRemoteHeaderBytes + kMacBytes +
+         std::max(static_cast<uint64_t>(r.rows * r.cols) * 4,
+                  RowFormat::of(kernels::ElemType::kFp8E4M3).payload_bytes(r.rows, r.cols));
+}
+
+}  // namespace
+
 void DiskTier::fetch_each(std::span<const TierRequest> requests,
                           const std::function<void(size_t, const TierValue&)>& on_value) {
   Impl& m = *impl_;
-  AlignedBuffer buffer;
+  // The files the index holds, found under one lock (and marked most recently used); the rest
+  // are misses without I/O.
+  std::vector<PlannedRead> plan;
+  plan.reserve(requests.size());
+  {
+    std::lock_guard lock(m.index_mutex);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      std::string name = file_name(requests[i].key, requests[i].slot);
+      const auto it = m.files.find(name);
+      if (it == m.files.end()) continue;
+      m.lru.splice(m.lru.end(), m.lru, it->second.lru);
+      plan.push_back({i, it->second.generation, std::move(name), read_limit(requests[i])});
+    }
+  }
   uint64_t hits = 0, corrupt = 0, unauthenticated = 0, bytes = 0, errors = 0;
-  // Read-ahead (buffered reads only): the next files are opened and their reads started while this
-  // one is read, checked and handed over, so several reads are in flight without threads.
+  // One file read: checked, then handed over or forgotten (with its file) as a miss.
+  auto take = [&](const PlannedRead& p, const FileRead& read, const AlignedBuffer& buffer) {
+    const TierRequest& r = requests[p.request];
+    if (read.outcome == ReadOutcome::kGone || read.outcome == ReadOutcome::kFailed) {
+      // Deleted behind our back, or unreadable (EIO, a bad sector): forgotten and deleted, so a
+      // failing file is not asked again; the next store of the chunk writes it afresh.
+      if (read.outcome == ReadOutcome::kFailed) {
+        ++errors;
+        m.log_once(read.op, read.err, "such reads miss and their files are deleted");
+      }
+      m.forget(p.name, p.generation);
+      return;
+    }
+    bool bad = read.outcome == ReadOutcome::kTooLarge;
+    DecodedValue decoded;
+    if (!bad) {
+      const std::span<const std::byte> value(buffer.data(), read.got);
+      const std::string mac_name =
+          m.opts.mac ? remote_key(r.key, to_string(r.slot.kind), r.slot.layer_idx) : std::string();
+      decoded = decode_remote_value(value, r.rows, r.cols, m.opts.mac.get(), mac_name);
+      bad = decoded.status != DecodeStatus::kOk;
+    }
+    if (bad) {
+      ++corrupt;
+      if (decoded.status == DecodeStatus::kUnauthenticated) ++unauthenticated;
+      if (log_enabled(LogLevel::kDebug)) {
+        log(LogLevel::kDebug, "disk tier: " + m.path(p.name) + " rejected (" +
+                                  std::string(to_string(decoded.status)) + "); deleted");
+      }
+      m.forget(p.name, p.generation);
+      return;
+    }
+    ++hits;
+    bytes += decoded.payload.size();
+    on_value(p.request, TierValue{decoded.header.format, decoded.header.rows, decoded.header.cols,
+                                  decoded.payload, nullptr});
+  };
+  struct Count {  // the counters, also when on_value throws
+    Impl& m;
+    size_t asked;
+    uint64_t &hits, &corrupt, &unauthenticated, &bytes, &errors;
+    ~Count() {
+      m.hits.fetch_add(hits, std::memory_order_relaxed);
+      m.misses.fetch_add(asked - hits, std::memory_order_relaxed);
+      m.corrupt.fetch_add(corrupt, std::memory_order_relaxed);
+      m.unauthenticated.fetch_add(unauthenticated, std::memory_order_relaxed);
+      m.bytes_read.fetch_add(bytes, std::memory_order_relaxed);
+      m.errors.fetch_add(errors, std::memory_order_relaxed);
+    }
+  } count{m, requests.size(), hits, corrupt, unauthenticated, bytes, errors};
+
+  if (m.direct_reads.load(std::memory_order_relaxed) && plan.size() >= 2) {
+    // O_DIRECT: read_threads files read at once, ahead of their checks and copies, on reader
+    // threads (tiers/disk/read_pipeline.hpp). Without a thread to be had, the serial loop below.
+    std::optional<ReadPipeline> pipeline;
+    try {
+      pipeline.emplace(plan.size(), std::max(m.opts.read_threads, 1), [&m, &plan](size_t j, AlignedBuffer& buffer) {
+        return m.read_file(plan[j].name, plan[j].limit, buffer, -1);
+      });
+    } catch (const std::system_error&) {
+      pipeline.reset();
+    }
+    if (pipeline) {
+      for (const PlannedRead& p : plan) {
+        const ReadPipeline::Item item = pipeline->next();
+        take(p, item.read, *item.buffer);
+      }
+      return;
+    }
+  }
+
+  // Serial reads. Read-ahead (buffered reads only): the next files are opened and their reads
+  // started in the kernel while this one is read, checked and handed over, so several reads are
+  // in flight without threads.
   const size_t ahead = m.direct_reads.load(std::memory_order_relaxed)
                            ? 0
                            : static_cast<size_t>(std::max(m.opts.read_ahead_files, 0));
-  std::vector<std::string> names;
-  names.reserve(requests.size());
-  for (const TierRequest& r : requests) names.push_back(file_name(r.key, r.slot));
-  std::deque<int> opened;  // descriptors of requests [i, next_ahead)
+  AlignedBuffer buffer;
+  std::deque<int> opened;  // descriptors of plan [j, next_ahead)
   size_t next_ahead = 0;
   struct CloseRest {
     std::deque<int>& fds;
@@ -545,80 +679,17 @@ void DiskTier::fetch_each(std::span<const TierRequest> requests,
       }
     }
   } close_rest{opened, m.opts.io};
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const TierRequest& r = requests[i];
-    const std::string& name = names[i];
-    while (ahead > 0 && next_ahead < requests.size() && next_ahead <= i + ahead) {
-      opened.push_back(open_ahead(m.opts.io, m.path(names[next_ahead++])));
+  for (size_t j = 0; j < plan.size(); ++j) {
+    while (ahead > 0 && next_ahead < plan.size() && next_ahead <= j + ahead) {
+      opened.push_back(open_ahead(m.opts.io, m.path(plan[next_ahead++].name)));
     }
     int fd = -1;
     if (!opened.empty()) {
       fd = opened.front();
       opened.pop_front();
     }
-    uint64_t generation = 0;
-    {
-      std::lock_guard lock(m.index_mutex);
-      const auto it = m.files.find(name);
-      if (it == m.files.end()) {
-        if (fd >= 0) (void)m.opts.io.close(fd);
-        continue;
-      }
-      generation = it->second.generation;
-      m.lru.splice(m.lru.end(), m.lru, it->second.lru);  // read: most recently used
-    }
-    // Larger than any value of the asked shape can be (float32 rows, or FP8 rows whose scales
-    // outweigh the codes when rows are narrow; a MAC): not read at all.
-    const uint64_t limit =
-        r.rows > 0 && r.cols > 0
-            ? kRemoteHeaderBytes + kMacBytes +
-                  std::max(static_cast<uint64_t>(r.rows * r.cols) * 4,
-                           RowFormat::of(kernels::ElemType::kFp8E4M3).payload_bytes(r.rows, r.cols))
-            : uint64_t{1} << 34;
-    size_t got = 0;
-    int err = 0;
-    const char* op = "";
-    const ReadOutcome outcome = m.read_file(name, limit, buffer, fd, got, err, op);
-    if (outcome == ReadOutcome::kGone || outcome == ReadOutcome::kFailed) {
-      // Deleted behind our back, or unreadable (EIO, a bad sector): forgotten and deleted, so a
-      // failing file is not asked again; the next store of the chunk writes it afresh.
-      if (outcome == ReadOutcome::kFailed) {
-        ++errors;
-        m.log_once(op, err, "such reads miss and their files are deleted");
-      }
-      m.forget(name, generation);
-      continue;
-    }
-    bool bad = outcome == ReadOutcome::kTooLarge;
-    DecodedValue decoded;
-    if (!bad) {
-      const std::span<const std::byte> value(buffer.data(), got);
-      const std::string mac_name =
-          m.opts.mac ? remote_key(r.key, to_string(r.slot.kind), r.slot.layer_idx) : std::string();
-      decoded = decode_remote_value(value, r.rows, r.cols, m.opts.mac.get(), mac_name);
-      bad = decoded.status != DecodeStatus::kOk;
-    }
-    if (bad) {
-      ++corrupt;
-      if (decoded.status == DecodeStatus::kUnauthenticated) ++unauthenticated;
-      if (log_enabled(LogLevel::kDebug)) {
-        log(LogLevel::kDebug, "disk tier: " + m.path(name) + " rejected (" +
-                                  std::string(to_string(decoded.status)) + "); deleted");
-      }
-      m.forget(name, generation);
-      continue;
-    }
-    ++hits;
-    bytes += decoded.payload.size();
-    on_value(i, TierValue{decoded.header.format, decoded.header.rows, decoded.header.cols,
-                          decoded.payload, nullptr});
+    take(plan[j], m.read_file(plan[j].name, plan[j].limit, buffer, fd), buffer);
   }
-  m.hits.fetch_add(hits, std::memory_order_relaxed);
-  m.misses.fetch_add(requests.size() - hits, std::memory_order_relaxed);
-  m.corrupt.fetch_add(corrupt, std::memory_order_relaxed);
-  m.unauthenticated.fetch_add(unauthenticated, std::memory_order_relaxed);
-  m.bytes_read.fetch_add(bytes, std::memory_order_relaxed);
-  m.errors.fetch_add(errors, std::memory_order_relaxed);
 }
 
 void DiskTier::discard(std::span<const CacheEngineKey> keys) noexcept {
@@ -643,7 +714,7 @@ void DiskTier::discard(std::span<const CacheEngineKey> keys) noexcept {
       std::lock_guard lock(m.queue_mutex);
       m.to_unlink.insert(m.to_unlink.end(), names.begin(), names.end());
     }
-    m.work_cv.notify_one();
+    m.work_cv.notify_all();
   } catch (...) {
     // Out of memory: the files stay until the budget evicts them; a KV-gone value is never
     // asked for, so nothing wrong is served.
@@ -653,8 +724,11 @@ void DiskTier::discard(std::span<const CacheEngineKey> keys) noexcept {
 void DiskTier::flush() {
   Impl& m = *impl_;
   std::unique_lock lock(m.queue_mutex);
+  ++m.flushers;  // the pressure writer writes until the queue is empty
+  m.work_cv.notify_all();
   m.idle_cv.wait(lock,
                  [&] { return m.queue.empty() && m.to_unlink.empty() && m.in_flight == 0; });
+  --m.flushers;
 }
 
 void DiskTier::close() {

@@ -10,21 +10,32 @@
 //   value's remote_key when a MAC key is set] + payload). Nothing else on disk: the directory is
 //   the index.
 // * Write-behind. enqueue_write queues (bytes budget: a quarter of the disk budget, clamped to
-//   16..256 MiB; the oldest pending writes are dropped beyond it, counted) and returns; two
-//   background threads each write a value with pwritev into "<name>.tmp.<pid>.<n>" in the same
+//   16..256 MiB; the oldest pending writes are dropped beyond it, counted) and returns; the
+//   writer threads each write a value with pwritev into "<name>.tmp.<pid>.<n>" in the same
 //   directory, then rename() it over the final name: a reader sees the old complete value or the
 //   new one, never a torn one. No fsync (docs/design.md, "Local disk tier": after a power loss a
 //   file may be missing, empty or short; its checksum makes that a clean miss).
-// * Read. contains() is the in-memory index (no I/O). fetch_each reads each file on the
-//   caller's thread, decodes and checks it and hands it over before the next: a value that fails
-//   a check (shape, checksum, MAC, truncated) is a counted corrupt miss and its file is deleted.
+//   Writer roles, so that the write-behind does not slow the thread that stores (its hashing and
+//   copies into the page cache take CPU; at nice 10 they cost a 2-CPU store ~12%, docs/perf.md):
+//   with writer_threads = N >= 2, N - 1 idle writers (SCHED_IDLE: they write whenever the queue
+//   has work, on CPU time nothing else wants; nice 10 where SCHED_IDLE is refused) and one
+//   pressure writer (nice 10) that writes only while the queue holds 3/4 of its budget, a flush()
+//   waits, or the tier stops, so that a machine busy at every moment still drains the queue
+//   before it drops. With writer_threads = 1, that one writer at nice 10, always.
+// * Read. contains() is the in-memory index (no I/O). fetch_each finds the files in the index
+//   under one lock, then reads them; each value is decoded and checked (shape, checksum, MAC,
+//   truncated) and handed over on the caller's thread, in request order: a value that fails a
+//   check is a counted corrupt miss and its file is deleted.
 //   O_DIRECT (the default where the directory takes it): one read per file into an aligned
 //   buffer, whole blocks asked, the kernel stopping at the file's end; no page cache, so a cold
-//   read costs what the device costs and the pool's copy is the only one in memory. Buffered
-//   (direct_reads off, or refused): while one file is read, the next read_ahead_files (4) are
-//   open with their reads started in the kernel (POSIX_FADV_WILLNEED), so several reads are in
-//   flight without threads; each file's pages are dropped after its read. The choice, measured:
-//   docs/perf.md, "Local disk tier".
+//   read costs what the device costs and the pool's copy is the only one in memory. Two files or
+//   more are read ahead of their checks and copies by read_threads reader threads started for
+//   the call (tiers/disk/read_pipeline.hpp; 1 by default: 2 and 4 measured no faster here), so
+//   a cold hit is the reads' time, not reads plus checks plus copies.
+//   Buffered (direct_reads off, or refused): while one file is read, the next read_ahead_files
+//   (4) are open with their reads started in the kernel (POSIX_FADV_WILLNEED), so several reads
+//   are in flight without threads; each file's pages are dropped after its read. The choices,
+//   measured: docs/perf.md, "Local disk tier".
 // * Budget. An LRU of the files (last write or read) in memory: before a write, the least
 //   recently used files are deleted until the new one fits max_local_disk_size (bytes of the
 //   files, headers included: TierStats::bytes_held counts the same). discard() forgets a
@@ -75,10 +86,11 @@ struct DiskTierOptions {
   std::string dir;             ///< the files' directory (created, with its parents, if missing)
   uint64_t budget_bytes = 0;   ///< bytes of files kept; least recently used deleted beyond
   uint64_t queue_bytes = 0;    ///< write-behind budget (payload bytes); oldest dropped beyond
-  int writer_threads = 2;      ///< >= 1
+  int writer_threads = 2;      ///< >= 1 (roles: "Write-behind" above)
   std::shared_ptr<const ValueMac> mac;  ///< null: values carry the xxHash3 only
   bool direct_reads = true;    ///< O_DIRECT reads where the directory takes them (see "I/O")
   int read_ahead_files = 4;    ///< buffered reads: files whose reads are started ahead (0: none)
+  int read_threads = 1;        ///< O_DIRECT reads of a fetch in flight at once (>= 1; see "Read")
   DiskIo io = DiskIo::system();  ///< the system calls a value's file goes through (tests: faults)
 };
 
