@@ -1,6 +1,7 @@
 // Many threads store, retrieve, drop and evict KV at once on a small pool; every row a reader gets
 // is checked against the function it was made from, so a read of a slot reused by a concurrent
-// eviction, a torn copy or a wrong prefix shows up as a value mismatch.
+// eviction, a torn copy or a wrong prefix shows up as a value mismatch. A phase with the local
+// disk tier on adds its writers, the read pipeline's reader threads and promotions to the mix.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -13,6 +14,7 @@
 
 #include "hss/hss.hpp"
 #include "test_util.hpp"
+#include "tier_test_dir.hpp"
 
 namespace hss {
 namespace {
@@ -126,13 +128,18 @@ class StressBudget {
 };
 
 struct StressWorld {
-  StressWorld() {
+  /// `disk_dir`: the local disk tier's directory, none when empty.
+  explicit StressWorld(const std::string& disk_dir = "") {
     Config config;
     config.chunk_size = kChunk;
     config.enable_hidden_state_cache = true;
     // 48 chunk entries of 16 x 64 float32 and 40 KV chunks: both sides evict all the time.
     config.max_hidden_state_cpu_size = static_cast<double>(48 * kChunk * kCols * 4) / (1ULL << 30);
     config.max_local_cpu_size = static_cast<double>(40 * kChunk * 8 * 2) / (1ULL << 30);
+    if (!disk_dir.empty()) {
+      config.local_disk = disk_dir;
+      config.max_local_disk_size = 0.0625;  // 64 MiB: every value fits, eviction by KV only
+    }
     engine = Engine::create(config);
     for (uint64_t s = 0; s < 6; ++s) bases.push_back(test::make_tokens(8 * kChunk, 900 + s));
   }
@@ -296,6 +303,55 @@ TEST(StoreStress, EightThreadsBothEvictionsEveryRowValidated) {
       static_cast<unsigned long long>(s.hs_evictions),
       static_cast<unsigned long long>(w.engine->kv_backend().stats().evictions),
       static_cast<unsigned long long>(s.coupled_evictions));
+}
+
+// The same eight threads with the local disk tier on: the pool evicts into the write-behind,
+// misses read through the disk (several files a call: the read pipeline's reader thread), KV
+// eviction discards files. Every row read is checked; under TSan this phase runs for a third of
+// HSS_STRESS_SECONDS.
+TEST(StoreStress, EightThreadsWithTheDiskTierEveryRowValidated) {
+  const test::TempDir dir;
+  StressWorld w(dir.root);
+  std::atomic<int64_t> failures{0};
+  std::vector<std::thread> threads;
+  const double seconds = stress_seconds();
+  for (int t = 0; t < kStressThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<uint64_t>(t) * 15485863 + 11);
+      const auto start = std::chrono::steady_clock::now();
+      const auto more = [&](int op) {
+        if (seconds <= 0) return op < 800;
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
+               seconds / 3;
+      };
+      try {
+        for (int op = 0; more(op); ++op) stress_op(w, rng);
+      } catch (const std::exception& e) {
+        failures.fetch_add(1);
+        ADD_FAILURE() << "thread " << t << ": " << e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(w.mismatches.load(), 0);
+  EXPECT_GT(w.rows_checked.load(), 0);
+  HiddenStateStore& store = w.store();
+  store.flush();
+  EXPECT_NO_THROW(store.check_invariants());
+  const HiddenStateStats s = store.stats();
+  ASSERT_EQ(s.tiers.size(), 1U);
+  const TierStats& disk = s.tiers[0];
+  EXPECT_EQ(disk.name, "disk");
+  EXPECT_GT(disk.writes_done, 0U);
+  EXPECT_GT(disk.hits, 0U);  // pool misses served from the files
+  EXPECT_EQ(disk.corrupt_values, 0U);
+  EXPECT_EQ(disk.errors, 0U);
+  EXPECT_GT(s.hs_evictions, 0u);
+  std::printf("[ stress   ] disk tier: %lld rows validated, %llu files written, %llu disk hits\n",
+              static_cast<long long>(w.rows_checked.load()),
+              static_cast<unsigned long long>(disk.writes_done),
+              static_cast<unsigned long long>(disk.hits));
 }
 
 // close() while 8 threads work: once it returns the store holds nothing, and a call that starts
