@@ -9,6 +9,7 @@ test's fixture).
     python pd_engine.py '{"model": DIR, "redis_port": P, "nixl": {...}, "layers": [...],
                           "step_tokens": N, "lookup_timeout_ms": MS,
                           "lmcache_extra": {...}}'      (optional: LMCache's extra_config)
+    (LMCache's MP mode: "mp": {"mp.host": ..., "mp.port": ...} instead of "redis_port")
 
 Commands: {"cmd": "generate", "prompt": [...], "skip_prefix_cache": bool, "save": PATH,
 "kv_transfer_params": {...}} (the request's kv_transfer_params, optional; the
@@ -136,16 +137,22 @@ class EngineProcess:
 @contextlib.contextmanager
 def pd_engines(directory: pathlib.Path, model, *, prefill: list, layers: list, step_tokens: int,
                lookup_timeout_ms: int, pull_timeout_ms: int, lmcache_extra: dict = None,
-               **spec):
+               mp: dict = None, **spec):
     """A redis-server, the named prefill engines (each serving its hidden states over NIXL on a
     free port) and a decode engine pulling from the first by default. Every process is started
     before any makes its NIXL agent; all are stopped on the way out. Yields a dict: "redis", the
     engines by name ("decode" and the `prefill` names) and "ports" (prefill name -> NIXL port).
+    `mp`: LMCache's MP mode instead, the KV in the `lmcache server` of this client config (its
+    "mp.*" keys), shared by every engine; no redis-server then ("redis" is None).
     `spec`: further keys of every engine's spec (max_model_len)."""
-    redis = Redis(directory)
+    redis = Redis(directory) if mp is None else None
     ports = {name: free_port() for name in prefill}
-    common = {"model": str(model), "redis_port": redis.port, "layers": layers,
-              "step_tokens": step_tokens, "lookup_timeout_ms": lookup_timeout_ms, **spec}
+    common = {"model": str(model), "layers": layers, "step_tokens": step_tokens,
+              "lookup_timeout_ms": lookup_timeout_ms, **spec}
+    if mp is None:
+        common["redis_port"] = redis.port
+    else:
+        common["mp"] = dict(mp)
     if lmcache_extra:
         common["lmcache_extra"] = lmcache_extra
     engines = {name: EngineProcess(name, {**common, "nixl": {"listen": f"127.0.0.1:{port}"}},
@@ -166,7 +173,8 @@ def pd_engines(directory: pathlib.Path, model, *, prefill: list, layers: list, s
     finally:
         for engine in engines.values():
             engine.close()
-        redis.close()
+        if redis is not None:
+            redis.close()
 
 
 def main() -> None:
@@ -180,13 +188,20 @@ def main() -> None:
     import engines
     import hsstore.vllm
 
-    hs = hsstore.vllm.HiddenStates(layers=spec["layers"], nixl=spec["nixl"],
-                                   worker_init="hsstore.vllm.testing:install_cpu_kv_connector")
-    lmcache = engines.lmcache_config(remote_url=f"redis://127.0.0.1:{spec['redis_port']}",
-                                     remote_serde="naive",
-                                     lookup_timeout_ms=spec["lookup_timeout_ms"])
-    if spec.get("lmcache_extra"):
-        lmcache["extra_config"] = spec["lmcache_extra"]
+    mp = spec.get("mp")
+    if mp is not None:  # LMCache's MP mode: the KV in the shared lmcache server
+        import hsstore.vllm.mp_connector  # noqa: F401 (LMCache first, then vLLM's patch)
+
+        hs = hsstore.vllm.HiddenStates(layers=spec["layers"], nixl=spec["nixl"], lmcache="mp")
+        lmcache = dict(mp)
+    else:
+        hs = hsstore.vllm.HiddenStates(layers=spec["layers"], nixl=spec["nixl"],
+                                       worker_init="hsstore.vllm.testing:install_cpu_kv_connector")
+        lmcache = engines.lmcache_config(remote_url=f"redis://127.0.0.1:{spec['redis_port']}",
+                                         remote_serde="naive",
+                                         lookup_timeout_ms=spec["lookup_timeout_ms"])
+        if spec.get("lmcache_extra"):
+            lmcache["extra_config"] = spec["lmcache_extra"]
 
     def reply(obj) -> None:
         replies.write(json.dumps(obj) + "\n")
@@ -216,7 +231,8 @@ def main() -> None:
                 seconds = time.perf_counter() - started
                 after = counters()
                 torch.save({label: t.clone() for label, t in states.items()}, cmd["save"])
-                keys = engines.rpc(llm, engines.worker_chunk_keys, cmd["prompt"])
+                keys = ([] if mp is not None  # the server keys the KV
+                        else engines.rpc(llm, engines.worker_chunk_keys, cmd["prompt"]))
                 reply({"num_cached_tokens": out.num_cached_tokens, "seconds": seconds,
                        "output": list(out.outputs[0].token_ids),
                        "delta": {k: after.get(k, 0) - before.get(k, 0) for k in after},

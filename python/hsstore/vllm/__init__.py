@@ -162,8 +162,8 @@ class HiddenStates:
         nixl: prefill/decode over NIXL (hsstore.vllm.transfer): {"listen": "host:port"} serves
             this engine's hidden states, {"producer": "host:port"} pulls those a KV hit lacks
             from that engine before the hit is capped, unless the request's kv_transfer_params
-            name another ("hsstore.producer"; {"pull": True}: no default). Needs LMCache and
-            store="hsstore".
+            name another ("hsstore.producer"; {"pull": True}: no default). Needs LMCache (either
+            mode: with "mp" the engines share the server's KV) and store="hsstore".
         output_dir: also write each finished prompt's states to this directory, one safetensors
             file per request id (hsstore.vllm.output; what a ``vllm serve`` client reads).
     """
@@ -182,8 +182,6 @@ class HiddenStates:
         if lmcache is not True and store != "hsstore":
             raise ValueError("store='lmcache' needs lmcache=True (LMCache's own store exists "
                              "only in its in-process engine)")
-        if lmcache == "mp" and nixl is not None:
-            raise ValueError("nixl is not supported with lmcache='mp' yet")
         if nixl is not None:
             from .transfer import parse_options
 

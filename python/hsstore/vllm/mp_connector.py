@@ -29,6 +29,15 @@ this way; in short:
   another's hit, as the server's lookup keeps their KV apart.
 * A server that is down or restarted answers no hit (LMCache's health check), so every request
   is recomputed; the lookups answered while it was down are counted (``lookups_server_down``).
+* Prefill/decode (``hsstore.nixl``, as for :mod:`hsstore.vllm.connector`): the engines share the
+  server's KV; a prefill engine serves its worker's hidden states (``{"listen": ...}``) and a
+  decode engine pulls the chunks of the server's hit that its store lacks from the producer the
+  request names in ``kv_transfer_params`` or the configured one. The pull runs on a thread of
+  its own while the scheduler answers "not yet" for that request (vLLM asks again next step;
+  other requests are scheduled meanwhile), once per request and bounded by ``timeout_ms``
+  (1500 by default); then the hit is capped at what the store holds. It needs the store in the
+  scheduler's process (executor 'uni'); with the worker in another process, a missing chunk is
+  recomputed as above.
 
 Same ``kv_connector_extra_config`` keys as :mod:`hsstore.vllm.connector` (``hsstore.layers``,
 ``hsstore.keep``, ``hsstore.config``: the Engine's config, e.g. ``{"max_hidden_state_cpu_size":
@@ -53,6 +62,10 @@ from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from .connector import _WORKERS, _HiddenStates, _StepMetadata, logger
+from .transfer import request_producer
+
+# The nominal lookup bound of an MP worker's hsstore.nixl agent: its default pull timeout is half.
+_DEFAULT_PULL_BOUND_MS = 3000
 
 __all__ = ["HiddenStateLMCacheMPConnector"]
 
@@ -66,9 +79,6 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
             raise ValueError("hsstore.store: LMCache's own hidden-state store exists only in its "
                              "in-process engine; MP mode keeps hidden states in hsstore "
                              f"(got {self._hs.store_kind!r})")
-        if self._hs.transfer_options is not None:
-            raise ValueError("hsstore.nixl is not supported with the MP connector yet "
-                             "(HiddenStateLMCacheConnector has it)")
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         if role == KVConnectorRole.WORKER:
             self._start_worker(vllm_config)
@@ -92,6 +102,11 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
         # ranks > 0 keep nothing (_HiddenStates.keeper): every rank sees the same rows.
         if self._hs.find_rank() == 0:
             self._hs.register_worker(engine_store(vllm_config, chunk_size, user, keyed=True))
+            # No LMCache lookup waits on a pull here (the scheduler answers "not yet" while one
+            # runs): the nominal bound only sets the default pull timeout (half of it).
+            options = self._hs.transfer_options
+            wanted = options.timeout_ms if options is not None and options.timeout_ms else 0
+            self._hs.start_transfer(max(_DEFAULT_PULL_BOUND_MS, wanted + 1))
         else:
             self._hs.register_worker(None)
         adapter = self.worker_adapter
@@ -112,6 +127,11 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
         self._chunk_size = int(self.scheduler_adapter.lmcache_tokens_per_chunk)
         self._capped: Dict[str, int] = {}  # request id -> capped hit (locks past it released)
         self._capped_lock = threading.Lock()
+        # hsstore.nixl pulls, one per request at most: request id -> its future (running) or
+        # None (done, or nothing to pull); the producer each request names.
+        self._pulls: Dict[str, Any] = {}
+        self._producers: Dict[str, str] = {}
+        self._puller = None  # a one-thread executor, made at the first pull
         adapter = self.scheduler_adapter
         original_check = adapter.check_lookup_result
         original_cleanup = adapter.cleanup_lookup_result
@@ -120,11 +140,12 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
             hit = original_check(request_id)
             if hit is None:
                 return None  # the server's lookup is pending: nothing is claimed yet
+            if self._pulling(request_id, int(hit)):
+                return None  # hidden states on their way from the producer: ask again
             return self._cap(request_id, int(hit))
 
         def cleanup_lookup_result(request_id: str) -> None:
-            with self._capped_lock:
-                self._capped.pop(request_id, None)
+            self._forget(request_id)
             original_cleanup(request_id)
 
         adapter.check_lookup_result = check_lookup_result
@@ -139,6 +160,48 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
         covered = worker.store.coverage(worker.store.chunks(list(tokens), salt or ""),
                                         self._hs.labels)
         return covered // self._chunk_size * self._chunk_size
+
+    def _forget(self, request_id: str) -> None:
+        with self._capped_lock:
+            self._capped.pop(request_id, None)
+            self._pulls.pop(request_id, None)
+            self._producers.pop(request_id, None)
+
+    def _pulling(self, request_id: str, hit: int) -> bool:
+        """hsstore.nixl: whether a pull for this request runs (started here at its first answer,
+        when the store lacks chunks of the server's hit and a producer is known). True until it
+        is done; once per request."""
+        worker = self._store_of
+        transfer = None if worker is None else worker.transfer
+        if transfer is None or hit <= 0:
+            return False
+        with self._capped_lock:
+            if request_id in self._pulls:
+                future = self._pulls[request_id]
+                if future is None:
+                    return False
+                if not future.done():
+                    return True
+                self._pulls[request_id] = None
+                return False
+            self._pulls[request_id] = None  # decided below, once
+            producer = self._producers.get(request_id)
+        tracker = self.request_trackers.get(request_id)
+        if tracker is None or (producer or transfer.producer) is None:
+            return False
+        tokens = tracker.get_token_ids()[:hit]
+        chunks = worker.store.chunks(list(tokens), tracker.cache_salt or "")
+        if worker.store.coverage(chunks, self._hs.labels) >= hit // self._chunk_size * self._chunk_size:
+            return False
+        if self._puller is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._puller = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hsstore-mp-pull")
+        future = self._puller.submit(transfer.fill, chunks, self._hs.labels, hit, producer)
+        with self._capped_lock:
+            if request_id in self._pulls:  # not forgotten meanwhile
+                self._pulls[request_id] = future
+        return True
 
     def _cap(self, request_id: str, hit: int) -> int:
         """min(the server's hit, hidden-state coverage), asked on every answer (vLLM may ask
@@ -192,6 +255,11 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int):
         self._hs.note_salt(request)  # sent to the worker with the step's metadata
+        producer = request_producer(getattr(request, "kv_transfer_params", None),
+                                    self._hs.transfer_options)
+        if producer is not None:
+            with self._capped_lock:
+                self._producers[request.request_id] = producer
         return super().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def shutdown(self) -> None:
@@ -201,9 +269,11 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
         if getattr(self, "_hs_shut_down", False):
             return
         self._hs_shut_down = True
+        puller, self._puller = getattr(self, "_puller", None), None
+        if puller is not None:
+            puller.shutdown(wait=True)  # a running pull ends within its timeout
         super().shutdown()
 
     def request_finished(self, request: Any, block_ids: list):
-        with self._capped_lock:
-            self._capped.pop(request.request_id, None)
+        self._forget(request.request_id)
         return super().request_finished(request, block_ids)

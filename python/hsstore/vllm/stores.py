@@ -259,6 +259,17 @@ class EngineStore:
         )
         return sum(written)
 
+    @property
+    def native(self) -> Any:
+        """The hsstore store (its pool is what hsstore.nixl registers and serves)."""
+        return self.store
+
+    def pull(self, agent: Any, producer: str, chunks, labels: Sequence[int], timeout: float) -> Any:
+        """Pulls the chunks (this store's own (start, end, key) chunks, ``keyed=True``) that it
+        lacks from `producer` over NIXL within `timeout` seconds; the PullResult. The producer
+        keys its chunks alike (the same model, chunk size and salt)."""
+        return agent.pull(producer, chunks, list(labels), timeout=timeout)
+
     def stats(self) -> dict:
         return dict(self.store.stats())
 

@@ -40,7 +40,10 @@ asks only for chunks whose KV LMCache holds here), and a pull that fails, times 
 fewer chunks only means a smaller hit and a recompute, never a truncated prefix. A pull waits at
 most ``timeout_ms`` (the lookup, and so the scheduler, waits with it), and is tried once per
 lookup: LMCache caches a request's lookup, so a dead producer costs each request one refused
-connection.
+connection. In LMCache's MP mode (hsstore.vllm.mp_connector) the engines share the server's KV
+and the pull runs on a thread of the decode scheduler's connector while it answers "not yet" for
+that request (no LMCache lookup waits on it there, so ``timeout_ms`` has no upper bound; unset,
+1500).
 """
 
 from __future__ import annotations
