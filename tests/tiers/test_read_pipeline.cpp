@@ -67,39 +67,34 @@ TEST_P(ReadPipelineReaders, ItemsComeBackInOrderEachWithItsOwnBytes) {
 
 INSTANTIATE_TEST_SUITE_P(Readers, ReadPipelineReaders, testing::Values(1, 2, 4, 64));
 
-TEST(ReadPipeline, OneReaderStaysExactlyOneItemAheadOfTheCaller) {
+/// With `readers` threads, while the caller holds item 0 exactly items 1..readers are read (item
+/// readers + 1 waits for item 0's buffer); the next next() releases it, and the rest follow.
+void expect_readers_stay_ahead_by_their_count(int readers) {
+  constexpr int kItems = 20;
   std::atomic<int> reads_done{0};
-  ReadPipeline pipeline(5, 1, [&](size_t item, AlignedBuffer& buffer) {
+  ReadPipeline pipeline(kItems, readers, [&](size_t item, AlignedBuffer& buffer) {
     FileRead r = fill(item, buffer, 64);
     reads_done.fetch_add(1);
     return r;
   });
   const ReadPipeline::Item first = pipeline.next();
-  // While item 0 is held, item 1 is read (ahead of the caller) ...
-  ASSERT_TRUE(wait_for(reads_done, 2));
-  // ... and item 2 is not: its buffer is item 0's, still in use.
+  ASSERT_TRUE(wait_for(reads_done, readers + 1));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(reads_done.load(), 2);
+  EXPECT_EQ(reads_done.load(), readers + 1);
   EXPECT_EQ(first.buffer->data()[0], std::byte{0});  // item 0's bytes untouched meanwhile
-  const ReadPipeline::Item second = pipeline.next();  // releases item 0: item 2 is read
+  const ReadPipeline::Item second = pipeline.next();  // releases item 0's buffer
   EXPECT_EQ(second.buffer->data()[0], std::byte{1});
-  ASSERT_TRUE(wait_for(reads_done, 3));
+  ASSERT_TRUE(wait_for(reads_done, readers + 2));
+  for (int i = 2; i < kItems; ++i) EXPECT_EQ(pipeline.next().buffer->data()[0], std::byte(i));
+  EXPECT_EQ(reads_done.load(), kItems);
+}
+
+TEST(ReadPipeline, OneReaderStaysExactlyOneItemAheadOfTheCaller) {
+  expect_readers_stay_ahead_by_their_count(1);
 }
 
 TEST(ReadPipeline, FourReadersStayAtMostFourItemsAheadOfTheCaller) {
-  std::atomic<int> reads_done{0};
-  ReadPipeline pipeline(20, 4, [&](size_t item, AlignedBuffer& buffer) {
-    FileRead r = fill(item, buffer, 64);
-    reads_done.fetch_add(1);
-    return r;
-  });
-  const ReadPipeline::Item first = pipeline.next();
-  ASSERT_TRUE(wait_for(reads_done, 5));  // items 1..4 read while item 0 is held
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(reads_done.load(), 5);  // item 5 waits for item 0's slot
-  EXPECT_EQ(first.buffer->data()[0], std::byte{0});
-  for (int i = 1; i < 20; ++i) EXPECT_EQ(pipeline.next().buffer->data()[0], std::byte(i));
-  EXPECT_EQ(reads_done.load(), 20);
+  expect_readers_stay_ahead_by_their_count(4);
 }
 
 TEST(ReadPipeline, AReadersExceptionReachesTheCallerAtItsItem) {
