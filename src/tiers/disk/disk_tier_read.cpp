@@ -1,0 +1,219 @@
+// DiskTier's reads (tiers/disk/disk_tier.hpp, "Read"): the O_DIRECT probe and its fallback, one
+// file's read, contains() and fetch_each() with its read pipeline.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <deque>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "tiers/disk/disk_tier.hpp"
+#include "tiers/disk/disk_tier_impl.hpp"
+#include "tiers/disk/read_pipeline.hpp"
+
+namespace hss::detail {
+
+using disk_tier_parts::kTempMark;
+
+void DiskTier::Impl::probe_direct() {
+  if (!opts.direct_reads) return;
+  const std::string probe = path(".direct-probe" + std::string(kTempMark) +
+                                 std::to_string(::getpid()));
+  const int fd = opts.io.open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT,
+                              0644);
+  if (fd >= 0) {
+    (void)opts.io.close(fd);
+    (void)::unlink(probe.c_str());
+    direct_reads = true;
+  } else if (errno == EINVAL) {  // tmpfs, some FUSE and network file systems
+    log(LogLevel::kInfo, "disk tier: " + opts.dir +
+                             " does not take O_DIRECT; reads go through the page cache");
+  } else {
+    direct_reads = true;  // a read-only directory may still be read with O_DIRECT: reads tell
+  }
+}
+
+void DiskTier::Impl::stop_direct_reads(std::string_view op, int err) {
+  if (!direct_reads.exchange(false)) return;
+  log(LogLevel::kWarn, "disk tier: O_DIRECT " + std::string(op) + " in " + opts.dir +
+                           " refused (" + std::strerror(err) +
+                           "); reads go through the page cache from now on");
+}
+
+FileRead DiskTier::Impl::read_file(const std::string& name, uint64_t limit,
+                                   AlignedBuffer& buffer, int opened) {
+  const std::string file = path(name);
+  while (true) {
+    const bool direct = opened < 0 && direct_reads.load(std::memory_order_relaxed);
+    const int fd = opened >= 0 ? opened
+                               : opts.io.open(file.c_str(),
+                                              O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0), 0);
+    opened = -1;
+    const FileRead r = fd < 0 ? FileRead{errno == ENOENT ? ReadOutcome::kGone : ReadOutcome::kFailed,
+                                         0, errno, "open"}
+                              : read_open_file(opts.io, fd, direct, limit, buffer);
+    if (r.outcome == ReadOutcome::kFailed && direct && r.err == EINVAL) {
+      stop_direct_reads(r.op, r.err);  // an alignment the device refuses: read it buffered
+      continue;
+    }
+    return r;
+  }
+}
+
+std::vector<bool> DiskTier::contains(std::span<const TierRequest> requests) {
+  std::vector<bool> present(requests.size(), false);
+  std::lock_guard lock(impl_->index_mutex);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    present[i] = impl_->files.contains(file_name(requests[i].key, requests[i].slot));
+  }
+  return present;
+}
+
+namespace {
+
+/// One file a fetch reads: its request, the index generation it was found under, its name and
+/// the most bytes a value of the asked shape can take.
+struct PlannedRead {
+  size_t request = 0;
+  uint64_t generation = 0;
+  std::string name;
+  uint64_t limit = 0;
+};
+
+/// Larger than any value of the asked shape can be (float32 rows, or FP8 rows whose scales
+/// outweigh the codes when rows are narrow; a MAC): not read at all.
+uint64_t read_limit(const TierRequest& r) {
+  if (r.rows <= 0 || r.cols <= 0) return uint64_t{1} << 34;
+  return kRemoteHeaderBytes + kMacBytes +
+         std::max(static_cast<uint64_t>(r.rows * r.cols) * 4,
+                  RowFormat::of(kernels::ElemType::kFp8E4M3).payload_bytes(r.rows, r.cols));
+}
+
+}  // namespace
+
+void DiskTier::fetch_each(std::span<const TierRequest> requests,
+                          const std::function<void(size_t, const TierValue&)>& on_value) {
+  Impl& m = *impl_;
+  // The files the index holds, found under one lock (and marked most recently used); the rest
+  // are misses without I/O.
+  std::vector<PlannedRead> plan;
+  plan.reserve(requests.size());
+  {
+    std::lock_guard lock(m.index_mutex);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      std::string name = file_name(requests[i].key, requests[i].slot);
+      const auto it = m.files.find(name);
+      if (it == m.files.end()) continue;
+      m.lru.splice(m.lru.end(), m.lru, it->second.lru);
+      plan.push_back({i, it->second.generation, std::move(name), read_limit(requests[i])});
+    }
+  }
+  uint64_t hits = 0, corrupt = 0, unauthenticated = 0, bytes = 0, errors = 0;
+  // One file read: checked, then handed over or forgotten (with its file) as a miss.
+  auto take = [&](const PlannedRead& p, const FileRead& read, const AlignedBuffer& buffer) {
+    const TierRequest& r = requests[p.request];
+    if (read.outcome == ReadOutcome::kGone || read.outcome == ReadOutcome::kFailed) {
+      // Deleted behind our back, or unreadable (EIO, a bad sector): forgotten and deleted, so a
+      // failing file is not asked again; the next store of the chunk writes it afresh.
+      if (read.outcome == ReadOutcome::kFailed) {
+        ++errors;
+        m.log_once(read.op, read.err, "such reads miss and their files are deleted");
+      }
+      m.forget(p.name, p.generation);
+      return;
+    }
+    bool bad = read.outcome == ReadOutcome::kTooLarge;
+    DecodedValue decoded;
+    if (!bad) {
+      const std::span<const std::byte> value(buffer.data(), read.got);
+      const std::string mac_name =
+          m.opts.mac ? remote_key(r.key, to_string(r.slot.kind), r.slot.layer_idx) : std::string();
+      decoded = decode_remote_value(value, r.rows, r.cols, m.opts.mac.get(), mac_name);
+      bad = decoded.status != DecodeStatus::kOk;
+    }
+    if (bad) {
+      ++corrupt;
+      if (decoded.status == DecodeStatus::kUnauthenticated) ++unauthenticated;
+      if (log_enabled(LogLevel::kDebug)) {
+        log(LogLevel::kDebug, "disk tier: " + m.path(p.name) + " rejected (" +
+                                  std::string(to_string(decoded.status)) + "); deleted");
+      }
+      m.forget(p.name, p.generation);
+      return;
+    }
+    ++hits;
+    bytes += decoded.payload.size();
+    on_value(p.request, TierValue{decoded.header.format, decoded.header.rows, decoded.header.cols,
+                                  decoded.payload, nullptr});
+  };
+  struct Count {  // the counters, also when on_value throws
+    Impl& m;
+    size_t asked;
+    uint64_t &hits, &corrupt, &unauthenticated, &bytes, &errors;
+    ~Count() {
+      m.hits.fetch_add(hits, std::memory_order_relaxed);
+      m.misses.fetch_add(asked - hits, std::memory_order_relaxed);
+      m.corrupt.fetch_add(corrupt, std::memory_order_relaxed);
+      m.unauthenticated.fetch_add(unauthenticated, std::memory_order_relaxed);
+      m.bytes_read.fetch_add(bytes, std::memory_order_relaxed);
+      m.errors.fetch_add(errors, std::memory_order_relaxed);
+    }
+  } count{m, requests.size(), hits, corrupt, unauthenticated, bytes, errors};
+
+  if (m.direct_reads.load(std::memory_order_relaxed) && plan.size() >= 2) {
+    // O_DIRECT: read_threads files read at once, ahead of their checks and copies, on reader
+    // threads (tiers/disk/read_pipeline.hpp). Without a thread to be had, the serial loop below.
+    std::optional<ReadPipeline> pipeline;
+    try {
+      pipeline.emplace(plan.size(), std::max(m.opts.read_threads, 1), [&m, &plan](size_t j, AlignedBuffer& buffer) {
+        return m.read_file(plan[j].name, plan[j].limit, buffer, -1);
+      });
+    } catch (const std::system_error&) {
+      pipeline.reset();
+    }
+    if (pipeline) {
+      for (const PlannedRead& p : plan) {
+        const ReadPipeline::Item item = pipeline->next();
+        take(p, item.read, *item.buffer);
+      }
+      return;
+    }
+  }
+
+  // Serial reads. Read-ahead (buffered reads only): the next files are opened and their reads
+  // started in the kernel while this one is read, checked and handed over, so several reads are
+  // in flight without threads.
+  const size_t ahead = m.direct_reads.load(std::memory_order_relaxed)
+                           ? 0
+                           : static_cast<size_t>(std::max(m.opts.read_ahead_files, 0));
+  AlignedBuffer buffer;
+  std::deque<int> opened;  // descriptors of plan [j, next_ahead)
+  size_t next_ahead = 0;
+  struct CloseRest {
+    std::deque<int>& fds;
+    const DiskIo& io;
+    ~CloseRest() {
+      for (const int fd : fds) {
+        if (fd >= 0) (void)io.close(fd);
+      }
+    }
+  } close_rest{opened, m.opts.io};
+  for (size_t j = 0; j < plan.size(); ++j) {
+    while (ahead > 0 && next_ahead < plan.size() && next_ahead <= j + ahead) {
+      opened.push_back(open_ahead(m.opts.io, m.path(plan[next_ahead++].name)));
+    }
+    int fd = -1;
+    if (!opened.empty()) {
+      fd = opened.front();
+      opened.pop_front();
+    }
+    take(plan[j], m.read_file(plan[j].name, plan[j].limit, buffer, fd), buffer);
+  }
+}
+
+}  // namespace hss::detail
