@@ -151,14 +151,15 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
         adapter.check_lookup_result = check_lookup_result
         adapter.cleanup_lookup_result = cleanup_lookup_result
 
-    def _coverage(self, tokens, salt: str) -> int:
+    def _coverage(self, tokens, salt: str, chunks: Any = None) -> int:
         """Tokens of the prefix of `tokens` whose every chunk has every required layer, under the
-        request's cache_salt."""
+        request's cache_salt (`chunks`: the store's chunk list of `tokens`, when already made)."""
         worker = self._store_of
         if worker is None or worker.store is None:
             return 0
-        covered = worker.store.coverage(worker.store.chunks(list(tokens), salt or ""),
-                                        self._hs.labels)
+        if chunks is None:
+            chunks = worker.store.chunks(list(tokens), salt or "")
+        covered = worker.store.coverage(chunks, self._hs.labels)
         return covered // self._chunk_size * self._chunk_size
 
     def _forget(self, request_id: str) -> None:
@@ -191,7 +192,8 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
             return False
         tokens = tracker.get_token_ids()[:hit]
         chunks = worker.store.chunks(list(tokens), tracker.cache_salt or "")
-        if worker.store.coverage(chunks, self._hs.labels) >= hit // self._chunk_size * self._chunk_size:
+        whole = hit // self._chunk_size * self._chunk_size
+        if self._coverage(tokens, tracker.cache_salt, chunks) >= whole:
             return False
         if self._puller is None:
             from concurrent.futures import ThreadPoolExecutor
