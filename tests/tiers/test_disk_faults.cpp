@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -649,6 +650,84 @@ TEST(DiskFaults, ACallbackThrowingMidFetchLeavesTheTierWhole) {
   EXPECT_EQ(std::count(served.begin(), served.end(), true), static_cast<long>(kValues));
   EXPECT_EQ(tier.stats().errors, 0U);
 }
+
+
+// Reads go into the tier's kept buffers: a second fetch reads into the memory the first read
+// into (no fresh pages faulted in), pipelined (O_DIRECT) or serial (buffered), also after a
+// fetch that ended in an exception. The values stay bit-exact.
+class KeptReadBuffers : public testing::TestWithParam<int> {};
+
+TEST_P(KeptReadBuffers, ASecondFetchReadsIntoTheFirstFetchsMemory) {
+  const TempDir dir;
+  auto mutex = std::make_shared<std::mutex>();
+  auto into = std::make_shared<std::vector<const void*>>();  // each file's first read, by address
+  detail::DiskTierOptions o;
+  o.dir = dir.root;
+  o.budget_bytes = 1ULL << 30;
+  o.queue_bytes = 16ULL << 20;
+  o.writer_threads = 1;
+  o.read_threads = GetParam();
+  o.io.pread = [mutex, into](int fd, void* out, size_t size, off_t offset) {
+    if (offset == 0) {
+      std::lock_guard lock(*mutex);
+      into->push_back(out);
+    }
+    return ::pread(fd, out, size, offset);
+  };
+  DiskTier tier(std::move(o));
+  constexpr size_t kValues = 9;
+  std::vector<detail::TierRequest> requests;
+  std::vector<std::vector<float>> values;
+  for (size_t i = 0; i < kValues; ++i) {
+    CacheEngineKey key;
+    key.model_name = "kept";
+    key.chunk_hash = 0x2000 + i;
+    requests.push_back({key, Slot{ActivationKind::kHidden, 0}, kChunk, kCols});
+    values.emplace_back(static_cast<size_t>(kChunk * kCols), static_cast<float>(i) + 0.25F);
+    const std::span<const std::byte> bytes = std::as_bytes(std::span(values.back()));
+    ASSERT_TRUE(tier.enqueue_write({key, requests.back().slot,
+                                    detail::RowFormat::of(kernels::ElemType::kFloat32), kChunk,
+                                    kCols},
+                                   std::span(&bytes, 1)));
+  }
+  tier.flush();
+  ASSERT_EQ(tier.stats().writes_done, kValues);
+
+  auto fetch = [&](size_t throw_at) {
+    {
+      std::lock_guard lock(*mutex);
+      into->clear();
+    }
+    size_t served = 0;
+    try {
+      tier.fetch_each(requests, [&](size_t i, const detail::TierValue& v) {
+        if (served == throw_at) throw std::runtime_error("callback failed");
+        EXPECT_EQ(std::memcmp(v.payload.data(), values[i].data(), v.payload.size()), 0) << i;
+        ++served;
+      });
+    } catch (const std::runtime_error&) {
+      EXPECT_EQ(served, throw_at);
+    }
+    std::lock_guard lock(*mutex);
+    return std::set<const void*>(into->begin(), into->end());
+  };
+  EXPECT_EQ(tier.read_buffers_kept(), 0U);
+  // Pipelined: one buffer per slot (readers + 1), kept after the fetch; serial: one.
+  const size_t buffers = tier.direct_reads() ? static_cast<size_t>(GetParam()) + 1 : 1U;
+  const std::set<const void*> first = fetch(SIZE_MAX);
+  EXPECT_LE(first.size(), buffers);
+  EXPECT_EQ(tier.read_buffers_kept(), buffers);
+  const std::set<const void*> failed = fetch(4);
+  EXPECT_EQ(tier.read_buffers_kept(), buffers);  // given back by the exception's unwinding
+  const std::set<const void*> again = fetch(SIZE_MAX);
+  EXPECT_EQ(tier.read_buffers_kept(), buffers);
+  EXPECT_TRUE(std::includes(first.begin(), first.end(), failed.begin(), failed.end()));
+  EXPECT_TRUE(std::includes(first.begin(), first.end(), again.begin(), again.end()));
+  EXPECT_EQ(tier.stats().errors, 0U);
+  EXPECT_EQ(tier.stats().corrupt_values, 0U);
+}
+
+INSTANTIATE_TEST_SUITE_P(Readers, KeptReadBuffers, testing::Values(1, 3));
 
 }  // namespace
 }  // namespace hss

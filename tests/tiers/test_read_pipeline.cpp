@@ -1,14 +1,19 @@
 // The disk tier's read pipeline (src/tiers/disk/read_pipeline.hpp): items come back in order
 // with their own bytes whatever the readers' count, N readers stay at most N items ahead of the
 // caller, a reader's exception reaches the caller at its item, and a caller that stops early
-// leaves no thread.
+// leaves no thread. The read buffers kept between fetches (AlignedBufferCache, disk_io.hpp): a
+// pipeline's slots come from the cache and go back to it, however the pipeline ends.
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -19,6 +24,7 @@ namespace hss {
 namespace {
 
 using detail::AlignedBuffer;
+using detail::AlignedBufferCache;
 using detail::FileRead;
 using detail::ReadOutcome;
 using detail::ReadPipeline;
@@ -125,6 +131,104 @@ TEST(ReadPipeline, ACallerThatStopsEarlyLeavesNoThreadBehind) {
   { ReadPipeline none(0, 4, [](size_t, AlignedBuffer&) { return FileRead{}; }); }
   EXPECT_THROW(ReadPipeline(3, 0, [](size_t, AlignedBuffer&) { return FileRead{}; }),
                InvalidArgument);
+}
+
+
+TEST(AlignedBufferCache, KeepsAtMostItsCountAndHandsBackTheSameMemory) {
+  AlignedBufferCache cache(2);
+  AlignedBuffer none = cache.take();  // nothing kept yet: an empty buffer
+  EXPECT_EQ(none.data(), nullptr);
+  cache.give_back(std::move(none));  // holding nothing: not kept
+  EXPECT_EQ(cache.kept(), 0U);
+
+  std::vector<AlignedBuffer> grown(3);
+  std::set<const std::byte*> memory;
+  for (AlignedBuffer& b : grown) memory.insert(b.reserve(3 * 4096 + 1));
+  ASSERT_EQ(memory.size(), 3U);
+  for (AlignedBuffer& b : grown) cache.give_back(std::move(b));
+  EXPECT_EQ(cache.kept(), 2U);  // the third was freed
+
+  for (int i = 0; i < 2; ++i) {
+    AlignedBuffer b = cache.take();
+    ASSERT_NE(b.data(), nullptr);
+    EXPECT_TRUE(memory.contains(b.data()));
+    EXPECT_EQ(b.capacity(), 4 * 4096U);  // rounded up, and kept at that size
+    EXPECT_EQ(b.reserve(4096), b.data());  // no larger: the same memory
+  }
+  EXPECT_EQ(cache.kept(), 0U);
+  EXPECT_EQ(cache.take().data(), nullptr);
+}
+
+/// The buffers the reads of one pipeline went into, by address.
+std::set<const std::byte*> pipeline_buffers(size_t items, int readers, AlignedBufferCache& cache,
+                                            size_t throw_at = SIZE_MAX) {
+  std::mutex mutex;
+  std::set<const std::byte*> seen;
+  ReadPipeline pipeline(
+      items, readers,
+      [&](size_t item, AlignedBuffer& buffer) {
+        if (item == throw_at) throw std::bad_alloc();
+        FileRead r = fill(item, buffer, 2 * 4096);
+        std::lock_guard lock(mutex);
+        seen.insert(buffer.data());
+        return r;
+      },
+      &cache);
+  for (size_t i = 0; i < items; ++i) {
+    try {
+      EXPECT_EQ(pipeline.next().buffer->data()[0], static_cast<std::byte>(i));
+    } catch (const std::bad_alloc&) {
+      EXPECT_EQ(i, throw_at);
+      break;
+    }
+  }
+  std::lock_guard lock(mutex);
+  return seen;
+}
+
+TEST(ReadPipeline, ItsSlotsComeFromTheCacheAndGoBackToItHoweverItEnds) {
+  AlignedBufferCache cache(8);
+  const std::set<const std::byte*> first = pipeline_buffers(12, 2, cache);
+  EXPECT_EQ(first.size(), 3U);  // readers + 1 slots
+  EXPECT_EQ(cache.kept(), 3U);
+  // The next pipelines read into the same memory: nothing allocated, no page faulted in afresh,
+  // also after a reader's exception ended one early.
+  const std::set<const std::byte*> failed = pipeline_buffers(12, 2, cache, 5);
+  EXPECT_TRUE(std::includes(first.begin(), first.end(), failed.begin(), failed.end()));
+  EXPECT_EQ(cache.kept(), 3U);
+  const std::set<const std::byte*> again = pipeline_buffers(12, 1, cache);
+  EXPECT_EQ(again.size(), 2U);
+  EXPECT_TRUE(std::includes(first.begin(), first.end(), again.begin(), again.end()));
+  EXPECT_EQ(cache.kept(), 3U);
+}
+
+TEST(AlignedBufferCache, ThreadsTakingAndGivingBackAtOnceNeverShareABuffer) {
+  AlignedBufferCache cache(3);
+  std::mutex mutex;
+  std::set<const std::byte*> in_use;
+  std::atomic<int> shared{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 500; ++i) {
+        AlignedBuffer b = cache.take();
+        const std::byte* p = b.reserve(4096);
+        {
+          std::lock_guard lock(mutex);
+          if (!in_use.insert(p).second) shared.fetch_add(1);
+        }
+        std::memset(b.data(), t, 4096);
+        {
+          std::lock_guard lock(mutex);
+          in_use.erase(p);
+        }
+        cache.give_back(std::move(b));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(shared.load(), 0);
+  EXPECT_LE(cache.kept(), 3U);
 }
 
 }  // namespace

@@ -114,4 +114,27 @@ std::byte* AlignedBuffer::reserve(size_t bytes) {
 
 void AlignedBuffer::Free::operator()(std::byte* p) const noexcept { std::free(p); }
 
+AlignedBufferCache::AlignedBufferCache(size_t max_kept) : max_kept_(max_kept) {
+  kept_.reserve(max_kept);
+}
+
+AlignedBuffer AlignedBufferCache::take() {
+  std::lock_guard lock(mutex_);
+  if (kept_.empty()) return {};
+  AlignedBuffer buffer = std::move(kept_.back());
+  kept_.pop_back();
+  return buffer;
+}
+
+void AlignedBufferCache::give_back(AlignedBuffer buffer) noexcept {
+  if (buffer.data() == nullptr) return;
+  std::lock_guard lock(mutex_);
+  if (kept_.size() < max_kept_) kept_.push_back(std::move(buffer));  // within the capacity
+}  // otherwise `buffer` is freed here, after the lock
+
+size_t AlignedBufferCache::kept() const {
+  std::lock_guard lock(mutex_);
+  return kept_.size();
+}
+
 }  // namespace hss::detail

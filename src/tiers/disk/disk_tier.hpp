@@ -31,7 +31,10 @@
 //   read costs what the device costs and the pool's copy is the only one in memory. Two files or
 //   more are read ahead of their checks and copies by read_threads reader threads started for
 //   the call (tiers/disk/read_pipeline.hpp; 1 by default: 2 and 4 measured no faster here), so
-//   a cold hit is the reads' time, not reads plus checks plus copies.
+//   a cold hit is the reads' time, not reads plus checks plus copies. The read buffers are kept
+//   from one fetch to the next (at most read_threads + 2, each as large as the largest file read:
+//   12 MiB for 4 MiB values), so a read goes into pages already faulted in; fresh buffers made a
+//   64-file cold hit ~50 ms slower here (disk_io.hpp, AlignedBufferCache).
 //   Buffered (direct_reads off, or refused): while one file is read, the next read_ahead_files
 //   (4) are open with their reads started in the kernel (POSIX_FADV_WILLNEED), so several reads
 //   are in flight without threads; each file's pages are dropped after its read. The choices,
@@ -130,6 +133,8 @@ class DiskTier final : public BackingTier {
   /// True while reads use O_DIRECT; false when off in the options or the directory refused it
   /// (EINVAL at the probe or at a read: logged once, reads buffered from then on).
   [[nodiscard]] bool direct_reads() const noexcept;
+  /// Read buffers kept for the next fetch (at most read_threads + 2; see "Read").
+  [[nodiscard]] size_t read_buffers_kept() const;
 
   /// The file name of one value (no directory).
   [[nodiscard]] static std::string file_name(const CacheEngineKey& key, Slot slot);

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -145,6 +146,8 @@ struct DiskTier::Impl {
   DiskTierOptions opts;
   bool enabled = false;
   std::atomic<bool> direct_reads{false};
+  /// Read buffers between fetches: one pipeline's ring (read_threads + 1) and the serial path's.
+  AlignedBufferCache read_buffers{static_cast<size_t>(std::max(opts.read_threads, 1)) + 2};
 
   // write-behind queue
   mutable std::mutex queue_mutex;

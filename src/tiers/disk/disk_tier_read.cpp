@@ -65,6 +65,8 @@ FileRead DiskTier::Impl::read_file(const std::string& name, uint64_t limit,
   }
 }
 
+size_t DiskTier::read_buffers_kept() const { return impl_->read_buffers.kept(); }
+
 std::vector<bool> DiskTier::contains(std::span<const TierRequest> requests) {
   std::vector<bool> present(requests.size(), false);
   std::lock_guard lock(impl_->index_mutex);
@@ -170,9 +172,12 @@ void DiskTier::fetch_each(std::span<const TierRequest> requests,
     // threads (tiers/disk/read_pipeline.hpp). Without a thread to be had, the serial loop below.
     std::optional<ReadPipeline> pipeline;
     try {
-      pipeline.emplace(plan.size(), std::max(m.opts.read_threads, 1), [&m, &plan](size_t j, AlignedBuffer& buffer) {
-        return m.read_file(plan[j].name, plan[j].limit, buffer, -1);
-      });
+      pipeline.emplace(
+          plan.size(), std::max(m.opts.read_threads, 1),
+          [&m, &plan](size_t j, AlignedBuffer& buffer) {
+            return m.read_file(plan[j].name, plan[j].limit, buffer, -1);
+          },
+          &m.read_buffers);
     } catch (const std::system_error&) {
       pipeline.reset();
     }
@@ -191,7 +196,12 @@ void DiskTier::fetch_each(std::span<const TierRequest> requests,
   const size_t ahead = m.direct_reads.load(std::memory_order_relaxed)
                            ? 0
                            : static_cast<size_t>(std::max(m.opts.read_ahead_files, 0));
-  AlignedBuffer buffer;
+  struct KeptBuffer {  // the tier's, given back however the loop ends
+    AlignedBufferCache& cache;
+    AlignedBuffer buffer;
+    ~KeptBuffer() { cache.give_back(std::move(buffer)); }
+  } kept{m.read_buffers, m.read_buffers.take()};
+  AlignedBuffer& buffer = kept.buffer;
   std::deque<int> opened;  // descriptors of plan [j, next_ahead)
   size_t next_ahead = 0;
   struct CloseRest {

@@ -8,23 +8,35 @@
 
 namespace hss::detail {
 
-ReadPipeline::ReadPipeline(size_t count, int readers, ReadItem read)
-    : count_(count), read_(std::move(read)) {
+ReadPipeline::ReadPipeline(size_t count, int readers, ReadItem read, AlignedBufferCache* buffers)
+    : count_(count), read_(std::move(read)), buffers_(buffers) {
   if (readers < 1) {
     throw InvalidArgument("ReadPipeline: readers must be >= 1, got " + std::to_string(readers));
   }
   const size_t threads = std::min(static_cast<size_t>(readers), count);
   slots_.resize(threads + 1);
-  for (size_t s = 0; s < slots_.size(); ++s) slots_[s].item = s;
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    slots_[s].item = s;
+    if (buffers_ != nullptr) slots_[s].buffer = buffers_->take();
+  }
   try {
     for (size_t t = 0; t < threads; ++t) readers_.emplace_back([this] { run(); });
   } catch (...) {
     stop();  // the readers already started, before the error leaves the constructor
+    give_back_buffers();
     throw;
   }
 }
 
-ReadPipeline::~ReadPipeline() { stop(); }
+ReadPipeline::~ReadPipeline() {
+  stop();
+  give_back_buffers();
+}
+
+void ReadPipeline::give_back_buffers() noexcept {
+  if (buffers_ == nullptr) return;
+  for (Slot& slot : slots_) buffers_->give_back(std::move(slot.buffer));
+}
 
 void ReadPipeline::stop() noexcept {
   {

@@ -12,6 +12,9 @@
 //     kFree --(a reader: read its item into it)--> kFilled --(caller: next() returns it)-->
 //     kInUse --(caller: next() for the following item, or the destructor)--> kFree
 //
+// Buffers: each slot's buffer is taken from the tier's AlignedBufferCache and given back when
+// the pipeline ends, so the next fetch reads into pages already faulted in (disk_io.hpp).
+//
 // Failure: a reader's exception (std::bad_alloc from a buffer's growth) is rethrown by the
 // next() that would have returned its item; no reader takes on an item after it, and a next()
 // for such an item rethrows the same exception. The destructor stops the readers (each finishes the
@@ -42,9 +45,11 @@ class ReadPipeline {
     const AlignedBuffer* buffer = nullptr;  ///< the bytes (read.got of them) until next()
   };
 
-  /// Starts min(readers, count) reader threads (readers >= 1) on items [0, count).
-  /// std::system_error when no thread can be started (the caller reads serially instead).
-  ReadPipeline(size_t count, int readers, ReadItem read);
+  /// Starts min(readers, count) reader threads (readers >= 1) on items [0, count). The slots'
+  /// buffers come from `buffers` and go back to it when the pipeline ends (nullptr: fresh
+  /// buffers, freed at the end). std::system_error when no thread can be started (the caller
+  /// reads serially instead).
+  ReadPipeline(size_t count, int readers, ReadItem read, AlignedBufferCache* buffers = nullptr);
   ~ReadPipeline();
   ReadPipeline(const ReadPipeline&) = delete;
   ReadPipeline& operator=(const ReadPipeline&) = delete;
@@ -65,9 +70,11 @@ class ReadPipeline {
 
   void run();
   void stop() noexcept;
+  void give_back_buffers() noexcept;  // after stop(): no reader touches a slot
 
   const size_t count_;
   const ReadItem read_;
+  AlignedBufferCache* const buffers_;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<Slot> slots_;
