@@ -237,8 +237,15 @@ def main() -> None:
     # Per round ratios (interleaved rounds: the same machine state for both).
     for x, y in (("b", "c"), ("a", "c"), ("d", "c"), ("c", "f"), ("e", "g"), ("e", "c")):
         if x in results and y in results:
-            report[f"{x}_over_{y}"] = summary([p["s"] / q["s"]
-                                              for p, q in zip(results[x], results[y])])
+            ratios = [p["s"] / q["s"] for p, q in zip(results[x], results[y])]
+            report[f"{x}_over_{y}"] = summary(ratios)
+            # A sign test's count: rounds in which y was the faster of the two.
+            report[f"{x}_over_{y}"]["rounds_y_faster"] = sum(r > 1 for r in ratios)
+    # The part of (b) and (c) that differs: the hidden-state store's restore, per round.
+    if "b" in results and "c" in results and all(
+            run.get("restore_ns") for run in results["b"] + results["c"]):
+        report["b_over_c_restore"] = summary([p["restore_ns"] / q["restore_ns"]
+                                              for p, q in zip(results["b"], results["c"])])
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:
