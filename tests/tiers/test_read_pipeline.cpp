@@ -209,7 +209,7 @@ TEST(AlignedBufferCache, ThreadsTakingAndGivingBackAtOnceNeverShareABuffer) {
   std::atomic<int> shared{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&] {
+    threads.emplace_back([&, t] {
       for (int i = 0; i < 500; ++i) {
         AlignedBuffer b = cache.take();
         const std::byte* p = b.reserve(4096);
