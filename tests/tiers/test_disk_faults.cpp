@@ -601,6 +601,32 @@ TEST_P(PipelinedEio, TwoOfTwelveReadsFailingMissThoseTwoTheRestServedBitExact) {
 
 INSTANTIATE_TEST_SUITE_P(Readers, PipelinedEio, testing::Values(1, 4));
 
+/// `count` float32 chunks written straight into `tier` and flushed: the requests that ask for
+/// them and the values (value i all `i + offset`).
+struct WrittenValues {
+  std::vector<detail::TierRequest> requests;
+  std::vector<std::vector<float>> values;
+};
+
+WrittenValues write_values(DiskTier& tier, size_t count, uint64_t first_hash, float offset) {
+  WrittenValues w;
+  for (size_t i = 0; i < count; ++i) {
+    CacheEngineKey key;
+    key.model_name = "direct";
+    key.chunk_hash = first_hash + i;
+    w.requests.push_back({key, Slot{ActivationKind::kHidden, 0}, kChunk, kCols});
+    w.values.emplace_back(static_cast<size_t>(kChunk * kCols), static_cast<float>(i) + offset);
+    const std::span<const std::byte> bytes = std::as_bytes(std::span(w.values.back()));
+    EXPECT_TRUE(tier.enqueue_write({key, w.requests.back().slot,
+                                    detail::RowFormat::of(kernels::ElemType::kFloat32), kChunk,
+                                    kCols},
+                                   std::span(&bytes, 1)));
+  }
+  tier.flush();
+  EXPECT_EQ(tier.stats().writes_done, count);
+  return w;
+}
+
 // A callback that throws in the middle of a pipelined fetch: the exception reaches the caller,
 // no reader thread is left behind, the counters hold what was handed over, and the next fetch
 // serves every value.
@@ -614,22 +640,10 @@ TEST(DiskFaults, ACallbackThrowingMidFetchLeavesTheTierWhole) {
   DiskTier tier(std::move(o));
   if (!tier.direct_reads()) GTEST_SKIP() << dir.root << " does not take O_DIRECT (tmpfs?)";
   constexpr size_t kValues = 8;
-  std::vector<detail::TierRequest> requests;
-  std::vector<std::vector<float>> values;
-  for (size_t i = 0; i < kValues; ++i) {
-    CacheEngineKey key;
-    key.model_name = "pipeline";
-    key.chunk_hash = 0x1000 + i;
-    requests.push_back({key, Slot{ActivationKind::kHidden, 0}, kChunk, kCols});
-    values.emplace_back(static_cast<size_t>(kChunk * kCols), static_cast<float>(i) + 0.5F);
-    const std::span<const std::byte> bytes = std::as_bytes(std::span(values.back()));
-    ASSERT_TRUE(tier.enqueue_write({key, requests.back().slot,
-                                    detail::RowFormat::of(kernels::ElemType::kFloat32), kChunk,
-                                    kCols},
-                                   std::span(&bytes, 1)));
-  }
-  tier.flush();
-  ASSERT_EQ(tier.stats().writes_done, kValues);
+  const WrittenValues written = write_values(tier, kValues, 0x1000, 0.5F);
+  const std::vector<detail::TierRequest>& requests = written.requests;
+  const std::vector<std::vector<float>>& values = written.values;
+  ASSERT_FALSE(HasFailure());
 
   size_t seen = 0;
   EXPECT_THROW(tier.fetch_each(requests,
@@ -675,23 +689,10 @@ TEST_P(KeptReadBuffers, ASecondFetchReadsIntoTheFirstFetchsMemory) {
     return ::pread(fd, out, size, offset);
   };
   DiskTier tier(std::move(o));
-  constexpr size_t kValues = 9;
-  std::vector<detail::TierRequest> requests;
-  std::vector<std::vector<float>> values;
-  for (size_t i = 0; i < kValues; ++i) {
-    CacheEngineKey key;
-    key.model_name = "kept";
-    key.chunk_hash = 0x2000 + i;
-    requests.push_back({key, Slot{ActivationKind::kHidden, 0}, kChunk, kCols});
-    values.emplace_back(static_cast<size_t>(kChunk * kCols), static_cast<float>(i) + 0.25F);
-    const std::span<const std::byte> bytes = std::as_bytes(std::span(values.back()));
-    ASSERT_TRUE(tier.enqueue_write({key, requests.back().slot,
-                                    detail::RowFormat::of(kernels::ElemType::kFloat32), kChunk,
-                                    kCols},
-                                   std::span(&bytes, 1)));
-  }
-  tier.flush();
-  ASSERT_EQ(tier.stats().writes_done, kValues);
+  const WrittenValues written = write_values(tier, 9, 0x2000, 0.25F);
+  const std::vector<detail::TierRequest>& requests = written.requests;
+  const std::vector<std::vector<float>>& values = written.values;
+  ASSERT_FALSE(HasFailure());
 
   auto fetch = [&](size_t throw_at) {
     {
