@@ -67,16 +67,15 @@ FileRead DiskTier::Impl::read_file(const std::string& name, uint64_t limit,
 
 size_t DiskTier::read_buffers_kept() const { return impl_->read_buffers.kept(); }
 
-std::vector<bool> DiskTier::contains(std::span<const TierRequest> requests) {
-  std::vector<bool> present(requests.size(), false);
-  std::lock_guard lock(impl_->index_mutex);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    present[i] = impl_->files.contains(file_name(requests[i].key, requests[i].slot));
-  }
-  return present;
-}
-
 namespace {
+
+/// The file names of `requests`, made before the index lock is taken (each is a hash).
+std::vector<std::string> file_names(std::span<const TierRequest> requests) {
+  std::vector<std::string> names;
+  names.reserve(requests.size());
+  for (const TierRequest& r : requests) names.push_back(DiskTier::file_name(r.key, r.slot));
+  return names;
+}
 
 /// One file a fetch reads: its request, the index generation it was found under, its name and
 /// the most bytes a value of the asked shape can take.
@@ -98,21 +97,29 @@ uint64_t read_limit(const TierRequest& r) {
 
 }  // namespace
 
+std::vector<bool> DiskTier::contains(std::span<const TierRequest> requests) {
+  const std::vector<std::string> names = file_names(requests);
+  std::vector<bool> present(requests.size(), false);
+  std::lock_guard lock(impl_->index_mutex);
+  for (size_t i = 0; i < requests.size(); ++i) present[i] = impl_->files.contains(names[i]);
+  return present;
+}
+
 void DiskTier::fetch_each(std::span<const TierRequest> requests,
                           const std::function<void(size_t, const TierValue&)>& on_value) {
   Impl& m = *impl_;
   // The files the index holds, found under one lock (and marked most recently used); the rest
   // are misses without I/O.
+  std::vector<std::string> names = file_names(requests);
   std::vector<PlannedRead> plan;
   plan.reserve(requests.size());
   {
     std::lock_guard lock(m.index_mutex);
     for (size_t i = 0; i < requests.size(); ++i) {
-      std::string name = file_name(requests[i].key, requests[i].slot);
-      const auto it = m.files.find(name);
+      const auto it = m.files.find(names[i]);
       if (it == m.files.end()) continue;
       m.lru.splice(m.lru.end(), m.lru, it->second.lru);
-      plan.push_back({i, it->second.generation, std::move(name), read_limit(requests[i])});
+      plan.push_back({i, it->second.generation, std::move(names[i]), read_limit(requests[i])});
     }
   }
   uint64_t hits = 0, corrupt = 0, unauthenticated = 0, bytes = 0, errors = 0;
