@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "base/huge_pages.hpp"
 #include "datapath/cuda_runtime.hpp"
 #include "hss/error.hpp"
 
@@ -117,15 +118,13 @@ BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_p
     pinned_ = base_ != nullptr;
   }
   if (base_ == nullptr) {
-    void* mem = mmap(nullptr, capacity_bytes, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (mem == MAP_FAILED) {
-      throw Error("hidden-state pool: could not map " + std::to_string(capacity_bytes) + " bytes");
-    }
     // Huge pages before the first fault: populated first (MAP_POPULATE), the pool was all 4 KiB
     // pages, and khugepaged then collapsed it 16 MiB per 10 s while the engine ran, so the same
     // call got faster over minutes (issue 22's small-call times; docs/perf.md).
-    (void)madvise(mem, capacity_bytes, MADV_HUGEPAGE);
+    void* mem = map_huge_pages(capacity_bytes, /*noreserve=*/true);
+    if (mem == nullptr) {
+      throw Error("hidden-state pool: could not map " + std::to_string(capacity_bytes) + " bytes");
+    }
     if (prefault) populate(mem, capacity_bytes);
     base_ = static_cast<std::byte*>(mem);
   }
@@ -139,7 +138,7 @@ BlockPool::~BlockPool() {
   if (pinned_) {
     pinned_host_free(base_, device_);
   } else {
-    munmap(base_, arena_bytes_);
+    unmap_huge_pages(base_, arena_bytes_);
   }
 }
 

@@ -99,9 +99,10 @@ class BlockPool final : public GranuleHome {
   [[nodiscard]] static uint64_t granule_for_pool(uint64_t capacity_bytes);
 
   /// Allocates capacity_bytes now: page-locked, device-mapped memory (on CUDA device `device`)
-  /// when `try_pinned` and a device is present, else anonymous pages (populated up front when
-  /// `prefault`, after checking that they fit in the memory available to the process:
-  /// hss::Error naming both otherwise). granule_bytes == 0 picks granule_for_pool; otherwise a
+  /// when `try_pinned` and a device is present, else anonymous pages mapped for huge pages from a
+  /// huge-page boundary (base/huge_pages.hpp), populated up front when `prefault`, after
+  /// checking that they fit in the memory available to the process (hss::Error naming both
+  /// otherwise). granule_bytes == 0 picks granule_for_pool; otherwise a
   /// multiple of 64 <= kMaxGranuleBytes.
   BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_pinned, bool prefault,
             int device = -1);

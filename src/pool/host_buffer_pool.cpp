@@ -2,13 +2,11 @@
 //
 // Why: an engine asks for a fresh restored tensor per request. Fresh anonymous memory pays a page
 // fault per 4 KiB page on first touch, which by itself caps a restore at a few percent of memcpy
-// speed for large prefixes. Large buffers are therefore mmapped with MADV_HUGEPAGE (one fault per
-// 2 MiB) and, when released, kept for reuse up to a byte limit (hidden_state_output_cache_bytes,
-// default 2048 MiB; each store sets it from its config, HSS_OUTPUT_CACHE_MB overriding it through
-// Config::with_env_overrides), so the steady state touches no new pages at all. Small buffers use
-// malloc.
-
-#include <sys/mman.h>
+// speed for large prefixes. Large buffers are therefore mapped for huge pages
+// (base/huge_pages.hpp: one fault per 2 MiB) and, when released, kept for reuse up to a byte
+// limit (hidden_state_output_cache_bytes, default 2048 MiB; each store sets it from its config,
+// HSS_OUTPUT_CACHE_MB overriding it through Config::with_env_overrides), so the steady state
+// touches no new pages at all. Small buffers use malloc.
 
 #include <algorithm>
 #include <bit>
@@ -19,6 +17,7 @@
 #include <optional>
 #include <string>
 
+#include "base/huge_pages.hpp"
 #include "hss/config.hpp"
 #include "hss/detail/host_buffer.hpp"
 #include "hss/error.hpp"
@@ -27,7 +26,6 @@ namespace hss::detail {
 namespace {
 
 constexpr size_t kLargeThreshold = size_t{1} << 20;
-constexpr size_t kHugePage = size_t{2} << 20;
 
 /// Before any store sets it: the default config's limit, as the environment overrides it.
 size_t initial_limit() {
@@ -51,7 +49,7 @@ class Recycler {
     // Power-of-two size classes: restores of varying prefix lengths land in a handful of classes,
     // so a released buffer nearly always serves the next request of similar size. The unused
     // tail of a class costs address space only; its pages are never touched.
-    const size_t rounded = std::bit_ceil(std::max(bytes, kHugePage));
+    const size_t rounded = std::bit_ceil(std::max(bytes, kHugePageBytes));
     {
       std::lock_guard lock(mutex_);
       auto it = free_.find(rounded);
@@ -64,9 +62,8 @@ class Recycler {
       }
       ++fresh_;
     }
-    void* mem = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) throw std::bad_alloc();
-    (void)madvise(mem, rounded, MADV_HUGEPAGE);
+    void* mem = map_huge_pages(rounded);
+    if (mem == nullptr) throw std::bad_alloc();
     return {mem, rounded};
   }
 
@@ -83,7 +80,7 @@ class Recycler {
         return;
       }
     }
-    munmap(ptr, capacity);
+    unmap_huge_pages(ptr, capacity);
   }
 
   HostBufferPoolStats stats() {
@@ -103,7 +100,7 @@ class Recycler {
       drained.swap(free_);
       cached_bytes_ = 0;
     }
-    for (auto& [capacity, ptr] : drained) munmap(ptr, capacity);
+    for (auto& [capacity, ptr] : drained) unmap_huge_pages(ptr, capacity);
   }
 
  private:

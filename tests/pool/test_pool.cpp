@@ -2,9 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <random>
 #include <set>
 
+#include "base/huge_pages.hpp"
 #include "pool/block_pool.hpp"
 #include "hss/hss.hpp"
 #include "test_util.hpp"
@@ -35,6 +38,18 @@ TEST(BlockPool, GrantsAscendingIdsAndTakesNothingWhenShort) {
   EXPECT_EQ(pool.free_blocks(), 10u);
   ASSERT_TRUE(pool.allocate(b));
   EXPECT_EQ(b, (std::vector<uint32_t>{0, 1, 2, 3, 4, 5, 6}));
+}
+
+TEST(BlockPool, AnUnpinnedArenaStartsOnAHugePage) {
+  // Only whole, aligned 2 MiB ranges get huge pages: an arena off the boundary would lose its
+  // first and last (kernels before 6.7 did not align large mappings).
+  for (const bool prefault : {false, true}) {
+    detail::BlockPool pool((uint64_t{8} << 20) + 4096, 0, /*try_pinned=*/false, prefault);
+    ASSERT_FALSE(pool.pinned());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(pool.block_address(0)) % detail::kHugePageBytes, 0U);
+    // Every granule is the pool's to write.
+    std::memset(pool.block_address(0), 0x3C, pool.capacity_bytes());
+  }
 }
 
 TEST(BlockPool, RejectsABadGranuleAndAPoolLargerThanMemory) {
