@@ -107,6 +107,8 @@ std::vector<Target> issue_targets() {
        "tiers/disk hit f32 cold", at(256, 4096, 16384), "raw read", 0.8},
       {"(the same against a raw O_DIRECT read)", "tiers/disk hit f32 cold", at(256, 4096, 16384),
        "raw read O_DIRECT", 0.8},
+      {"(the same against a raw O_DIRECT read into huge pages, the strongest reference)",
+       "tiers/disk hit f32 cold", at(256, 4096, 16384), "raw read O_DIRECT huge pages", 0.8},
       {"issue 32: spill slows a host store by <= 5% (value = on/off throughput)",
        "tiers/store f32 disk on", at(256, 4096, 16384), "disk off", 0.95},
   };

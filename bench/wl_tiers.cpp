@@ -5,13 +5,14 @@
 //  * disk hit (cold): a store whose pool is emptied before every rep restores the prefix from the
 //    disk tier, every file's pages dropped first (fdatasync + posix_fadvise DONTNEED), against the
 //    raw device: one file of the same bytes read sequentially with pread in 4 MiB blocks after the
-//    same drop (buffered, as dd does), and the same with O_DIRECT.
+//    same drop (buffered, as dd does), and the same with O_DIRECT, into 4 KiB pages (as dd
+//    iflag=direct) and into huge pages (as the tier reads: tiers/disk/disk_io.hpp).
 //  * promotion: the cold disk hit, then a retrieve of the same prefix (a host hit now).
 //  * spill: store + flush with the disk tier on (the write-behind lands every file) against a raw
 //    pwrite of the same bytes into one file (no fsync, as the tier does none); store with the
 //    tier on against off (the call alone: what write-behind costs the caller).
-//  * reads in flight: the tier's 64 files read with O_DIRECT one after the other against 2 and 4
-//    threads of preads (do several reads in flight pay on this device?), and the tier's fetch
+//  * reads in flight: the tier's 64 files read with O_DIRECT into huge pages one after the other
+//    against 2 and 4 threads of preads, and against the same serial reads into 4 KiB pages (do several reads in flight pay on this device?), and the tier's fetch
 //    alone: O_DIRECT with its default 1 reader thread against 2 and 4, and against buffered
 //    reads after a drop.
 //
@@ -89,8 +90,15 @@ void sync_dir(const std::string& dir) {
   ::close(fd);
 }
 
-/// A page-aligned buffer for O_DIRECT.
-std::shared_ptr<std::byte> aligned(size_t bytes) {
+/// A buffer for O_DIRECT: page-aligned (4 KiB pages), or `huge`: the tier's own read buffer
+/// (huge-page-aligned, MADV_HUGEPAGE), faulted in before any timed read.
+std::shared_ptr<std::byte> aligned(size_t bytes, bool huge) {
+  if (huge) {
+    auto buffer = std::make_shared<detail::AlignedBuffer>();
+    std::byte* p = buffer->reserve(std::max(bytes, detail::kHugePageBytes));
+    std::memset(p, 0, bytes);
+    return {buffer, p};  // aliases the buffer: freed with it
+  }
   void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   if (p == nullptr) throw std::bad_alloc();
   std::memset(p, 0, bytes);
@@ -116,10 +124,10 @@ size_t read_file(const std::string& path, std::byte* out, size_t capacity, bool 
   return got;
 }
 
-Timed raw_read(const std::string& path, size_t bytes, bool direct) {
-  auto buffer = aligned(bytes + 4096);
+Timed raw_read(const std::string& path, size_t bytes, bool direct, bool huge = false) {
+  auto buffer = aligned(bytes + 4096, huge);
   Timed t;
-  t.name = direct ? "raw read O_DIRECT" : "raw read";
+  t.name = !direct ? "raw read" : huge ? "raw read O_DIRECT huge pages" : "raw read O_DIRECT";
   t.prepare = [path] { drop_cache(path); };
   t.run = [path, buffer, bytes, direct] {
     if (read_file(path, buffer.get(), bytes, direct) != bytes) {
@@ -156,8 +164,9 @@ Timed raw_write(const std::string& path, const void* src, size_t bytes) {
   return t;
 }
 
-/// The files of `dir` read whole with O_DIRECT by `threads` threads (file i by thread i % N).
-Timed files_read(const std::string& dir, size_t total, int threads) {
+/// The files of `dir` read whole with O_DIRECT by `threads` threads (file i by thread i % N),
+/// into huge pages or 4 KiB pages.
+Timed files_read(const std::string& dir, size_t total, int threads, bool huge = true) {
   auto files = std::make_shared<std::vector<std::string>>();
   size_t largest = 0;
   for (const auto& e : fs::directory_iterator(dir)) {
@@ -166,9 +175,11 @@ Timed files_read(const std::string& dir, size_t total, int threads) {
   }
   const size_t capacity = (largest + 4095) / 4096 * 4096;
   auto buffers = std::make_shared<std::vector<std::shared_ptr<std::byte>>>();
-  for (int t = 0; t < threads; ++t) buffers->push_back(aligned(capacity));
+  for (int t = 0; t < threads; ++t) buffers->push_back(aligned(capacity, huge));
   Timed t;
-  t.name = threads == 1 ? "files read serial" : "files read " + std::to_string(threads) + " threads";
+  t.name = (threads == 1 ? std::string("files read serial")
+                         : "files read " + std::to_string(threads) + " threads") +
+           (huge ? "" : " 4 KiB pages");
   t.prepare = [dir] { drop_cache(dir); };
   t.run = [files, buffers, capacity, threads] {
     auto read_share = [&](int me) {
@@ -238,7 +249,8 @@ void run_tiers(Context& ctx) {
     w.prepare();
     w.run();
   }
-  const Timed raw_refs[] = {raw_read(raw_path, bytes, false), raw_read(raw_path, bytes, true)};
+  const Timed raw_refs[] = {raw_read(raw_path, bytes, false), raw_read(raw_path, bytes, true),
+                            raw_read(raw_path, bytes, true, true)};
 
   // Host hit.
   {
@@ -286,7 +298,8 @@ void run_tiers(Context& ctx) {
   // Reads in flight: the tier's own files, serial vs a pool of pread threads.
   {
     const Timed serial = files_read(values, bytes, 1);
-    const Timed pooled[] = {files_read(values, bytes, 2), files_read(values, bytes, 4)};
+    const Timed pooled[] = {files_read(values, bytes, 2), files_read(values, bytes, 4),
+                            files_read(values, bytes, 1, false)};
     p.output = "O_DIRECT";
     (void)ctx.report.measure("tiers", "value files read serial", p, serial, pooled);
     // The tier's fetch alone (read, checked, dropped): O_DIRECT vs buffered after a drop.
@@ -331,7 +344,7 @@ void run_tiers(Context& ctx) {
     }
     const Timed against[] = {make_fetch(true, 0, 2), make_fetch(true, 0, 4),
                              make_fetch(false, 4), make_fetch(false, 0), make_fetch(false, 8),
-                             raw_refs[0], raw_refs[1]};
+                             raw_refs[0], raw_refs[1], raw_refs[2]};
     p.output = "checked values";
     (void)ctx.report.measure("tiers", "tier fetch O_DIRECT", p, make_fetch(true, 0), against);
   }

@@ -134,6 +134,28 @@ TEST(ReadPipeline, ACallerThatStopsEarlyLeavesNoThreadBehind) {
 }
 
 
+TEST(AlignedBuffer, LargeBuffersAreHugePageMappingsSmallOnesAreNot) {
+  AlignedBuffer small;
+  std::byte* s = small.reserve(64 * 1024 + 1);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(s) % detail::kDirectAlign, 0U);
+  EXPECT_EQ(small.capacity(), 17 * 4096U);
+  EXPECT_FALSE(small.huge_page_mapped());
+
+  // A value's read (4 MiB and its header): a huge-page mapping, in whole huge pages.
+  AlignedBuffer large;
+  std::byte* l = large.reserve((4 << 20) + 4096);
+  EXPECT_TRUE(large.huge_page_mapped());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(l) % detail::kHugePageBytes, 0U);
+  EXPECT_EQ(large.capacity(), 3 * detail::kHugePageBytes);
+  std::memset(l, 0x5A, large.capacity());  // every byte of the capacity is the buffer's
+  EXPECT_EQ(large.reserve(4 << 20), l);  // no larger: the same memory
+
+  // Growing past kHugePageBytes turns a small buffer into a mapping.
+  EXPECT_NE(small.reserve(detail::kHugePageBytes), nullptr);
+  EXPECT_TRUE(small.huge_page_mapped());
+  EXPECT_EQ(small.capacity(), detail::kHugePageBytes);
+}
+
 TEST(AlignedBufferCache, KeepsAtMostItsCountAndHandsBackTheSameMemory) {
   AlignedBufferCache cache(2);
   AlignedBuffer none = cache.take();  // nothing kept yet: an empty buffer

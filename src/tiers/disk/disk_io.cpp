@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <new>
 
 namespace hss::detail {
@@ -104,15 +106,31 @@ int open_ahead(const DiskIo& io, const std::string& file) {
 
 std::byte* AlignedBuffer::reserve(size_t bytes) {
   if (bytes <= capacity_ && data_) return data_.get();
-  const size_t size = round_up_direct(std::max<size_t>(bytes, 1));
+  const size_t need = std::max<size_t>(bytes, 1);
+  if (need > std::numeric_limits<size_t>::max() - 2 * kHugePageBytes) throw std::bad_alloc();
+  if (need >= kHugePageBytes) {
+    const size_t size = (need + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+    auto* p = static_cast<std::byte*>(map_huge_pages(size));
+    if (p == nullptr) throw std::bad_alloc();
+    data_ = std::unique_ptr<std::byte, AlignedBufferFree>(p, AlignedBufferFree{size});
+    capacity_ = size;
+    return p;
+  }
+  const size_t size = round_up_direct(need);
   void* p = std::aligned_alloc(kDirectAlign, size);
   if (p == nullptr) throw std::bad_alloc();
-  data_.reset(static_cast<std::byte*>(p));
+  data_ = std::unique_ptr<std::byte, AlignedBufferFree>(static_cast<std::byte*>(p), AlignedBufferFree{0});
   capacity_ = size;
   return data_.get();
 }
 
-void AlignedBuffer::Free::operator()(std::byte* p) const noexcept { std::free(p); }
+void AlignedBufferFree::operator()(std::byte* p) const noexcept {
+  if (mapped != 0) {
+    unmap_huge_pages(p, mapped);
+  } else {
+    std::free(p);
+  }
+}
 
 AlignedBufferCache::AlignedBufferCache(size_t max_kept) : max_kept_(max_kept) {
   kept_.reserve(max_kept);
