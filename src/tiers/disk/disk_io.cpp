@@ -109,7 +109,9 @@ std::byte* AlignedBuffer::reserve(size_t bytes) {
   const size_t need = std::max<size_t>(bytes, 1);
   if (need > std::numeric_limits<size_t>::max() - 2 * kHugePageBytes) throw std::bad_alloc();
   if (need >= kHugePageBytes) {
-    const size_t size = (need + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+    // Not rounded up to whole huge pages: a value's file is 4 KiB past its rows' 4 MiB, and that
+    // tail takes a 4 KiB page, not a third huge page (2 MiB more per buffer kept).
+    const size_t size = round_up_direct(need);
     auto* p = static_cast<std::byte*>(map_huge_pages(size));
     if (p == nullptr) throw std::bad_alloc();
     data_ = std::unique_ptr<std::byte, AlignedBufferFree>(p, AlignedBufferFree{size});
