@@ -13,7 +13,10 @@
 // and last huge page to 4 KiB pages. The mapping starts on a kHugePageBytes boundary.
 //
 // MADV_HUGEPAGE is advice: with THP off (`never`, or not built in) the mapping keeps 4 KiB
-// pages, aligned, and everything works as before, slower. Thread safety: none needed (no state).
+// pages, aligned, and everything works as before, slower. Where THP's defrag setting is
+// `madvise` (or `always`), a first fault may compact memory to find a huge page: a one-time
+// stall per page, which is why every user keeps its mappings (the pool for its life, the
+// recycler and the disk tier's buffer cache for reuse). Thread safety: none needed (no state).
 
 #include <cstddef>
 
