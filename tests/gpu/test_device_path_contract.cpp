@@ -271,16 +271,21 @@ TEST_F(DevicePathContract, DestructionWithWorkInFlightWaitsForItAndDropsThePins)
   std::vector<uint16_t> bits(kElems, kernels::float_to_bf16(2.0f));
   void* src = device_copy(bits.data(), bits.size() * 2);
   auto gate = std::make_unique<StreamGate>(s.stream);
+  std::vector<FenceRef> fences;
   for (int k = 0; k < 16; ++k) {
-    (void)path_->store({src, ElemType::kBFloat16, kCols, kCols}, 0,
-                       whole(pool.as<float>() + k * kElems, ElemType::kFloat32), s.stream);
+    fences.push_back(path_->store({src, ElemType::kBFloat16, kCols, kCols}, 0,
+                                  whole(pool.as<float>() + k * kElems, ElemType::kFloat32),
+                                  s.stream));
   }
   auto pins = std::make_shared<int>(3);
   watch = pins;
   void* out = device_zeros(kElems * 4);
   const GatherSegment seg{pool.ptr, 0, kElems, ElemType::kFloat32};
-  path_->restore({&seg, 1}, {out, kCols, kCols, ElemType::kFloat32}, 0, s.stream, {},
-                 std::move(pins));
+  // Ordered after the first store's copy, as the store's read path orders a restore after the
+  // fences of the entries it reads: unordered, the restore would read the granules the copy
+  // stream is still writing (a race ThreadSanitizer reports on the CUDA model).
+  path_->restore({&seg, 1}, {out, kCols, kCols, ElemType::kFloat32}, 0, s.stream,
+                 {&fences.front(), 1}, std::move(pins));
   std::thread opener([&] {
     test::wait_until_a_thread_blocks();  // the destructor waits for the held stream
     gate->open();
