@@ -33,7 +33,7 @@
 #include "base/log.hpp"
 #include "format/value_codec.hpp"
 #include "hss/error.hpp"
-#include "tiers/disk/read_pipeline.hpp"
+#include "tiers/disk/file_read_ahead.hpp"
 
 namespace hss::detail {
 namespace {

@@ -30,7 +30,7 @@
 //   buffer, whole blocks asked, the kernel stopping at the file's end; no page cache, so a cold
 //   read costs what the device costs and the pool's copy is the only one in memory. Two files or
 //   more are read ahead of their checks and copies by read_threads reader threads started for
-//   the call (tiers/disk/read_pipeline.hpp; 1 by default: 2 and 4 measured no faster here), so
+//   the call (tiers/disk/file_read_ahead.hpp; 1 by default: 2 and 4 measured no faster here), so
 //   a cold hit is the reads' time, not reads plus checks plus copies. The read buffers are kept
 //   from one fetch to the next (at most read_threads + 2, each as large as the largest file read:
 //   12 MiB for 4 MiB values), so a read goes into pages already faulted in; fresh buffers made a

@@ -14,7 +14,7 @@
 
 #include "tiers/disk/disk_tier.hpp"
 #include "tiers/disk/disk_tier_impl.hpp"
-#include "tiers/disk/read_pipeline.hpp"
+#include "tiers/disk/file_read_ahead.hpp"
 
 namespace hss::detail {
 
@@ -176,8 +176,8 @@ void DiskTier::fetch_each(std::span<const TierRequest> requests,
 
   if (m.direct_reads.load(std::memory_order_relaxed) && plan.size() >= 2) {
     // O_DIRECT: read_threads files read at once, ahead of their checks and copies, on reader
-    // threads (tiers/disk/read_pipeline.hpp). Without a thread to be had, the serial loop below.
-    std::optional<ReadPipeline> pipeline;
+    // threads (tiers/disk/file_read_ahead.hpp). Without a thread to be had, the serial loop below.
+    std::optional<FileReadAhead> pipeline;
     try {
       pipeline.emplace(
           plan.size(), std::max(m.opts.read_threads, 1),
@@ -190,7 +190,7 @@ void DiskTier::fetch_each(std::span<const TierRequest> requests,
     }
     if (pipeline) {
       for (const PlannedRead& p : plan) {
-        const ReadPipeline::Item item = pipeline->next();
+        const FileReadAhead::Item item = pipeline->next();
         take(p, item.read, *item.buffer);
       }
       return;

@@ -1,4 +1,4 @@
-#include "tiers/disk/read_pipeline.hpp"
+#include "tiers/disk/file_read_ahead.hpp"
 
 #include <algorithm>
 #include <string>
@@ -8,10 +8,10 @@
 
 namespace hss::detail {
 
-ReadPipeline::ReadPipeline(size_t count, int readers, ReadItem read, AlignedBufferCache* buffers)
+FileReadAhead::FileReadAhead(size_t count, int readers, ReadFile read, AlignedBufferCache* buffers)
     : count_(count), read_(std::move(read)), buffers_(buffers) {
   if (readers < 1) {
-    throw InvalidArgument("ReadPipeline: readers must be >= 1, got " + std::to_string(readers));
+    throw InvalidArgument("FileReadAhead: readers must be >= 1, got " + std::to_string(readers));
   }
   const size_t threads = std::min(static_cast<size_t>(readers), count);
   slots_.resize(threads + 1);
@@ -28,17 +28,17 @@ ReadPipeline::ReadPipeline(size_t count, int readers, ReadItem read, AlignedBuff
   }
 }
 
-ReadPipeline::~ReadPipeline() {
+FileReadAhead::~FileReadAhead() {
   stop();
   give_back_buffers();
 }
 
-void ReadPipeline::give_back_buffers() noexcept {
+void FileReadAhead::give_back_buffers() noexcept {
   if (buffers_ == nullptr) return;
   for (Slot& slot : slots_) buffers_->give_back(std::move(slot.buffer));
 }
 
-void ReadPipeline::stop() noexcept {
+void FileReadAhead::stop() noexcept {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -48,7 +48,7 @@ void ReadPipeline::stop() noexcept {
   readers_.clear();
 }
 
-void ReadPipeline::run() {
+void FileReadAhead::run() {
   while (true) {
     size_t item = 0;
     Slot* slot = nullptr;
@@ -81,9 +81,9 @@ void ReadPipeline::run() {
   }
 }
 
-ReadPipeline::Item ReadPipeline::next() {
+FileReadAhead::Item FileReadAhead::next() {
   if (taken_ >= count_) {
-    throw InvalidArgument("ReadPipeline::next: all " + std::to_string(count_) +
+    throw InvalidArgument("FileReadAhead::next: all " + std::to_string(count_) +
                           " items were taken");
   }
   Slot& slot = slots_[taken_ % slots_.size()];

@@ -1,5 +1,5 @@
 #pragma once
-// hss::detail::ReadPipeline: a fetch's files read ahead of their use, several at once. `readers`
+// hss::detail::FileReadAhead: a fetch's files read ahead of their use, several at once. `readers`
 // background threads claim items 0, 1, 2, ... in order and read each into its slot's buffer
 // (readers + 1 slots: item i uses slot i % slots); the caller takes the items in the same order
 // (next()) and checks and copies item i while the readers read the next ones. A cold disk hit is
@@ -35,10 +35,10 @@
 
 namespace hss::detail {
 
-class ReadPipeline {
+class FileReadAhead {
  public:
   /// Reads item `item` whole into `buffer` (on a reader thread).
-  using ReadItem = std::function<FileRead(size_t item, AlignedBuffer& buffer)>;
+  using ReadFile = std::function<FileRead(size_t item, AlignedBuffer& buffer)>;
 
   struct Item {
     FileRead read;
@@ -49,10 +49,10 @@ class ReadPipeline {
   /// buffers come from `buffers` and go back to it when the pipeline ends (nullptr: fresh
   /// buffers, freed at the end). std::system_error when no thread can be started (the caller
   /// reads serially instead).
-  ReadPipeline(size_t count, int readers, ReadItem read, AlignedBufferCache* buffers = nullptr);
-  ~ReadPipeline();
-  ReadPipeline(const ReadPipeline&) = delete;
-  ReadPipeline& operator=(const ReadPipeline&) = delete;
+  FileReadAhead(size_t count, int readers, ReadFile read, AlignedBufferCache* buffers = nullptr);
+  ~FileReadAhead();
+  FileReadAhead(const FileReadAhead&) = delete;
+  FileReadAhead& operator=(const FileReadAhead&) = delete;
 
   /// The next item in order (0 first), waiting for its read; the previous item's buffer is
   /// released. At most `count` calls. Rethrows the reader's exception for that item.
@@ -73,7 +73,7 @@ class ReadPipeline {
   void give_back_buffers() noexcept;  // after stop(): no reader touches a slot
 
   const size_t count_;
-  const ReadItem read_;
+  const ReadFile read_;
   AlignedBufferCache* const buffers_;
   std::mutex mutex_;
   std::condition_variable changed_;

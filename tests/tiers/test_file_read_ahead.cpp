@@ -1,4 +1,4 @@
-// The disk tier's read pipeline (src/tiers/disk/read_pipeline.hpp): items come back in order
+// The disk tier's read pipeline (src/tiers/disk/file_read_ahead.hpp): items come back in order
 // with their own bytes whatever the readers' count, N readers stay at most N items ahead of the
 // caller, a reader's exception reaches the caller at its item, and a caller that stops early
 // leaves no thread. The read buffers kept between fetches (AlignedBufferCache, disk_io.hpp): a
@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "tiers/disk/read_pipeline.hpp"
+#include "tiers/disk/file_read_ahead.hpp"
 
 namespace hss {
 namespace {
@@ -27,7 +27,7 @@ using detail::AlignedBuffer;
 using detail::AlignedBufferCache;
 using detail::FileRead;
 using detail::ReadOutcome;
-using detail::ReadPipeline;
+using detail::FileReadAhead;
 
 /// Writes `item` repeated over `bytes` bytes: each item's buffer says which item it holds.
 FileRead fill(size_t item, AlignedBuffer& buffer, size_t bytes) {
@@ -48,12 +48,12 @@ bool wait_for(const std::atomic<int>& done, int want) {
   return true;
 }
 
-class ReadPipelineReaders : public testing::TestWithParam<int> {};
+class FileReadAheadReaders : public testing::TestWithParam<int> {};
 
-TEST_P(ReadPipelineReaders, ItemsComeBackInOrderEachWithItsOwnBytes) {
+TEST_P(FileReadAheadReaders, ItemsComeBackInOrderEachWithItsOwnBytes) {
   constexpr size_t kItems = 23;
   constexpr size_t kBytes = 3 * 4096 + 5;
-  ReadPipeline pipeline(kItems, GetParam(), [](size_t item, AlignedBuffer& buffer) {
+  FileReadAhead pipeline(kItems, GetParam(), [](size_t item, AlignedBuffer& buffer) {
     // Later items finish first now and then: the order must come from the pipeline.
     if (item % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
     FileRead r = fill(item, buffer, kBytes);
@@ -61,7 +61,7 @@ TEST_P(ReadPipelineReaders, ItemsComeBackInOrderEachWithItsOwnBytes) {
     return r;
   });
   for (size_t i = 0; i < kItems; ++i) {
-    const ReadPipeline::Item item = pipeline.next();
+    const FileReadAhead::Item item = pipeline.next();
     ASSERT_EQ(item.read.got, kBytes);
     EXPECT_EQ(item.read.outcome, i == 4 ? ReadOutcome::kGone : ReadOutcome::kRead);
     for (size_t b = 0; b < kBytes; ++b) {
@@ -71,41 +71,41 @@ TEST_P(ReadPipelineReaders, ItemsComeBackInOrderEachWithItsOwnBytes) {
   EXPECT_THROW((void)pipeline.next(), InvalidArgument);  // all taken
 }
 
-INSTANTIATE_TEST_SUITE_P(Readers, ReadPipelineReaders, testing::Values(1, 2, 4, 64));
+INSTANTIATE_TEST_SUITE_P(Readers, FileReadAheadReaders, testing::Values(1, 2, 4, 64));
 
 /// With `readers` threads, while the caller holds item 0 exactly items 1..readers are read (item
 /// readers + 1 waits for item 0's buffer); the next next() releases it, and the rest follow.
 void expect_readers_stay_ahead_by_their_count(int readers) {
   constexpr int kItems = 20;
   std::atomic<int> reads_done{0};
-  ReadPipeline pipeline(kItems, readers, [&](size_t item, AlignedBuffer& buffer) {
+  FileReadAhead pipeline(kItems, readers, [&](size_t item, AlignedBuffer& buffer) {
     FileRead r = fill(item, buffer, 64);
     reads_done.fetch_add(1);
     return r;
   });
-  const ReadPipeline::Item first = pipeline.next();
+  const FileReadAhead::Item first = pipeline.next();
   ASSERT_TRUE(wait_for(reads_done, readers + 1));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(reads_done.load(), readers + 1);
   EXPECT_EQ(first.buffer->data()[0], std::byte{0});  // item 0's bytes untouched meanwhile
-  const ReadPipeline::Item second = pipeline.next();  // releases item 0's buffer
+  const FileReadAhead::Item second = pipeline.next();  // releases item 0's buffer
   EXPECT_EQ(second.buffer->data()[0], std::byte{1});
   ASSERT_TRUE(wait_for(reads_done, readers + 2));
   for (int i = 2; i < kItems; ++i) EXPECT_EQ(pipeline.next().buffer->data()[0], std::byte(i));
   EXPECT_EQ(reads_done.load(), kItems);
 }
 
-TEST(ReadPipeline, OneReaderStaysExactlyOneItemAheadOfTheCaller) {
+TEST(FileReadAhead, OneReaderStaysExactlyOneItemAheadOfTheCaller) {
   expect_readers_stay_ahead_by_their_count(1);
 }
 
-TEST(ReadPipeline, FourReadersStayAtMostFourItemsAheadOfTheCaller) {
+TEST(FileReadAhead, FourReadersStayAtMostFourItemsAheadOfTheCaller) {
   expect_readers_stay_ahead_by_their_count(4);
 }
 
-TEST(ReadPipeline, AReadersExceptionReachesTheCallerAtItsItem) {
+TEST(FileReadAhead, AReadersExceptionReachesTheCallerAtItsItem) {
   std::atomic<int> reads_done{0};
-  ReadPipeline pipeline(6, 1, [&](size_t item, AlignedBuffer& buffer) {
+  FileReadAhead pipeline(6, 1, [&](size_t item, AlignedBuffer& buffer) {
     if (item == 2) throw std::bad_alloc();
     reads_done.fetch_add(1);
     return fill(item, buffer, 16);
@@ -117,10 +117,10 @@ TEST(ReadPipeline, AReadersExceptionReachesTheCallerAtItsItem) {
   EXPECT_EQ(reads_done.load(), 2);  // nothing read after the failure
 }
 
-TEST(ReadPipeline, ACallerThatStopsEarlyLeavesNoThreadBehind) {
+TEST(FileReadAhead, ACallerThatStopsEarlyLeavesNoThreadBehind) {
   std::atomic<int> reads_done{0};
   {
-    ReadPipeline pipeline(100, 1, [&](size_t item, AlignedBuffer& buffer) {
+    FileReadAhead pipeline(100, 1, [&](size_t item, AlignedBuffer& buffer) {
       reads_done.fetch_add(1);
       return fill(item, buffer, 16);
     });
@@ -128,8 +128,8 @@ TEST(ReadPipeline, ACallerThatStopsEarlyLeavesNoThreadBehind) {
     ASSERT_TRUE(wait_for(reads_done, 2));
   }  // the destructor stops the reader, blocked on item 2's buffer, and joins it
   EXPECT_EQ(reads_done.load(), 2);
-  { ReadPipeline none(0, 4, [](size_t, AlignedBuffer&) { return FileRead{}; }); }
-  EXPECT_THROW(ReadPipeline(3, 0, [](size_t, AlignedBuffer&) { return FileRead{}; }),
+  { FileReadAhead none(0, 4, [](size_t, AlignedBuffer&) { return FileRead{}; }); }
+  EXPECT_THROW(FileReadAhead(3, 0, [](size_t, AlignedBuffer&) { return FileRead{}; }),
                InvalidArgument);
 }
 
@@ -187,7 +187,7 @@ std::set<const std::byte*> pipeline_buffers(size_t items, int readers, AlignedBu
                                             size_t throw_at = SIZE_MAX) {
   std::mutex mutex;
   std::set<const std::byte*> seen;
-  ReadPipeline pipeline(
+  FileReadAhead pipeline(
       items, readers,
       [&](size_t item, AlignedBuffer& buffer) {
         if (item == throw_at) throw std::bad_alloc();
@@ -209,7 +209,7 @@ std::set<const std::byte*> pipeline_buffers(size_t items, int readers, AlignedBu
   return seen;
 }
 
-TEST(ReadPipeline, ItsSlotsComeFromTheCacheAndGoBackToItHoweverItEnds) {
+TEST(FileReadAhead, ItsSlotsComeFromTheCacheAndGoBackToItHoweverItEnds) {
   AlignedBufferCache cache(8);
   const std::set<const std::byte*> first = pipeline_buffers(12, 2, cache);
   EXPECT_EQ(first.size(), 3U);  // readers + 1 slots
