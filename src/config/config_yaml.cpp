@@ -49,7 +49,12 @@ std::string describe(const YAML::Node& node) {
   }
   // Shortened so a huge flow sequence cannot flood the log.
   constexpr size_t kMaxShown = 80;
-  if (text.size() > kMaxShown) text = text.substr(0, kMaxShown) + "...";
+  if (text.size() > kMaxShown) {
+    // In place: `substr(...) + "..."` moved into `text` is where g++ 12's -Warray-bounds misfires
+    // inside libstdc++ (cmake/HssWarnings.cmake).
+    text.resize(kMaxShown);
+    text += "...";
+  }
   return text;
 }
 
