@@ -10,6 +10,8 @@ MODEL_DIR := build-model
 MODEL_ASAN_DIR := build-model-asan
 MODEL_TSAN_DIR := build-model-tsan
 COVERAGE_DIR := build-model-coverage
+# make test-clang: the library and the host tests with clang++ (Release).
+CLANG_DIR := build-clang
 # make fuzz: seconds per libFuzzer target; make tsan: seconds of the TSan stress run.
 FUZZ_SECONDS ?= 60
 TSAN_SECONDS ?= 60
@@ -18,7 +20,7 @@ TSAN_SECONDS ?= 60
 PYENV := $(BUILD_DIR)/pyenv
 PYTHON_FLAGS = -DHSS_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(abspath $(PYENV))/bin/python
 
-.PHONY: all bootstrap configure build test test-model test-lmcache test-nixl test-vllm demo demo-remote demo-talker asan tsan fuzz fuzz-build bench coverage format clean soak
+.PHONY: all bootstrap configure build test test-model test-clang test-lmcache test-nixl test-vllm demo demo-remote demo-talker asan tsan fuzz fuzz-build bench coverage format clean soak
 
 all: build
 
@@ -36,12 +38,11 @@ configure: bootstrap $(BUILD_DIR)/build.ninja
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# MODEL=0 leaves out the model tree (.ci/run: its tests run again in the ASan and TSan trees, and
-# tests/gpu runs plain in the default tree's gpucheck.offline_dry_run).
-MODEL ?= 1
+# The README's test command: the default tree's tests, then the model tree's. It has no reduced
+# form: .ci/run runs exactly this (docs/reliability.md, ".ci/run time").
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
-	$(if $(filter 1,$(MODEL)),$(MAKE) --no-print-directory test-model)
+	$(MAKE) --no-print-directory test-model
 
 # The CUDA path (src/cuda) against the CUDA runtime model: tests/gpu (label gpu-model) and the
 # model's tests (label model). No GPU needed (docs/design.md, "The CUDA runtime model").
@@ -49,6 +50,14 @@ test-model: bootstrap
 	cmake --preset model
 	cmake --build $(MODEL_DIR) -j $(JOBS)
 	ctest --test-dir $(MODEL_DIR) --output-on-failure -j $(JOBS)
+
+# The library and the host tests built with clang++ (Release, -Werror): the second compiler of
+# docs/reliability.md, "Warnings and compilers" (the sanitizer trees use clang too, at -O1/-O2).
+test-clang:
+	@HSS_BOOTSTRAP_SANITIZERS=1 scripts/bootstrap
+	cmake --preset clang
+	cmake --build $(CLANG_DIR) -j $(JOBS)
+	ctest --test-dir $(CLANG_DIR) --output-on-failure -j $(JOBS)
 
 # Line coverage of src/datapath/cuda/*.cpp on the model (gcov; docs/reliability.md).
 coverage: bootstrap
@@ -139,7 +148,7 @@ format:
 	git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR) build-host build-gpu \
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR) build-host build-gpu $(CLANG_DIR) \
 	  $(MODEL_DIR) $(MODEL_ASAN_DIR) $(MODEL_TSAN_DIR) $(COVERAGE_DIR)
 
 # hss-demo --remote against a redis-server started (and stopped) for the run.

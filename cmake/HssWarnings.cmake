@@ -33,10 +33,17 @@ endfunction()
 
 # src/ and kernels/ (the hss library): every switch over an enum names every enumerator, so adding
 # an element type (or any enumerator) is a compile error wherever it must be handled.
+# (An error only in the project's own build, like every warning.)
 function(hss_set_library_warnings target)
   hss_set_warnings(${target})
-  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wswitch-enum -Werror=switch-enum>
-                                           $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wswitch-enum,-Werror=switch-enum>)
+  if(HSS_WARNINGS_AS_ERRORS)
+    target_compile_options(${target} PRIVATE
+      $<$<COMPILE_LANGUAGE:CXX>:-Wswitch-enum -Werror=switch-enum>
+      $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wswitch-enum,-Werror=switch-enum>)
+  else()
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wswitch-enum>
+                                             $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wswitch-enum>)
+  endif()
 endfunction()
 
 function(hss_set_warnings target)

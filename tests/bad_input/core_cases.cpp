@@ -217,7 +217,7 @@ void add_core_cases(std::vector<Case>& cases) {
                              {1, int64_t{1} << 30}}) {
     cases.push_back(
         {"HostTensor(rows = " + std::to_string(r) + ", cols = " + std::to_string(c) + ")",
-         Expect::kInvalidArgument, [r, c](World&) { HostTensor t(r, c); }});
+         Expect::kInvalidArgument, [rows = r, cols = c](World&) { HostTensor t(rows, cols); }});
   }
 
   // --- Engine::store -----------------------------------------------------------------------------

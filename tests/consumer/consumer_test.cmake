@@ -32,6 +32,19 @@ endif()
 # beside it (two runtimes in one process keep two sets of contexts, streams and errors).
 execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK}/build -- -t commands consumer
                 RESULT_VARIABLE rc OUTPUT_VARIABLE commands ERROR_VARIABLE commands)
+# The project's -Werror stays in its own build: no compile line of the consumer's build (its own
+# sources, and hsstore's when it is a subdirectory) carries -Werror (cmake/HssWarnings.cmake).
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK}/build -- -t commands
+                RESULT_VARIABLE rc OUTPUT_VARIABLE all_commands ERROR_VARIABLE all_commands)
+string(REGEX MATCHALL "[^\n]* -c [^\n]*" compile_lines "${all_commands}")
+if(NOT compile_lines)
+  message(FATAL_ERROR "no compile command in the consumer's build:\n${all_commands}")
+endif()
+foreach(line IN LISTS compile_lines)
+  if(line MATCHES "-Werror")
+    message(FATAL_ERROR "the consumer's build inherited hsstore's -Werror:\n${line}")
+  endif()
+endforeach()
 string(REGEX MATCH "[^\n]*-o consumer [^\n]*" link_line "${commands}")
 if(NOT link_line)
   message(FATAL_ERROR "no link command for the consumer in:\n${commands}")
