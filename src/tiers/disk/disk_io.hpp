@@ -78,10 +78,11 @@ struct FileRead {
 };
 
 /// Reads the file open as `fd` whole into `buffer` and closes `fd`: first an fstat (kRejected,
-/// unread, unless a regular file of `expected` bytes; kTooLarge, unread, beyond `limit`). `direct`: opened with O_DIRECT (the read asks for whole blocks; the kernel stops
-/// at the file's end). Buffered, the file's pages are dropped before the close: the caller keeps
-/// the value, so the page cache would hold a second copy. std::bad_alloc (fd closed) when the
-/// buffer cannot grow.
+/// unread, unless a regular file of `expected` bytes; kTooLarge, unread, beyond `limit`).
+/// `direct`: opened with O_DIRECT (the read asks for whole blocks; the kernel stops at the
+/// file's end). Buffered, the file's pages are dropped before the close: the caller keeps the
+/// value, so the page cache would hold a second copy. std::bad_alloc (fd closed) when the buffer
+/// cannot grow.
 [[nodiscard]] FileRead read_open_file(const DiskIo& io, int fd, bool direct, uint64_t expected,
                                       uint64_t limit, AlignedBuffer& buffer);
 

@@ -95,28 +95,30 @@ std::error_code make_private_dirs(const std::string& dir) {
 
 }  // namespace
 
-void DiskTier::Impl::check_dir_trusted() {
+bool DiskTier::Impl::check_dir_trusted() {
   // Opened without following a symlink, then checked through the descriptor: what is checked is
   // what the scan reads. The last component is the store's own "hsstore/" (or a test's
   // directory), never a link an operator needs.
   const int fd = ::open(opts.dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    if (err == ELOOP || err == ENOTDIR) {
-      throw ConfigError("disk tier directory " + opts.dir +
-                        " is a symlink or not a directory: refused (the store makes its own, "
-                        "mode 0700; docs/design.md, \"Threat model\")");
-    }
-    throw std::system_error(err, std::generic_category(), "open " + opts.dir);
+  const int open_errno = errno;
+  struct stat link{};
+  if (fd < 0 && (open_errno == ELOOP ||
+                 (open_errno == ENOTDIR && ::lstat(opts.dir.c_str(), &link) == 0 &&
+                  S_ISLNK(link.st_mode)))) {
+    throw ConfigError("disk tier directory " + opts.dir +
+                      " is a symlink: refused (the store makes its own, mode 0700; "
+                      "docs/design.md, \"Threat model\")");
   }
   struct stat st{};
-  const int stat_result = ::fstat(fd, &st);
-  const int stat_errno = errno;
-  const auto close_fd = [fd] { (void)::close(fd); };
-  if (stat_result != 0) {
-    close_fd();
-    throw std::system_error(stat_errno, std::generic_category(), "fstat " + opts.dir);
+  if (fd < 0 || ::fstat(fd, &st) != 0) {
+    const int err = fd < 0 ? open_errno : errno;
+    if (fd >= 0) (void)::close(fd);
+    errors.fetch_add(1, std::memory_order_relaxed);
+    log(LogLevel::kWarn, "disk tier: cannot open " + opts.dir + " (" + std::strerror(err) +
+                             "); running without it: writes are dropped and counted");
+    return false;
   }
+  const auto close_fd = [fd] { (void)::close(fd); };
   if (st.st_uid != ::geteuid()) {
     close_fd();
     throw ConfigError("disk tier directory " + opts.dir + " is owned by uid " +
@@ -138,6 +140,7 @@ void DiskTier::Impl::check_dir_trusted() {
     }
   }
   close_fd();
+  return true;
 }
 
 bool DiskTier::Impl::lock_dir() {
@@ -170,7 +173,8 @@ bool DiskTier::Impl::scan() {
                              "); running without it: writes are dropped and counted");
     return false;
   }
-  check_dir_trusted();  // ConfigError: another user's directory, or one anyone may write
+  // ConfigError: a symlink, another user's directory, or one anyone may write.
+  if (!check_dir_trusted()) return false;
   if (!lock_dir()) return false;  // another store's: its temp files and budget are its own
   DIR* dir = ::opendir(opts.dir.c_str());
   if (dir == nullptr) {

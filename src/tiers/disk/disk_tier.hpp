@@ -48,8 +48,9 @@
 //   applies the budget. Measured: ~35 ms per 10,000 files on a warm page cache
 //   (tests/tiers/test_disk_tier.cpp, RestartScanOfManyFilesIsBounded).
 // * Faults. Every call on a value's file goes through DiskTierOptions::io (tiers/disk/
-//   disk_io.hpp: open, pwritev, pread, close, rename; the system calls by default), which tests
-//   replace to inject ENOSPC, EIO and short transfers (tests/tiers/test_disk_faults.cpp). A
+//   disk_io.hpp: open, pwritev, pread, close, rename, unlink; the system calls by default),
+//   which tests replace to inject ENOSPC, EIO, short transfers and hangs (tests/tiers/
+//   test_disk_faults.cpp, test_disk_trust.cpp). A
 //   directory that cannot be created disables the tier (logged once; every write dropped and
 //   counted, every read a miss). A failed create, write, close or rename (read-only directory,
 //   ENOSPC, EIO, the directory removed: it is re-created once, one level) drops the write,
@@ -113,7 +114,8 @@ class DiskTier final : public BackingTier {
   /// nullptr when the config names no disk directory (Config::hidden_state_disk_dir). A MAC key
   /// that cannot be used is a ConfigError (ValueMac::from_config), and so is a directory that is
   /// a symlink, another user's, or writable by others ("Trust" above); a directory that cannot
-  /// be made, or one another store holds, is not (the tier runs disabled, logged, counted).
+  /// be made or opened, or one another store holds, is not (the tier runs disabled, logged,
+  /// counted).
   [[nodiscard]] static std::unique_ptr<DiskTier> create(const Config& config);
 
   /// Checks, locks and scans options.dir now (see "Trust" and "Restart" above).

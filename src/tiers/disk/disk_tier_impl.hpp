@@ -127,8 +127,9 @@ struct DiskTier::Impl {
   /// disabled (logged, counted).
   bool scan();
   /// ConfigError unless opts.dir is a directory (not a symlink) of this process's user that
-  /// others cannot write; one of ours open to others is made 0700.
-  void check_dir_trusted();
+  /// others cannot write; one of ours open to others is made 0700. False (logged, counted) when
+  /// it cannot be opened: the tier runs disabled.
+  [[nodiscard]] bool check_dir_trusted();
   /// Takes the directory's lock file (flock, non-blocking); false when another store holds it.
   bool lock_dir();
   /// Whether O_DIRECT opens work in the directory: a probe file created and deleted.
