@@ -101,10 +101,10 @@ bool DiskTier::Impl::check_dir_trusted() {
   // directory), never a link an operator needs.
   const int fd = ::open(opts.dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   const int open_errno = errno;
-  struct stat link{};
+  struct stat link_st{};
   if (fd < 0 && (open_errno == ELOOP ||
-                 (open_errno == ENOTDIR && ::lstat(opts.dir.c_str(), &link) == 0 &&
-                  S_ISLNK(link.st_mode)))) {
+                 (open_errno == ENOTDIR && ::lstat(opts.dir.c_str(), &link_st) == 0 &&
+                  S_ISLNK(link_st.st_mode)))) {
     throw ConfigError("disk tier directory " + opts.dir +
                       " is a symlink: refused (the store makes its own, mode 0700; "
                       "docs/design.md, \"Threat model\")");
