@@ -134,9 +134,10 @@ bool DiskTier::Impl::check_dir_trusted() {
                       mode + "): refused (anyone could plant, replace or delete values)");
   }
   if ((st.st_mode & 077) != 0) {
-    // Ours, made by an older build or by hand: private from now on (every tenant's values).
-    if (::fchmod(fd, 0700) == 0) {
-      log(LogLevel::kInfo, "disk tier: " + opts.dir + " made private (mode 0700)");
+    // Ours, made by an older build or by hand: private from now on (every tenant's values). The
+    // owner's bits stay as they are (a read-only directory stays read-only).
+    if (::fchmod(fd, st.st_mode & 0700) == 0) {
+      log(LogLevel::kInfo, "disk tier: " + opts.dir + " made private (group and other bits off)");
     }
   }
   close_fd();
@@ -205,7 +206,7 @@ bool DiskTier::Impl::scan() {
       if (::unlinkat(fd, e->d_name, 0) == 0) ++removed;  // empty or short after a power loss
       continue;
     }
-    if ((st.st_mode & 077) != 0) (void)::fchmodat(fd, e->d_name, 0600, 0);  // an older build's
+    if ((st.st_mode & 077) != 0) (void)::fchmodat(fd, e->d_name, st.st_mode & 0700, 0);  // older
     found.push_back({std::string(name), static_cast<uint64_t>(st.st_size),
                      static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec});
   }

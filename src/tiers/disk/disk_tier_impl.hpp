@@ -127,7 +127,7 @@ struct DiskTier::Impl {
   /// disabled (logged, counted).
   bool scan();
   /// ConfigError unless opts.dir is a directory (not a symlink) of this process's user that
-  /// others cannot write; one of ours open to others is made 0700. False (logged, counted) when
+  /// others cannot write; one of ours open to others loses its group and other bits. False (logged, counted) when
   /// it cannot be opened: the tier runs disabled.
   [[nodiscard]] bool check_dir_trusted();
   /// Takes the directory's lock file (flock, non-blocking); false when another store holds it.
