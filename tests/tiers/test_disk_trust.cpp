@@ -301,6 +301,10 @@ struct Hang {
     released = true;
     cv.notify_all();
   }
+  bool hung_until_the_deadline() {
+    std::lock_guard lock(mutex);
+    return released_by_deadline;
+  }
 };
 
 TEST(DiskTrust, AHungRenameDoesNotBlockContains) {
@@ -318,7 +322,7 @@ TEST(DiskTrust, AHungRenameDoesNotBlockContains) {
   EXPECT_EQ(tier.contains(asked), std::vector<bool>{false});  // answered while the rename hangs
   hang->release();
   tier.flush();
-  EXPECT_FALSE(hang->released_by_deadline);
+  EXPECT_FALSE(hang->hung_until_the_deadline());
   EXPECT_EQ(tier.contains(asked), std::vector<bool>{true});
 }
 
@@ -341,7 +345,7 @@ TEST(DiskTrust, AHungUnlinkOfAnEvictedFileDoesNotBlockContains) {
   EXPECT_EQ(tier.contains(asked), (std::vector<bool>{false, false}));
   hang->release();
   tier.flush();
-  EXPECT_FALSE(hang->released_by_deadline);
+  EXPECT_FALSE(hang->hung_until_the_deadline());
   EXPECT_EQ(tier.contains(asked), (std::vector<bool>{false, true}));
   EXPECT_FALSE(fs::exists(value_path(dir.values(), 1)));
 }
