@@ -2,7 +2,8 @@
 its own, then a real ``vllm serve`` (OpenAI-compatible HTTP API, LMCache in-process, the engine
 core in its own process) whose client names its requests and reads each prompt's hidden states
 from the directory: whole prompts, a cached prefix's rows equal to the request that computed
-them, nothing left half-written."""
+them, nothing left half-written; two tenants sending one request id each read their own file,
+and the same id again in one tenant never replaces the first's."""
 
 import json
 import time
@@ -14,7 +15,7 @@ from safetensors import safe_open
 
 import engines
 from conftest import CPU_KV, STEP_TOKENS
-from hsstore.vllm.output import StateFileWriter, file_name
+from hsstore.vllm.output import StateFileWriter, file_name, tenant_digest
 from serving import complete, metrics, post, vllm_serve
 
 HIDDEN = engines.TINY["hidden_size"]
@@ -47,7 +48,8 @@ def test_writer_writes_whole_files_and_flushes_on_close(tmp_path):
     writer.close()  # writes what is queued before it returns
     assert not writer.submit("late", states, 5)  # after close: dropped, counted
     assert writer.stats() == {"files_written": 1, "files_dropped": 1, "file_write_errors": 1,
-                              "files_pending": 0}
+                              "files_refused": 0, "files_evicted": 0, "files_pending": 0,
+                              "files_pending_bytes": 0}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["req%2F1.safetensors"]
     got, meta = read(tmp_path / "out" / "req%2F1.safetensors")
     assert set(got) == {-1, 2} and all(torch.equal(got[k], states[k]) for k in states)
@@ -67,7 +69,8 @@ def test_writer_counts_a_failed_write_and_goes_on(tmp_path):
     writer.submit("b", {-1: torch.ones(2, 2)}, 2)
     writer.close()
     assert writer.stats() == {"files_written": 1, "files_dropped": 0, "file_write_errors": 1,
-                              "files_pending": 0}
+                              "files_refused": 0, "files_evicted": 0, "files_pending": 0,
+                              "files_pending_bytes": 0}
     assert [p.name for p in directory.iterdir()] == ["b.safetensors"]  # no partial file left
 
 
@@ -156,3 +159,52 @@ def test_vllm_serve_client_reads_whole_prompts_hidden_states(tiny_model, tokens,
     assert "hsstore.output_dir: closed: 3 files written, 0 dropped, 0 failed" in log
     # The shutdown says what happens to the pool's hidden states (no tier keeps them here).
     assert "hsstore.vllm: shutdown: no tier behind the pool" in log
+
+
+def complete_salted(base, prompt, request_id, salt):
+    """/v1/completions as complete() sends it, with vLLM's per-request cache_salt (a tenant)."""
+    body = {"model": None, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+            "request_id": request_id}
+    if salt is not None:
+        body["cache_salt"] = salt
+    return post(base, "/v1/completions", body)
+
+
+def test_vllm_serve_tenants_sending_one_request_id_each_read_their_own_file(tiny_model, tokens,
+                                                                           tmp_path):
+    out_dir = tmp_path / "states"
+    prompt_a, prompt_b, prompt_again = tokens(300), tokens(200), tokens(100)
+    name_a = f"cmpl-same-0@{tenant_digest('tenant-a')}.safetensors"
+    name_b = f"cmpl-same-0@{tenant_digest('tenant-b')}.safetensors"
+    with vllm_serve(tiny_model, serve_config(out_dir), tmp_path / "serve.log",
+                    step_tokens=STEP_TOKENS, env={"HSS_LOG_LEVEL": "info"}) as server:
+        base = server.base
+        complete_salted(base, prompt_a, "same", "tenant-a")
+        states_a, meta_a = wait_for(out_dir / name_a)
+        complete_salted(base, prompt_b, "same", "tenant-b")
+        states_b, meta_b = wait_for(out_dir / name_b)
+        complete_salted(base, prompt_again, "same", None)
+        states_none, _ = wait_for(out_dir / "cmpl-same-0.safetensors")
+        # Tenant A again under the same id: its first file stays, the new one is refused (the
+        # worker logs it; its counters reach /metrics only at a later step).
+        complete_salted(base, prompt_again, "same", "tenant-a")
+        refused = f"{name_a} exists already: the new file is refused"
+        deadline = time.monotonic() + FILE_TIMEOUT_S
+        while refused not in server.log():
+            assert time.monotonic() < deadline, server.log()[-3000:]
+            time.sleep(0.2)
+    assert server.exit_code == 0, server.log()[-3000:]
+    assert ("hsstore.output_dir: closed: 3 files written, 0 dropped, 0 failed, 1 refused"
+            in server.log())
+    assert meta_a["prompt_tokens"] == str(len(prompt_a))
+    assert meta_b["prompt_tokens"] == str(len(prompt_b))
+    for label in LAYERS:
+        assert states_a[label].shape == (len(prompt_a), HIDDEN)
+        assert states_b[label].shape == (len(prompt_b), HIDDEN)
+        assert states_none[label].shape == (len(prompt_again), HIDDEN)
+    again_a, _ = read(out_dir / name_a)
+    assert all(torch.equal(again_a[label], states_a[label]) for label in LAYERS)
+    for path in out_dir.iterdir():
+        assert (path.stat().st_mode & 0o777) == 0o600, path
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(
+        [name_a, name_b, "cmpl-same-0.safetensors"])

@@ -83,7 +83,9 @@ Config pool_only() { return test::store_config(kChunk, kCols, 64); }
 std::vector<std::string> names_in(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) out.push_back(e.path().filename());
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename() != DiskTier::kLockFile) out.push_back(e.path().filename());
+  }
   return out;
 }
 

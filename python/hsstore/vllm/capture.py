@@ -379,7 +379,8 @@ class PromptCapture:
         self.counters["prompts_completed"] += 1
         if self.writer is not None:  # the buffers are complete: nothing writes them again
             self.writer.submit(external_request_id(req.req_id), req.outs, req.prompt_len,
-                               rows_restored=req.restored)
+                               rows_restored=req.restored,
+                               salt=self.salt_of(req.req_id) if self.salt_of else None)
         if not self.keep:
             return
         self._results[req.req_id] = req

@@ -29,9 +29,13 @@ Configuration is ``kv_connector_extra_config`` (hsstore.vllm.HiddenStates writes
     hsstore.config        the hsstore Engine's config (HiddenStateConnector only): a dict
     hsstore.keep          hold finished prompts for take() (default true)
     hsstore.output_dir    also write each finished prompt's hidden states to this directory, one
-                          safetensors file per request id (hsstore.vllm.output: how a client of
-                          ``vllm serve`` gets them); hsstore.output_max_pending: prompts queued
-                          for the writer thread at most (256; past it a file is dropped, counted)
+                          safetensors file per request id and tenant (hsstore.vllm.output: how a
+                          client of ``vllm serve`` gets them; the directory must be this user's,
+                          not writable by others); hsstore.output_max_pending: prompts queued
+                          for the writer thread at most (256; past it a file is dropped, counted);
+                          hsstore.output_max_pending_bytes: bytes of those prompts' tensors at
+                          most (2 GiB; likewise); hsstore.output_max_bytes: bytes of files kept
+                          in the directory (16 GiB; the oldest deleted beyond it, counted)
     hsstore.worker_init   "module:function" called in each worker before LMCache starts (tests
                           install LMCache's CPU copy path with it: hsstore.vllm.testing)
     hsstore.nixl          prefill/decode over NIXL (HiddenStateLMCacheConnector, hsstore's store):

@@ -60,7 +60,10 @@ COUNTERS: Dict[str, str] = {
     "resets": "POST /reset_prefix_cache?reset_external=true: hidden states dropped",
     "reset_keys_dropped": "hidden-state keys those resets dropped",
     "files_written": "hsstore.output_dir files written",
-    "files_dropped": "output files not written (queue full, bad request id, closed)",
+    "files_dropped": "output files not written (queue full, bad request id, closed, over the "
+                     "directory's budget alone)",
+    "files_refused": "output files refused: their name existed already (never replaced)",
+    "files_evicted": "output files deleted, oldest first, to keep hsstore.output_max_bytes",
     "file_write_errors": "output files that failed to write (counted, the writer goes on)",
     "store_hit_tokens": "tokens the store's retrieves found",
     "store_miss_tokens": "tokens the store's retrieves asked for beyond the cached prefix",
@@ -83,6 +86,7 @@ TIER_COUNTERS: Dict[str, str] = {
 GAUGES: Dict[str, str] = {
     "in_flight": "prompts being captured now",
     "files_pending": "output files queued for the writer now",
+    "files_pending_bytes": "bytes of the output files queued for the writer now",
     "store_keys_held": "chunk keys the store holds now",
     "store_bytes_held": "payload bytes the pool holds now",
     "store_pool_capacity_bytes": "usable pool bytes",

@@ -26,6 +26,7 @@ DiskIo DiskIo::system() {
   };
   io.close = [](int fd) { return ::close(fd); };
   io.rename = [](const char* from, const char* to) { return ::rename(from, to); };
+  io.unlink = [](const char* path) { return ::unlink(path); };
   return io;
 }
 
@@ -68,12 +69,14 @@ ssize_t read_all(const DiskIo& io, int fd, std::byte* out, size_t capacity, size
   return static_cast<ssize_t>(got);
 }
 
-FileRead read_open_file(const DiskIo& io, int fd, bool direct, uint64_t limit,
-                        AlignedBuffer& buffer) {
+FileRead read_open_file(const DiskIo& io, int fd, bool direct, uint64_t expected,
+                        uint64_t limit, AlignedBuffer& buffer) {
   FileRead r;
   struct stat st{};
   if (::fstat(fd, &st) != 0) {
     r = {ReadOutcome::kFailed, 0, errno, "fstat"};
+  } else if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != expected) {
+    r.outcome = ReadOutcome::kRejected;  // a FIFO, a device, or a file changed behind the index
   } else if (static_cast<uint64_t>(st.st_size) > limit) {
     r.outcome = ReadOutcome::kTooLarge;
   } else {
@@ -93,13 +96,15 @@ FileRead read_open_file(const DiskIo& io, int fd, bool direct, uint64_t limit,
       r.got = static_cast<size_t>(n);
     }
   }
-  if (!direct) (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  if (!direct && r.outcome != ReadOutcome::kRejected) {
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  }
   (void)io.close(fd);
   return r;
 }
 
 int open_ahead(const DiskIo& io, const std::string& file) {
-  const int fd = io.open(file.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  const int fd = io.open(file.c_str(), kValueReadFlags, 0);
   if (fd >= 0) (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
   return fd;
 }

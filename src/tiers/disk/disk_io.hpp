@@ -1,10 +1,10 @@
 #pragma once
-// The disk tier's I/O seam: the five system calls a value's file goes through (open, pwritev,
-// pread, close, rename), as a struct of functions that DiskTierOptions carries. DiskIo::system()
-// calls the kernel; a test replaces one member to inject ENOSPC, EIO or short transfers
-// (tests/tiers/test_disk_faults.cpp). Each call through it is one indirect call beside a system
-// call, nothing on the store's thread. Directory calls (scan, mkdir, unlink) stay direct: they
-// are not on a value's path.
+// The disk tier's I/O seam: the six system calls a value's file goes through (open, pwritev,
+// pread, close, rename, unlink), as a struct of functions that DiskTierOptions carries.
+// DiskIo::system() calls the kernel; a test replaces one member to inject ENOSPC, EIO, short
+// transfers or a call that hangs (tests/tiers/test_disk_faults.cpp). Each call through it is one
+// indirect call beside a system call, nothing on the store's thread. Directory calls (the scan at
+// start, mkdir) stay direct: they are not on a value's path.
 //
 // Also here: the loops that make a whole transfer of several short ones (write_all, read_all),
 // and the aligned buffer that O_DIRECT reads need.
@@ -13,6 +13,7 @@
 // that fetches, at once; a replacement must be safe for that. AlignedBuffer is not shared;
 // AlignedBufferCache is (below).
 
+#include <fcntl.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
@@ -34,6 +35,7 @@ struct DiskIo {
   std::function<ssize_t(int fd, void* out, size_t size, off_t offset)> pread;
   std::function<int(int fd)> close;
   std::function<int(const char* from, const char* to)> rename;
+  std::function<int(const char* path)> unlink;
 
   /// Every member the system call of its name.
   [[nodiscard]] static DiskIo system();
@@ -60,8 +62,14 @@ inline constexpr size_t kDirectAlign = 4096;
 
 class AlignedBuffer;
 
-/// How one file's read ended.
-enum class ReadOutcome { kRead, kGone, kTooLarge, kFailed };
+/// The flags every read of a value opens with (O_DIRECT added where in use): a symlink in a
+/// value's place is refused (ELOOP), and a FIFO or device opens without waiting for a writer, so
+/// that the fstat check of read_open_file rejects it before any read.
+inline constexpr int kValueReadFlags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+
+/// How one file's read ended. kRejected: not a regular file, a symlink, or not the size the
+/// index holds (nothing read; a corrupt miss, never an I/O error of the tier).
+enum class ReadOutcome { kRead, kGone, kTooLarge, kFailed, kRejected };
 struct FileRead {
   ReadOutcome outcome = ReadOutcome::kRead;
   size_t got = 0;        ///< bytes read (kRead)
@@ -69,13 +77,14 @@ struct FileRead {
   const char* op = "";   ///< the call that failed
 };
 
-/// Reads the file open as `fd` whole into `buffer` (kTooLarge, unread, beyond `limit` bytes) and
-/// closes `fd`. `direct`: opened with O_DIRECT (the read asks for whole blocks; the kernel stops
-/// at the file's end). Buffered, the file's pages are dropped before the close: the caller keeps
-/// the value, so the page cache would hold a second copy. std::bad_alloc (fd closed) when the
-/// buffer cannot grow.
-[[nodiscard]] FileRead read_open_file(const DiskIo& io, int fd, bool direct, uint64_t limit,
-                                      AlignedBuffer& buffer);
+/// Reads the file open as `fd` whole into `buffer` and closes `fd`: first an fstat (kRejected,
+/// unread, unless a regular file of `expected` bytes; kTooLarge, unread, beyond `limit`).
+/// `direct`: opened with O_DIRECT (the read asks for whole blocks; the kernel stops at the
+/// file's end). Buffered, the file's pages are dropped before the close: the caller keeps the
+/// value, so the page cache would hold a second copy. std::bad_alloc (fd closed) when the buffer
+/// cannot grow.
+[[nodiscard]] FileRead read_open_file(const DiskIo& io, int fd, bool direct, uint64_t expected,
+                                      uint64_t limit, AlignedBuffer& buffer);
 
 /// Opens `file` for a buffered read and starts reading it in the kernel (POSIX_FADV_WILLNEED,
 /// asynchronous): read-ahead of the files a fetch reads next. -1 when it cannot be opened.

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -77,16 +78,105 @@ bool is_value_name(std::string_view name) {
 }  // namespace
 
 
+namespace {
+
+/// mkdir -p with mode 0700 for every directory it makes (the umask may only take bits away).
+std::error_code make_private_dirs(const std::string& dir) {
+  std::filesystem::path at;
+  for (const auto& part : std::filesystem::path(dir)) {
+    at /= part;
+    if (part.empty() || part == "/" || part == "." || part == "..") continue;
+    if (::mkdir(at.c_str(), 0700) != 0 && errno != EEXIST) {
+      return {errno, std::generic_category()};
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+bool DiskTier::Impl::check_dir_trusted() {
+  // Opened without following a symlink, then checked through the descriptor: what is checked is
+  // what the scan reads. The last component is the store's own "hsstore/" (or a test's
+  // directory), never a link an operator needs.
+  const int fd = ::open(opts.dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  const int open_errno = errno;
+  struct stat link_st{};
+  if (fd < 0 && (open_errno == ELOOP ||
+                 (open_errno == ENOTDIR && ::lstat(opts.dir.c_str(), &link_st) == 0 &&
+                  S_ISLNK(link_st.st_mode)))) {
+    throw ConfigError("disk tier directory " + opts.dir +
+                      " is a symlink: refused (the store makes its own, mode 0700; "
+                      "docs/design.md, \"Threat model\")");
+  }
+  struct stat st{};
+  if (fd < 0 || ::fstat(fd, &st) != 0) {
+    const int err = fd < 0 ? open_errno : errno;
+    if (fd >= 0) (void)::close(fd);
+    errors.fetch_add(1, std::memory_order_relaxed);
+    log(LogLevel::kWarn, "disk tier: cannot open " + opts.dir + " (" + std::strerror(err) +
+                             "); running without it: writes are dropped and counted");
+    return false;
+  }
+  const auto close_fd = [fd] { (void)::close(fd); };
+  if (st.st_uid != ::geteuid()) {
+    close_fd();
+    throw ConfigError("disk tier directory " + opts.dir + " is owned by uid " +
+                      std::to_string(st.st_uid) + ", not by this process (uid " +
+                      std::to_string(::geteuid()) +
+                      "): refused (its owner could read and replace every value)");
+  }
+  if ((st.st_mode & S_IWOTH) != 0) {
+    close_fd();
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw ConfigError("disk tier directory " + opts.dir + " is writable by others (mode " +
+                      mode + "): refused (anyone could plant, replace or delete values)");
+  }
+  if ((st.st_mode & 077) != 0) {
+    // Ours, made by an older build or by hand: private from now on (every tenant's values). The
+    // owner's bits stay as they are (a read-only directory stays read-only).
+    if (::fchmod(fd, st.st_mode & 0700) == 0) {
+      log(LogLevel::kInfo, "disk tier: " + opts.dir + " made private (group and other bits off)");
+    }
+  }
+  close_fd();
+  return true;
+}
+
+bool DiskTier::Impl::lock_dir() {
+  const std::string lock_path = path(kLockFile);
+  lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (lock_fd < 0) {
+    errors.fetch_add(1, std::memory_order_relaxed);
+    log(LogLevel::kWarn, "disk tier: cannot open " + lock_path + " (" + std::strerror(errno) +
+                             "); running without the tier: writes are dropped and counted");
+    return false;
+  }
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) == 0) return true;
+  const int err = errno;
+  (void)::close(lock_fd);
+  lock_fd = -1;
+  errors.fetch_add(1, std::memory_order_relaxed);
+  log(LogLevel::kWarn,
+      "disk tier: " + opts.dir + " is in use by another store (" + lock_path + ": " +
+          std::strerror(err) +
+          "); running without the tier: writes are dropped and counted, reads miss (give each "
+          "engine a directory of its own)");
+  return false;
+}
+
 bool DiskTier::Impl::scan() {
   const auto start = std::chrono::steady_clock::now();
-  std::error_code ec;
-  std::filesystem::create_directories(opts.dir, ec);
-  if (ec) {
+  if (const std::error_code ec = make_private_dirs(opts.dir)) {
     errors.fetch_add(1, std::memory_order_relaxed);
     log(LogLevel::kWarn, "disk tier: cannot create " + opts.dir + " (" + ec.message() +
                              "); running without it: writes are dropped and counted");
     return false;
   }
+  // ConfigError: a symlink, another user's directory, or one anyone may write.
+  if (!check_dir_trusted()) return false;
+  if (!lock_dir()) return false;  // another store's: its temp files and budget are its own
   DIR* dir = ::opendir(opts.dir.c_str());
   if (dir == nullptr) {
     errors.fetch_add(1, std::memory_order_relaxed);
@@ -116,18 +206,23 @@ bool DiskTier::Impl::scan() {
       if (::unlinkat(fd, e->d_name, 0) == 0) ++removed;  // empty or short after a power loss
       continue;
     }
+    if ((st.st_mode & 077) != 0) (void)::fchmodat(fd, e->d_name, st.st_mode & 0700, 0);  // older
     found.push_back({std::string(name), static_cast<uint64_t>(st.st_size),
                      static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec});
   }
   ::closedir(dir);
   std::ranges::sort(found, {}, &Found::mtime_ns);
-  std::lock_guard lock(index_mutex);
-  for (Found& f : found) {
-    lru.push_back(f.name);
-    files.emplace(std::move(f.name), FileInfo{f.bytes, next_generation++, std::prev(lru.end())});
-    bytes_held += f.bytes;
+  std::vector<std::string> evicted;
+  {
+    std::lock_guard lock(index_mutex);
+    for (Found& f : found) {
+      lru.push_back(f.name);
+      files.emplace(std::move(f.name), FileInfo{f.bytes, next_generation++, std::prev(lru.end())});
+      bytes_held += f.bytes;
+    }
+    evicted = evict_locked(0);
   }
-  evict_locked(0);
+  unlink_files(evicted);
   probe_direct();
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                       std::chrono::steady_clock::now() - start)
@@ -141,23 +236,36 @@ bool DiskTier::Impl::scan() {
   return true;
 }
 
-void DiskTier::Impl::erase_locked(std::map<std::string, FileInfo>::iterator it, bool unlink_file) {
-  if (unlink_file) (void)::unlink(path(it->first).c_str());  // ENOENT, EACCES: forgotten anyway
+void DiskTier::Impl::erase_locked(std::map<std::string, FileInfo>::iterator it) {
   bytes_held -= it->second.bytes;
   lru.erase(it->second.lru);
   files.erase(it);
 }
 
-void DiskTier::Impl::evict_locked(uint64_t need) {
+std::vector<std::string> DiskTier::Impl::evict_locked(uint64_t need) {
+  std::vector<std::string> evicted;
   while (!lru.empty() && bytes_held + need > opts.budget_bytes) {
-    erase_locked(files.find(lru.front()), /*unlink_file=*/true);
+    evicted.push_back(lru.front());
+    erase_locked(files.find(lru.front()));
   }
+  return evicted;
+}
+
+void DiskTier::Impl::unlink_files(const std::vector<std::string>& names) {
+  // Index lock not held: a hung file system blocks this thread, not contains() or a fetch's
+  // lookup. A write of the same name that lands between the index update and this unlink loses
+  // its file: the index then holds a name whose read is ENOENT, a miss that forgets it.
+  for (const std::string& name : names) (void)opts.io.unlink(path(name).c_str());
 }
 
 void DiskTier::Impl::forget(const std::string& name, uint64_t generation) {
-  std::lock_guard lock(index_mutex);
-  const auto it = files.find(name);
-  if (it != files.end() && it->second.generation == generation) erase_locked(it, true);
+  {
+    std::lock_guard lock(index_mutex);
+    const auto it = files.find(name);
+    if (it == files.end() || it->second.generation != generation) return;
+    erase_locked(it);
+  }
+  (void)opts.io.unlink(path(name).c_str());  // ENOENT, EACCES: forgotten anyway
 }
 
 void DiskTier::Impl::run(WriterRole role) {
@@ -204,10 +312,11 @@ void DiskTier::Impl::run(WriterRole role) {
 }
 
 void DiskTier::Impl::unlink_discarded(std::vector<std::string> names) {
-  std::lock_guard lock(index_mutex);
-  for (const std::string& name : names) {
-    if (!files.contains(name)) (void)::unlink(path(name).c_str());  // else written again since
-  }
+  {
+    std::lock_guard lock(index_mutex);
+    std::erase_if(names, [&](const std::string& name) { return files.contains(name); });
+  }  // those were written again since
+  unlink_files(names);
 }
 
 void DiskTier::Impl::write_one(PendingWrite& w) {
@@ -234,16 +343,20 @@ void DiskTier::Impl::write_one(PendingWrite& w) {
   const uint64_t file_bytes = kRemoteHeaderBytes + (opts.mac ? kMacBytes : 0) + w.bytes;
 
   {  // room first, so the directory stays within the budget (but for one temp file)
-    std::lock_guard lock(index_mutex);
-    evict_locked(file_bytes);
+    std::vector<std::string> evicted;
+    {
+      std::lock_guard lock(index_mutex);
+      evicted = evict_locked(file_bytes);
+    }
+    unlink_files(evicted);
   }
   const std::string temp = path(w.name) + std::string(kTempMark) + std::to_string(::getpid()) +
                            "." + std::to_string(temp_serial.fetch_add(1));
-  constexpr int kFlags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
-  int fd = opts.io.open(temp.c_str(), kFlags, 0644);
-  if (fd < 0 && errno == ENOENT && ::mkdir(opts.dir.c_str(), 0755) == 0) {
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = opts.io.open(temp.c_str(), kFlags, 0600);
+  if (fd < 0 && errno == ENOENT && ::mkdir(opts.dir.c_str(), 0700) == 0) {
     log(LogLevel::kWarn, "disk tier: " + opts.dir + " was removed; created it again");
-    fd = opts.io.open(temp.c_str(), kFlags, 0644);
+    fd = opts.io.open(temp.c_str(), kFlags, 0600);
   }
   if (fd < 0) {
     write_failed("create", errno);
@@ -253,25 +366,30 @@ void DiskTier::Impl::write_one(PendingWrite& w) {
   const int write_errno = errno;
   if (opts.io.close(fd) != 0 || !wrote) {
     const int err = wrote ? errno : write_errno;
-    (void)::unlink(temp.c_str());
+    (void)opts.io.unlink(temp.c_str());
     write_failed(wrote ? "close" : "write", err);
     return;
   }
+  // Renamed outside the index lock (a hung file system must not block contains()): a reader
+  // that finds the old entry meanwhile reads the old value or the new one, each whole, and the
+  // size check of its read turns a new value of another size into a miss.
+  if (opts.io.rename(temp.c_str(), path(w.name).c_str()) != 0) {
+    const int err = errno;
+    (void)opts.io.unlink(temp.c_str());
+    write_failed("rename", err);
+    return;
+  }
+  std::vector<std::string> evicted;
   {
     std::lock_guard lock(index_mutex);
-    if (opts.io.rename(temp.c_str(), path(w.name).c_str()) != 0) {
-      const int err = errno;
-      (void)::unlink(temp.c_str());
-      write_failed("rename", err);
-      return;
-    }
     const auto it = files.find(w.name);
-    if (it != files.end()) erase_locked(it, /*unlink_file=*/false);  // the rename replaced it
-    evict_locked(file_bytes);
+    if (it != files.end()) erase_locked(it);  // the rename replaced it
+    evicted = evict_locked(file_bytes);
     lru.push_back(w.name);
     files.emplace(w.name, FileInfo{file_bytes, next_generation++, std::prev(lru.end())});
     bytes_held += file_bytes;
   }
+  unlink_files(evicted);
   done.fetch_add(1, std::memory_order_relaxed);
   bytes_written.fetch_add(w.bytes, std::memory_order_relaxed);
 }
@@ -381,7 +499,7 @@ void DiskTier::discard(std::span<const CacheEngineKey> keys) noexcept {
         while (it != m.files.end() && it->first.starts_with(prefix)) {
           names.push_back(it->first);
           const auto next = std::next(it);
-          m.erase_locked(it, /*unlink_file=*/false);  // deleted by a writer thread
+          m.erase_locked(it);  // deleted by a writer thread
           it = next;
         }
       }

@@ -48,8 +48,9 @@
 //   applies the budget. Measured: ~35 ms per 10,000 files on a warm page cache
 //   (tests/tiers/test_disk_tier.cpp, RestartScanOfManyFilesIsBounded).
 // * Faults. Every call on a value's file goes through DiskTierOptions::io (tiers/disk/
-//   disk_io.hpp: open, pwritev, pread, close, rename; the system calls by default), which tests
-//   replace to inject ENOSPC, EIO and short transfers (tests/tiers/test_disk_faults.cpp). A
+//   disk_io.hpp: open, pwritev, pread, close, rename, unlink; the system calls by default),
+//   which tests replace to inject ENOSPC, EIO, short transfers and hangs (tests/tiers/
+//   test_disk_faults.cpp, test_disk_trust.cpp). A
 //   directory that cannot be created disables the tier (logged once; every write dropped and
 //   counted, every read a miss). A failed create, write, close or rename (read-only directory,
 //   ENOSPC, EIO, the directory removed: it is re-created once, one level) drops the write,
@@ -66,17 +67,28 @@
 //   where the directory takes it: a probe file at construction (O_DIRECT open refused with EINVAL,
 //   as tmpfs does: reads buffered, logged once), and an EINVAL at a read's open or pread turns
 //   O_DIRECT off for good (logged once) and reads that file again buffered; direct_reads() says
-//   which mode is in use (stats(): TierStats::read_mode, "direct" or "buffered"; hss info). No io_uring (docs/perf.md). One process per directory: a second one's
-//   temp files are deleted when the first starts, and their budgets do not see each other's
-//   files.
+//   which mode is in use (stats(): TierStats::read_mode, "direct" or "buffered"; hss info). No
+//   io_uring (docs/perf.md).
+// * Trust (docs/design.md, "Threat model"). The directory holds every tenant's hidden states, so
+//   it is this user's alone: made 0700 (parents it creates too) and its files 0600 (O_EXCL |
+//   O_NOFOLLOW temp files); at start a directory that is a symlink, owned by another user or
+//   writable by others is a ConfigError naming it (one of ours open to others, and its files,
+//   lose their group and other bits). One store per directory: the first takes ".hsstore.lock" (flock, released when
+//   the tier or its process ends); a second store on it runs without the tier (logged, counted
+//   in errors), so no store deletes another's temp files or keeps a budget blind to its files.
+//   Reads open with O_NOFOLLOW | O_NONBLOCK and fstat before any read: a symlink, FIFO or device
+//   in a value's place, or a file not the size the index holds, is a corrupt miss (deleted,
+//   logged once), never followed, waited on, or a reason to turn O_DIRECT off.
 //
 // Thread safety: every method may be called from many threads at once. enqueue_write, contains
-// and discard never touch the disk (contains and discard may wait for an index lock held during a
-// rename or unlink). fetch_each blocks its caller on disk reads.
+// and discard never touch the disk, and no file system call is made under the index lock (a
+// rename or unlink that hangs blocks its writer thread only). fetch_each blocks its caller on
+// disk reads.
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "format/value_mac.hpp"
 #include "hss/config.hpp"
@@ -100,11 +112,13 @@ struct DiskTierOptions {
 class DiskTier final : public BackingTier {
  public:
   /// nullptr when the config names no disk directory (Config::hidden_state_disk_dir). A MAC key
-  /// that cannot be used is a ConfigError (ValueMac::from_config); a directory that cannot be
-  /// made is not (the tier runs disabled, logged).
+  /// that cannot be used is a ConfigError (ValueMac::from_config), and so is a directory that is
+  /// a symlink, another user's, or writable by others ("Trust" above); a directory that cannot
+  /// be made or opened, or one another store holds, is not (the tier runs disabled, logged,
+  /// counted).
   [[nodiscard]] static std::unique_ptr<DiskTier> create(const Config& config);
 
-  /// Scans options.dir now (see "Restart" above).
+  /// Checks, locks and scans options.dir now (see "Trust" and "Restart" above).
   explicit DiskTier(DiskTierOptions options);
   ~DiskTier() override;
   DiskTier(const DiskTier&) = delete;
@@ -135,6 +149,9 @@ class DiskTier final : public BackingTier {
   [[nodiscard]] bool direct_reads() const noexcept;
   /// Read buffers kept for the next fetch (at most read_threads + 2; see "Read").
   [[nodiscard]] size_t read_buffers_kept() const;
+
+  /// The lock file in the directory (flock): one store per directory at a time.
+  static constexpr std::string_view kLockFile = ".hsstore.lock";
 
   /// The file name of one value (no directory).
   [[nodiscard]] static std::string file_name(const CacheEngineKey& key, Slot slot);

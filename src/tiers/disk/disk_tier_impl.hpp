@@ -85,7 +85,10 @@ struct DiskTier::Impl {
       throw;
     }
   }
-  ~Impl() { stop(); }
+  ~Impl() {
+    stop();
+    if (lock_fd >= 0) (void)::close(lock_fd);  // the directory is free for the next store
+  }
   void stop() {
     {
       std::lock_guard lock(queue_mutex);
@@ -119,15 +122,27 @@ struct DiskTier::Impl {
     log_once(op, err, "such writes are dropped");
   }
 
+  /// Creates the directory (0700), checks it is this user's and not writable by others
+  /// (ConfigError otherwise), takes its lock and re-indexes its files; false: the tier runs
+  /// disabled (logged, counted).
   bool scan();
+  /// ConfigError unless opts.dir is a directory (not a symlink) of this process's user that
+  /// others cannot write; one of ours open to others loses its group and other bits. False (logged, counted) when
+  /// it cannot be opened: the tier runs disabled.
+  [[nodiscard]] bool check_dir_trusted();
+  /// Takes the directory's lock file (flock, non-blocking); false when another store holds it.
+  bool lock_dir();
   /// Whether O_DIRECT opens work in the directory: a probe file created and deleted.
   void probe_direct();
   /// Reads go through the page cache from now on (logged once).
   void stop_direct_reads(std::string_view op, int err);
-  /// Opens `name` and reads it whole (at most `limit` bytes) into `buffer`: O_DIRECT while
-  /// direct_reads holds, through the page cache after an EINVAL. `opened`: a descriptor
-  /// open_ahead gave for `name` (read buffered, and closed), or -1. Called from any thread.
-  FileRead read_file(const std::string& name, uint64_t limit, AlignedBuffer& buffer, int opened);
+  /// Opens `name` (no symlink followed, no wait on a FIFO) and reads it whole into `buffer` if
+  /// it is a regular file of `expected` bytes (kRejected otherwise) and at most `limit`: O_DIRECT
+  /// while direct_reads holds, through the page cache after an EINVAL from a regular file.
+  /// `opened`: a descriptor open_ahead gave for `name` (read buffered, and closed), or -1.
+  /// Called from any thread.
+  FileRead read_file(const std::string& name, uint64_t expected, uint64_t limit,
+                     AlignedBuffer& buffer, int opened);
   void run(WriterRole role);
   /// Whether the pressure writer writes now. Queue lock held.
   [[nodiscard]] bool under_pressure_locked() const {
@@ -137,14 +152,20 @@ struct DiskTier::Impl {
   }
   void write_one(PendingWrite& w);
   void unlink_discarded(std::vector<std::string> names);
-  /// Deletes least recently used files until `need` more bytes fit. Index lock held.
-  void evict_locked(uint64_t need);
+  /// Forgets least recently used files until `need` more bytes fit; their names, for
+  /// unlink_files after the lock. Index lock held.
+  [[nodiscard]] std::vector<std::string> evict_locked(uint64_t need);
+  /// Deletes the files of `names`. Index lock not held (no file system call is made under it).
+  void unlink_files(const std::vector<std::string>& names);
   /// Forgets and deletes `name` if it is still the file of `generation`. Index lock not held.
   void forget(const std::string& name, uint64_t generation);
-  void erase_locked(std::map<std::string, FileInfo>::iterator it, bool unlink_file);
+  /// Forgets an index entry (its file is the caller's to delete, after the lock). Lock held.
+  void erase_locked(std::map<std::string, FileInfo>::iterator it);
 
   DiskTierOptions opts;
+  int lock_fd = -1;  // the directory's lock file, held (flock) while the tier lives
   bool enabled = false;
+  std::atomic<bool> rejected_logged{false};  // a non-regular or resized file read: logged once
   std::atomic<bool> direct_reads{false};
   /// Read buffers between fetches: one pipeline's ring (read_threads + 1) and the serial path's.
   AlignedBufferCache read_buffers{static_cast<size_t>(std::max(opts.read_threads, 1)) + 2};

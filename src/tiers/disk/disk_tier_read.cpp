@@ -24,11 +24,11 @@ void DiskTier::Impl::probe_direct() {
   if (!opts.direct_reads) return;
   const std::string probe = path(".direct-probe" + std::string(kTempMark) +
                                  std::to_string(::getpid()));
-  const int fd = opts.io.open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT,
-                              0644);
+  const int fd = opts.io.open(
+      probe.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_DIRECT, 0600);
   if (fd >= 0) {
     (void)opts.io.close(fd);
-    (void)::unlink(probe.c_str());
+    (void)opts.io.unlink(probe.c_str());
     direct_reads = true;
   } else if (errno == EINVAL) {  // tmpfs, some FUSE and network file systems
     log(LogLevel::kInfo, "disk tier: " + opts.dir +
@@ -45,18 +45,32 @@ void DiskTier::Impl::stop_direct_reads(std::string_view op, int err) {
                            "); reads go through the page cache from now on");
 }
 
-FileRead DiskTier::Impl::read_file(const std::string& name, uint64_t limit,
+FileRead DiskTier::Impl::read_file(const std::string& name, uint64_t expected, uint64_t limit,
                                    AlignedBuffer& buffer, int opened) {
   const std::string file = path(name);
+  bool einval_at_direct_open = false;  // whether this file refused O_DIRECT at its open
   while (true) {
-    const bool direct = opened < 0 && direct_reads.load(std::memory_order_relaxed);
+    const bool direct = opened < 0 && !einval_at_direct_open &&
+                        direct_reads.load(std::memory_order_relaxed);
     const int fd = opened >= 0 ? opened
                                : opts.io.open(file.c_str(),
-                                              O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0), 0);
+                                              kValueReadFlags | (direct ? O_DIRECT : 0), 0);
     opened = -1;
-    const FileRead r = fd < 0 ? FileRead{errno == ENOENT ? ReadOutcome::kGone : ReadOutcome::kFailed,
-                                         0, errno, "open"}
-                              : read_open_file(opts.io, fd, direct, limit, buffer);
+    if (fd < 0) {
+      const int err = errno;
+      if (direct && err == EINVAL) {
+        // Read it buffered once; O_DIRECT goes off for the tier only if it is a regular file
+        // (a FIFO or device planted in a value's place must not turn it off).
+        einval_at_direct_open = true;
+        continue;
+      }
+      if (err == ELOOP) return FileRead{ReadOutcome::kRejected, 0, err, "open"};  // a symlink
+      return FileRead{err == ENOENT ? ReadOutcome::kGone : ReadOutcome::kFailed, 0, err, "open"};
+    }
+    const FileRead r = read_open_file(opts.io, fd, direct, expected, limit, buffer);
+    if (einval_at_direct_open && r.outcome != ReadOutcome::kRejected) {
+      stop_direct_reads("open", EINVAL);
+    }
     if (r.outcome == ReadOutcome::kFailed && direct && r.err == EINVAL) {
       stop_direct_reads(r.op, r.err);  // an alignment the device refuses: read it buffered
       continue;
@@ -77,12 +91,13 @@ std::vector<std::string> file_names(std::span<const TierRequest> requests) {
   return names;
 }
 
-/// One file a fetch reads: its request, the index generation it was found under, its name and
-/// the most bytes a value of the asked shape can take.
+/// One file a fetch reads: its request, the index generation it was found under, its name, its
+/// size and the most bytes a value of the asked shape can take.
 struct PlannedRead {
   size_t request = 0;
   uint64_t generation = 0;
   std::string name;
+  uint64_t bytes = 0;  // the file's size in the index: a file of another size is not read
   uint64_t limit = 0;
 };
 
@@ -119,7 +134,8 @@ void DiskTier::fetch_each(std::span<const TierRequest> requests,
       const auto it = m.files.find(names[i]);
       if (it == m.files.end()) continue;
       m.lru.splice(m.lru.end(), m.lru, it->second.lru);
-      plan.push_back({i, it->second.generation, std::move(names[i]), read_limit(requests[i])});
+      plan.push_back({i, it->second.generation, std::move(names[i]), it->second.bytes,
+                      read_limit(requests[i])});
     }
   }
   uint64_t hits = 0, corrupt = 0, unauthenticated = 0, bytes = 0, errors = 0;
@@ -136,7 +152,12 @@ void DiskTier::fetch_each(std::span<const TierRequest> requests,
       m.forget(p.name, p.generation);
       return;
     }
-    bool bad = read.outcome == ReadOutcome::kTooLarge;
+    if (read.outcome == ReadOutcome::kRejected && !m.rejected_logged.exchange(true)) {
+      log(LogLevel::kWarn, "disk tier: " + m.path(p.name) +
+                               " is a symlink, not a regular file, or not the size written; a "
+                               "corrupt miss, deleted (counted; logged once)");
+    }
+    bool bad = read.outcome == ReadOutcome::kTooLarge || read.outcome == ReadOutcome::kRejected;
     DecodedValue decoded;
     if (!bad) {
       const std::span<const std::byte> value(buffer.data(), read.got);
@@ -182,7 +203,7 @@ void DiskTier::fetch_each(std::span<const TierRequest> requests,
       pipeline.emplace(
           plan.size(), std::max(m.opts.read_threads, 1),
           [&m, &plan](size_t j, AlignedBuffer& buffer) {
-            return m.read_file(plan[j].name, plan[j].limit, buffer, -1);
+            return m.read_file(plan[j].name, plan[j].bytes, plan[j].limit, buffer, -1);
           },
           &m.read_buffers);
     } catch (const std::system_error&) {
@@ -229,7 +250,7 @@ void DiskTier::fetch_each(std::span<const TierRequest> requests,
       fd = opened.front();
       opened.pop_front();
     }
-    take(plan[j], m.read_file(plan[j].name, plan[j].limit, buffer, fd), buffer);
+    take(plan[j], m.read_file(plan[j].name, plan[j].bytes, plan[j].limit, buffer, fd), buffer);
   }
 }
 
