@@ -16,8 +16,9 @@
 # runs the stages in this order, the most important figures first, each under its own timeout
 # and all within $HSS_GPU_CHECK_BUDGET_S (default 480 s: 8 minutes from the start, the build
 # included): the tests/gpu tests (the hss_gpu_tests binary, all of them in one process); the
-# GPU benchmarks of device store and restore against cudaMemcpyAsync (gpu_store, gpu_retrieve)
-# and of batch launches (gpu_batch); compute-sanitizer memcheck on a representative subset of
+# GPU benchmarks of device store and restore against cudaMemcpyAsync (gpu_store, gpu_retrieve),
+# of batch launches (gpu_batch) and of the FP8 device store and restore against the bf16 ones
+# (gpu_fp8: the table says whether the FP8 store reached 0.9x the bf16 store); compute-sanitizer memcheck on a representative subset of
 # tests/gpu (memcheck_filter below says which and why); gpu_store_mapped, gpu_small and
 # gpu_overlap; racecheck and synccheck; the kernels' resource usage; the Python binding's CUDA
 # tests when python/CMakeLists.txt exists. memcheck judges memory errors, not the CUDA API errors
@@ -547,7 +548,7 @@ stage_python() {
 bench_table() {
   local json
   for json in "$out"/gpu_store.json "$out"/gpu_store_mapped.json "$out"/gpu_retrieve.json \
-    "$out"/gpu_small_overlap.json "$out"/gpu_batch.json; do
+    "$out"/gpu_small_overlap.json "$out"/gpu_batch.json "$out"/gpu_fp8.json; do
     [[ -s $json ]] || continue
     python3 - "$json" <<'EOF' 2>/dev/null || echo "  (cannot read $json)"
 import json, sys
@@ -563,6 +564,25 @@ for s in d["skipped"]:
     print(f"  {s['workload']}/{s['what']}: SKIPPED: {s['reason']}")
 EOF
   done
+}
+
+# The FP8 target (issue 55): each FP8 device store against the bf16 device store of the same rows,
+# per token, on the card named.
+fp8_targets() {
+  local json="$out/gpu_fp8.json"
+  [[ -s $json ]] || return 0
+  python3 - "$json" "$smi" <<'EOF' 2>/dev/null || echo "  (cannot read $json)"
+import json, sys
+d = json.load(open(sys.argv[1]))
+for f in d["figures"]:
+    if not f["name"].endswith(" store"):
+        continue
+    for r in f["refs"]:
+        if r["name"] == "bf16 device store":
+            x = r["ratio"]["median"]
+            verdict = "met" if x >= 0.9 else "MISSED"
+            print(f"  {f['name']}: {x:.2f}x the bf16 device store (target >= 0.9x: {verdict}) on {sys.argv[2]}")
+EOF
 }
 
 # The dry run's check that every dependency came from the prepared folder (configure only).
@@ -610,8 +630,9 @@ print_summary() {
   {
     echo
     if ((!dry)); then
-      echo "== GPU benchmark figures (this run; ratio = hsstore throughput / reference, same run)"
+      echo "== GPU benchmark figures (this run on $smi; ratio = hsstore throughput / reference, same run)"
       bench_table
+      fp8_targets
       [[ -s $logs/resources.summary ]] && cat "$logs/resources.summary"
       echo
     fi
@@ -715,6 +736,7 @@ cmd_run() {
     else
       record gpu_batch absent 0 "hss-bench has no gpu_batch workload yet"
     fi
+    stage_bench gpu_fp8 30 gpu_fp8
     stage_sanitizer memcheck "${HSS_GPU_MEMCHECK_FILTER:-$memcheck_filter}" 90
     stage_bench gpu_store_mapped 25 gpu_store_mapped
     stage_bench gpu_small_overlap 30 gpu_small gpu_overlap

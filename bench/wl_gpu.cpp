@@ -1,5 +1,5 @@
-// Workloads `gpu_store`, `gpu_retrieve`, `gpu_small` and `gpu_overlap`, and the device variants
-// of `store` and `retrieve`.
+// Workloads `gpu_store`, `gpu_retrieve`, `gpu_small`, `gpu_overlap` and `gpu_fp8`, and the
+// device variants of `store` and `retrieve`.
 //
 // gpu_store: device bfloat16/float32 rows stored (StoreOptions::stream, Device::kCuda views) and
 // flush()ed, against cudaMemcpyAsync device-to-host of the bytes the pool receives into pinned
@@ -418,6 +418,89 @@ void contended_restore_case(Context& ctx, const std::string& impl, const GpuShap
   other->sync();
 }
 
+// gpu_fp8: bfloat16 device rows stored with FP8 storage (quantised on the device: codes and row
+// scales to the pool) against the bfloat16 device store of the same rows (native storage), and
+// the FP8 entries restored into a bfloat16 device output against the bfloat16 entries' restore;
+// both per token (work = tokens), each also against cudaMemcpyAsync of the bytes the FP8 pool
+// holds. Target on a GPU (issue 55): FP8 store >= 0.9x the bfloat16 store.
+void fp8_store_case(Context& ctx, const GpuShape& s, StorageDType fp8) {
+  const auto tokens_d = static_cast<double>(s.tokens);
+  const auto fp8_bytes = static_cast<size_t>(s.tokens * s.hidden + 4 * s.tokens);
+  auto stream = std::make_shared<Stream>();
+  auto input = std::make_shared<DeviceBuffer>(
+      random_device_rows(DType::kBFloat16, s.tokens, s.hidden, 41));
+  auto tokens = std::make_shared<std::vector<int32_t>>(make_tokens(s.tokens, 43));
+  const TensorView view{input->get(), DType::kBFloat16, s.tokens, s.hidden, 0, Device::kCuda, 0};
+  const uint64_t pool = pool_bytes_for(s.tokens / s.chunk, s.chunk, s.hidden, 2);
+  const auto store_of = [&](const std::string& name, StorageDType storage, double bytes) {
+    auto hss = std::make_shared<BareStore>(s.chunk, pool, storage);
+    return Timed{name, [hss, tokens] { hss->drop(*tokens); },
+                 [hss, tokens, view, stream, input] {
+                   (void)hss->store.store_hidden_states(*tokens, view, {.stream = stream->get()});
+                   hss->store.flush();
+                 },
+                 bytes, tokens_d, tokens_d};
+  };
+  const Timed cand = store_of("store", fp8, static_cast<double>(fp8_bytes));
+  auto pinned = std::make_shared<PinnedBuffer>(pinned_alloc(fp8_bytes));
+  auto scratch = std::make_shared<DeviceBuffer>(device_alloc(fp8_bytes));
+  const Timed refs[] = {
+      store_of("bf16 device store", StorageDType::kNative,
+               static_cast<double>(s.tokens * s.hidden * 2)),
+      Timed{"cudaMemcpyAsync D2H of the FP8 bytes", nullptr,
+            [pinned, scratch, stream, fp8_bytes] {
+              check(cudaMemcpyAsync(pinned->get(), scratch->get(), fp8_bytes,
+                                    cudaMemcpyDeviceToHost, stream->get()),
+                    "cudaMemcpyAsync");
+              stream->sync();
+            },
+            static_cast<double>(fp8_bytes), 0, tokens_d}};
+  Params p = gpu_params(s, DType::kBFloat16, fp8, "pool");
+  p.storage = std::string(to_string(fp8));
+  (void)ctx.report.measure("gpu_fp8", "device bf16 -> " + p.storage + " store", p, cand, refs);
+}
+
+void fp8_restore_case(Context& ctx, const GpuShape& s, StorageDType fp8) {
+  const auto tokens_d = static_cast<double>(s.tokens);
+  const auto fp8_bytes = static_cast<size_t>(s.tokens * s.hidden + 4 * s.tokens);
+  const auto out_bytes = static_cast<size_t>(s.tokens * s.hidden * 2);
+  const uint64_t pool = pool_bytes_for(s.tokens / s.chunk, s.chunk, s.hidden, 2);
+  auto tokens = std::make_shared<std::vector<int32_t>>(make_tokens(s.tokens, 47));
+  const auto rows = random_bf16(s.tokens * s.hidden, 53);
+  auto stream = std::make_shared<Stream>();
+  auto out = std::make_shared<DeviceBuffer>(device_alloc(out_bytes));
+  const MutableTensorView out_view{out->get(), DType::kBFloat16, s.tokens, s.hidden,
+                                   0,          Device::kCuda,    0};
+  const auto restore_of = [&](const std::string& name, StorageDType storage) {
+    auto hss = std::make_shared<BareStore>(s.chunk, pool, storage);
+    (void)hss->store.store_hidden_states(
+        *tokens, host_view(rows.data(), DType::kBFloat16, s.tokens, s.hidden));
+    return Timed{name, nullptr,
+                 [hss, tokens, out_view, stream, out] {
+                   (void)hss->store.retrieve_hidden_states_into(*tokens, out_view,
+                                                                {.stream = stream->get()});
+                   stream->sync();
+                 },
+                 static_cast<double>(out_bytes), tokens_d, tokens_d};
+  };
+  const Timed cand = restore_of("retrieve into device bf16", fp8);
+  auto pinned = std::make_shared<PinnedBuffer>(pinned_alloc(fp8_bytes));
+  auto dst = std::make_shared<DeviceBuffer>(device_alloc(fp8_bytes));
+  const Timed refs[] = {
+      restore_of("bf16 entries into device bf16", StorageDType::kNative),
+      Timed{"cudaMemcpyAsync H2D of the FP8 bytes", nullptr,
+            [pinned, dst, stream, fp8_bytes] {
+              check(cudaMemcpyAsync(dst->get(), pinned->get(), fp8_bytes, cudaMemcpyHostToDevice,
+                                    stream->get()),
+                    "cudaMemcpyAsync");
+              stream->sync();
+            },
+            static_cast<double>(fp8_bytes), 0, tokens_d}};
+  Params p = gpu_params(s, DType::kBFloat16, fp8, "device");
+  p.storage = std::string(to_string(fp8));
+  (void)ctx.report.measure("gpu_fp8", p.storage + " restore into device bf16", p, cand, refs);
+}
+
 }  // namespace
 #endif  // HSS_BENCH_WITH_CUDA
 
@@ -540,6 +623,21 @@ void run_gpu_overlap(Context& ctx) {
     contended_restore_case(ctx, impl, s, bulk_bytes);
   }
   ctx.report.print_workload("gpu_overlap");
+#endif
+}
+
+void run_gpu_fp8(Context& ctx) {
+  if (const std::string why = device_unavailable(); !why.empty()) {
+    ctx.report.skip("gpu_fp8", "all cases", why);
+    return;
+  }
+#if HSS_BENCH_WITH_CUDA
+  const GpuShape s = ctx.quick ? GpuShape{256, 1024, 2048} : GpuShape{256, 4096, 16384};
+  for (const StorageDType fp8 : {StorageDType::kFp8E4M3, StorageDType::kFp8E5M2}) {
+    fp8_store_case(ctx, s, fp8);
+    fp8_restore_case(ctx, s, fp8);
+  }
+  ctx.report.print_workload("gpu_fp8");
 #endif
 }
 

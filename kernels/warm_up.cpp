@@ -33,6 +33,9 @@ void warm_up(void* table_host, const void* table_device, void* cub_temp, size_t 
   dispatch_each_store_pair([&]<ElemType S, ElemType D>() {
     launch_gather_cast(SourceView{nullptr, S, 1, 1}, D, &t->write, 1, stream);
   });
+  dispatch_each_quantise_pair([&]<ElemType S, ElemType T>() {
+    launch_gather_quantise(SourceView{nullptr, S, 1, 1}, T, &t->write, 1, stream);
+  });
   launch_store_batch(&t->store, 1, stream);
   dispatch_each_output([&]<ElemType D>() {
     launch_restore_gather(&t->gather, 1, OutputView{nullptr, 1, 1, D}, stream);

@@ -20,9 +20,9 @@ namespace hss {
 /// opt-in and lossy: each row is quantised against its own float32 scale (amax / 448 or
 /// amax / 57344), stored beside it, and dequantised on restore into the requested output dtype.
 /// Error per element <= amax / 28 (E4M3) or amax / 14 (E5M2) of its row (docs/design.md,
-/// "FP8 storage"). FP8 storage needs the host path (a store that finds a CUDA device refuses it
-/// at construction); its rows and scales travel as they are through the disk and remote tiers
-/// and P/D transfer (wire codes 3 and 4, docs/design.md).
+/// "FP8 storage"; rows below amax ~1e-35 have a weaker bound there). The host path and the CUDA
+/// kernels store the same codes and scales; its rows and scales travel as they are through the
+/// disk and remote tiers and P/D transfer (wire codes 3 and 4, docs/design.md).
 enum class StorageDType {
   kFloat32,  ///< widen everything to float32 on store (LMCache's behaviour)
   kNative,   ///< keep float16/bfloat16 as 16 bits; widen on restore (bit-identical output)

@@ -305,15 +305,13 @@ constexpr std::array kKeys = {
           // Only reachable for a Config built in code: parsing accepts the four names alone.
           if (to_string(c.hidden_state_storage_dtype) == "unknown") k.fail("unknown storage dtype");
           // FP8 entries travel with their scales to the disk and remote tiers and over P/D
-          // transfer (wire codes 3 and 4, format/dtype_codes.hpp). A CUDA device path refuses
-          // FP8 storage at construction (datapath/cuda/device_path.cpp): its kernels do not
-          // quantise yet.
+          // transfer (wire codes 3 and 4, format/dtype_codes.hpp). The host path and the CUDA
+          // kernels quantise with the same rule (kernels/hss/kernels/convert.hpp).
         },
         "`native` keeps float16/bfloat16 rows at 16 bits (bit-identical restore, half the bytes); "
         "`fp8_e4m3` / `fp8_e5m2` quantise each row to 8 bits with a float32 scale (lossy, "
         "opt-in: error <= row amax / 28 or / 14; the scales travel with the rows to the disk and "
-        "remote tiers and over P/D transfer; host path only: refused where a CUDA device is "
-        "found)"),
+        "remote tiers and over P/D transfer; host and CUDA paths store the same bytes)"),
     key<IntCodec>("hidden_state_block_bytes", HSS_MEMBER(hidden_state_block_bytes),
         [](const Config& c, const KeyCheck& k) {
           const int64_t bytes = c.hidden_state_block_bytes;

@@ -50,7 +50,7 @@ size_t fill_store_tiles(std::span<const StoreJob> jobs, TileCursor& cursor,
       if (!contiguous) m = std::min(m, job.src.cols - first % job.src.cols);
       table[n++] = {job.src,
                     {static_cast<unsigned char*>(seg.dst) + cursor.consumed * dst_esize,
-                     seg.src_row0, first, m, seg.dst_type}};
+                     seg.src_row0, first, m, seg.dst_type, seg.scale}};
       cursor.consumed += m;
     }
     next_segment_if_done(jobs, cursor, seg.count);
@@ -73,7 +73,7 @@ size_t fill_restore_tiles(std::span<const RestoreJob> jobs, TileCursor& cursor,
       int64_t m = std::min(seg.count - cursor.consumed, max_elems);
       if (!contiguous) m = std::min(m, job.out.cols - flat % job.out.cols);
       table[n++] = {{static_cast<const unsigned char*>(seg.src) + cursor.consumed * src_esize, flat,
-                     m, seg.src_type},
+                     m, seg.src_type, seg.scale},
                     job.out};
       cursor.consumed += m;
     }

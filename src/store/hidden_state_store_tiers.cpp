@@ -22,13 +22,11 @@ namespace {
 // A tier checks what it returns (tiers/backing_tier.hpp); the store still takes only a value of
 // the chunk's rows, in a row format with a wire code, whose payload is exactly rows x cols in
 // that format, so that no tier's slip becomes an exception out of a retrieve or rows served
-// short. A store with a CUDA device path takes no FP8 value (its kernels move unscaled elements
-// only): the tier's hit is not promoted, a miss for the retrieve. An FP8 value keeps its format
-// (codes and scales as the writer's pool held them), so a retrieve dequantises it exactly as it
-// would the same entry never spilled.
-bool fits(const detail::TierValue& value, const Chunk& chunk, bool device_path) noexcept {
+// short. An FP8 value keeps its format (codes and scales as the writer's pool held them), so a
+// retrieve dequantises it exactly as it would the same entry never spilled, on the host path and
+// in the CUDA kernels alike.
+bool fits(const detail::TierValue& value, const Chunk& chunk) noexcept {
   if (!detail::wire_code(value.format)) return false;
-  if (device_path && value.format.scales != detail::ScaleLayout::kNone) return false;
   if (value.rows != chunk.size() || value.cols <= 0) return false;
   const auto bytes = value.format.checked_payload_bytes(value.rows, value.cols);
   return bytes && *bytes == value.payload.size();
@@ -77,7 +75,7 @@ size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
   // Each value goes into the pool as it arrives (no value is held longer than its copy). A value
   // past a chunk missing elsewhere is kept too: the walk, not the fetch, ends the prefix.
   return store_.tiers.fetch_each(requests, [&](size_t i, const detail::TierValue& value) {
-    return fits(value, chunks[missing[i].chunk], store_.device_path != nullptr) &&
+    return fits(value, chunks[missing[i].chunk]) &&
            insert_fetched(chunks[missing[i].chunk], missing[i].slot, value, guard) ==
                InsertResult::kInserted;
   });

@@ -181,12 +181,6 @@ void StoreTransfer::reserve_import(std::span<const Chunk> chunks,
                             std::to_string(header->cols) + " rows x cols for a chunk of " +
                             std::to_string(chunk.size()) + " tokens");
     }
-    if (store_.device_path && header->format.scales != detail::ScaleLayout::kNone) {
-      // The CUDA kernels move unscaled elements only (a store with FP8 storage has no device
-      // path): such an entry could not be restored here.
-      throw InvalidArgument(where + " holds " + detail::row_format_name(header->format) +
-                            " rows, which this store's CUDA path cannot restore");
-    }
     const uint64_t payload =
         detail::remote_payload_bytes(header->format, header->rows, header->cols);
     uint64_t given = 0;

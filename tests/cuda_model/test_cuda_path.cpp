@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -162,20 +164,56 @@ TEST_F(CudaPath, TheStagingBudgetCountsBytesNotRounds) {
   }
 }
 
-TEST_F(CudaPath, Fp8StorageIsRefusedAtConstructionNamingTheKeyAndValue) {
-  // The kernels do not quantise yet (elem_visit.hpp): a store that finds a device refuses FP8
-  // storage before it makes any device state, rather than store anything wrong.
+TEST_F(CudaPath, Fp8StorageRunsOnTheDevicePathItsKernelsQuantiseAndDequantise) {
+  // A store that finds a device takes FP8 storage: the caller's stream carries the quantising
+  // gather (never the PCIe copy), and a device restore the dequantising gather. make_rows' values
+  // are multiples of 1/8 in [-16, 16): E4M3 holds each row's within amax / 28.
   for (StorageDType storage : {StorageDType::kFp8E4M3, StorageDType::kFp8E5M2}) {
     Config c = small_config();
     c.hidden_state_storage_dtype = storage;
     ChunkedTokenDatabase db(kChunk, false);
-    try {
-      HiddenStateStore store(c, db);
-      ADD_FAILURE() << "a store with " << to_string(storage) << " storage was built";
-    } catch (const ConfigError& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("hidden_state_storage_dtype"), std::string::npos) << what;
-      EXPECT_NE(what.find(to_string(storage)), std::string::npos) << what;
+    HiddenStateStore store(c, db);
+    ASSERT_TRUE(store.stats().device_path);
+    const auto t = tokens64(2 * kChunk, 9);
+    StreamHolder s;
+    StoreOptions so;
+    so.stream = s.stream;
+    ASSERT_EQ(store.store_hidden_states(t, device_rows(t), so), (StoreResult{2, 2}));
+    store.flush();
+    const std::string quantise = storage == StorageDType::kFp8E4M3
+                                     ? "kernel gather_quantise<f32,e4m3>"
+                                     : "kernel gather_quantise<f32,e5m2>";
+    bool quantised = false;
+    for (const std::string& op : cuda_model::history(s.stream)) {
+      EXPECT_EQ(op.find("cudaMemcpy"), std::string::npos) << op;
+      quantised = quantised || op.find(quantise) != std::string::npos;
+    }
+    EXPECT_TRUE(quantised) << quantise;
+
+    DeviceBytes out(static_cast<size_t>(2 * kChunk * kCols) * 4);
+    ASSERT_NE(out.ptr, nullptr);
+    RetrieveOptions ro;
+    ro.stream = s.stream;
+    const MutableTensorView view{out.ptr, DType::kFloat32, 2 * kChunk, kCols, kCols, Device::kCuda,
+                                 0};
+    ASSERT_EQ(store.retrieve_hidden_states_into(t, view, ro), 2 * kChunk);
+    ASSERT_EQ(cudaStreamSynchronize(s.stream), cudaSuccess);
+    bool dequantised = false;
+    for (const std::string& op : cuda_model::history(s.stream)) {
+      dequantised = dequantised || op.find("kernel restore_gather<f32>") != std::string::npos;
+    }
+    EXPECT_TRUE(dequantised);
+    const auto got = test::download(out.ptr, out.bytes);
+    const auto want = rows_of(t);
+    const double bound = storage == StorageDType::kFp8E4M3 ? 1.0 / 28 : 1.0 / 14;
+    for (int64_t r = 0; r < 2 * kChunk; ++r) {
+      float amax = 0.0f;
+      for (int64_t k = 0; k < kCols; ++k) amax = std::max(amax, std::fabs(want[r * kCols + k]));
+      for (int64_t k = 0; k < kCols; ++k) {
+        float v = 0.0f;
+        std::memcpy(&v, got.data() + (r * kCols + k) * 4, 4);
+        ASSERT_LE(std::fabs(v - want[r * kCols + k]), amax * bound * (1 + 1e-5)) << r << " " << k;
+      }
     }
   }
 }

@@ -210,16 +210,28 @@ HSS_HOST_DEVICE void store_from_float(void* row, int64_t index, ElemType t, floa
 // A row's scale is amax / max_finite (448 for E4M3, 57344 for E5M2), amax = the largest |x| over
 // the row's finite elements, so the row's largest element maps onto the format's largest finite
 // value and nothing saturates. A row with no finite non-zero element has scale 1 (its codes are
-// zeros, NaN, or E5M2 infinities). A scale that would underflow float32 (amax below
-// 448 x 2^-149) is the smallest subnormal instead, so x / scale is never a division by zero.
-// Stored code = encode(x / scale) (nearest-even, saturating); restored value = decode(code) x
-// scale, clamped to +-FLT_MAX: a finite input never restores as infinity or NaN.
+// zeros, NaN, or E5M2 infinities). Where amax / max_finite is a float32 subnormal (amax below
+// 448 x 2^-126 for E4M3, 57344 x 2^-126 for E5M2) the scale has few significant bits, and
+// rounded to nearest it may lie below amax / max_finite: the row's largest element would
+// saturate (an error of amax / 8 at amax near 2^-139). There the scale is rounded up instead, to
+// the next multiple of 2^-149 (never zero: x / scale is never a division by zero), so that
+// amax / scale <= max_finite still holds. Stored code = encode(x / scale) (nearest-even,
+// saturating); restored value = decode(code) x scale, clamped to +-FLT_MAX: a finite input never
+// restores as infinity or NaN.
 //
-// Error bound (finite x, amax as above, the f32 output): |restored - x| <= amax / 28 for E4M3
-// (half the spacing 32 of [256, 448], over 448) and amax / 14 for E5M2 (4096 / 57344), plus
-// float32 rounding of the division and the product (a few 2^-24 relative); and per element
-// |restored - x| <= 2^-4 |x| (E4M3; 2^-3 for E5M2) wherever x / scale is a normal 8-bit value.
-// NaN stays NaN; +-infinity stays infinity in E5M2 and becomes NaN in E4M3 (fp8.hpp).
+// Error bound (finite x, amax as above, the f32 output), in two domains split by the scale:
+// * a normal float32 scale (amax >= 448 x 2^-126 ~ 3.8e-36 for E4M3, >= 57344 x 2^-126 ~ 6.5e-34
+//   for E5M2): |restored - x| <= amax / 28 for E4M3 (half the spacing 32 of [256, 448], over
+//   448) and amax / 14 for E5M2 (4096 / 57344), plus float32 rounding of the division and the
+//   product (a few 2^-24 relative);
+// * a subnormal scale (smaller amax): |restored - x| <= amax / 16 for E4M3 and amax / 8 for
+//   E5M2 (amax / scale may fall below the top binade, whose half spacing over its lower end is
+//   2^-4, resp. 2^-3), plus float32 rounding of the product (at most 2^-150 there).
+// Per element |restored - x| <= 2^-4 |x| (E4M3; 2^-3 for E5M2) wherever x / scale is a normal
+// 8-bit value. NaN stays NaN; +-infinity stays infinity in E5M2 and becomes NaN in E4M3 (fp8.hpp).
+
+/// The bits of FLT_MIN (2^-126), the smallest normal float32: below it a scale is subnormal.
+inline constexpr uint32_t kFloat32MinNormalBits = 0x00800000u;
 
 /// The largest finite value of an 8-bit type (0 for the others: they are never scaled).
 HSS_HOST_DEVICE constexpr float fp8_max(ElemType t) {
@@ -253,8 +265,14 @@ HSS_HOST_DEVICE float amax_add(float amax, float x) {
 /// The scale of a row whose finite elements have largest magnitude `amax`, for type `t`.
 HSS_HOST_DEVICE float row_scale(float amax, ElemType t) {
   if (!(amax > 0.0f)) return 1.0f;
-  const float scale = amax / fp8_max(t);
-  return scale > 0.0f ? scale : bits_to_float(1u);  // 2^-149: never zero
+  const float max_finite = fp8_max(t);
+  const float scale = amax / max_finite;
+  const uint32_t bits = float_to_bits(scale);
+  if (bits >= kFloat32MinNormalBits) return scale;
+  // A subnormal (or zero) scale: the next multiple of 2^-149 up when the nearest one lies below
+  // amax / max_finite (one step is enough: rounding to nearest moved it by half a step at most).
+  if (bits == 0u) return bits_to_float(1u);  // 2^-149: never zero
+  return amax / scale > max_finite ? bits_to_float(bits + 1u) : scale;
 }
 
 /// The 8-bit code of `x` in a row of scale `scale`, for a type known at compile time (the host

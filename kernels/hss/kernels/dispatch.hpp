@@ -12,6 +12,7 @@
 #include "hss/error.hpp"
 #include "hss/kernels/convert.hpp"
 #include "hss/kernels/elem_visit.hpp"
+#include "hss/kernels/fp8_tiling.hpp"
 #include "hss/kernels/tiling.hpp"
 
 namespace hss::kernels {
@@ -49,6 +50,24 @@ void dispatch_store_pair(ElemType src, ElemType dst, Fn&& fn) {
   throw Error("gather_cast: unsupported (source, storage) element types (" +
               std::to_string(static_cast<int>(src)) + ", " + std::to_string(static_cast<int>(dst)) +
               ")");
+}
+
+/// Calls fn.template operator()<S, T>() for an FP8 store kernel's (source S, 8-bit storage T)
+/// pair (visit_quantise_pair, fp8_tiling.hpp). hss::Error for any other.
+template <typename Fn>
+void dispatch_quantise_pair(ElemType src, ElemType dst, Fn&& fn) {
+  if (visit_quantise_pair(src, dst, fn)) return;
+  throw Error("gather_quantise: unsupported (source, storage) element types (" +
+              std::to_string(static_cast<int>(src)) + ", " + std::to_string(static_cast<int>(dst)) +
+              ")");
+}
+
+/// Calls fn.template operator()<S, T>() for every FP8 store pair (warm-up).
+template <typename Fn>
+void dispatch_each_quantise_pair(Fn&& fn) {
+  for_each_elem_type([&]<ElemType S>() {
+    for_each_fp8_type([&]<ElemType T>() { fn.template operator()<S, T>(); });
+  });
 }
 
 /// Calls fn.template operator()<D>() for a restore output type D. hss::Error for an unknown one.

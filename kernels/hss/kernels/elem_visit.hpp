@@ -16,10 +16,9 @@ HSS_HOST_DEVICE constexpr bool store_pair_supported(ElemType src, ElemType dst) 
   return dst == ElemType::kFloat32 || dst == src;
 }
 
-/// Calls fn.template operator()<T>() for `type`. False (nothing called) for a value outside the
-/// enum, and for the 8-bit storage types: the kernels' tile loops move unscaled elements only
-/// (a store configured with fp8 storage refuses a device path at construction, so no fp8 tile
-/// is ever planned; the host path quantises, src/datapath/host/fp8_rows.cpp: visit_fp8_type).
+/// Calls fn.template operator()<T>() for the unscaled `type`. False (nothing called) for a value
+/// outside the enum, and for the 8-bit storage types, which take their own tiles (visit_fp8_type:
+/// kernels/hss/kernels/fp8_tiling.hpp on the device, src/datapath/host/fp8_rows.cpp on the host).
 template <typename Fn>
 HSS_HOST_DEVICE bool visit_elem_type(ElemType type, Fn&& fn) {
   switch (type) {
@@ -72,13 +71,20 @@ HSS_HOST_DEVICE bool visit_store_pair(ElemType src, ElemType dst, Fn&& fn) {
   });
 }
 
-/// Calls fn.template operator()<T>() for every element type the tile loops move (compile-time
-/// enumeration; the 8-bit types are not among them, see visit_elem_type).
+/// Calls fn.template operator()<T>() for every unscaled element type (compile-time enumeration;
+/// the 8-bit types are for_each_fp8_type's).
 template <typename Fn>
 HSS_HOST_DEVICE void for_each_elem_type(Fn&& fn) {
   fn.template operator()<ElemType::kFloat32>();
   fn.template operator()<ElemType::kFloat16>();
   fn.template operator()<ElemType::kBFloat16>();
+}
+
+/// Calls fn.template operator()<T>() for each 8-bit storage type (compile-time enumeration).
+template <typename Fn>
+HSS_HOST_DEVICE void for_each_fp8_type(Fn&& fn) {
+  fn.template operator()<ElemType::kFp8E4M3>();
+  fn.template operator()<ElemType::kFp8E5M2>();
 }
 
 /// Calls fn.template operator()<S, D>() for every supported store pair (warm-up).

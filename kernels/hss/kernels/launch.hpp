@@ -21,15 +21,24 @@ namespace hss::kernels {
 void launch_gather_cast(const SourceView& src, ElemType dst_type, const WriteSegment* tiles,
                         int64_t num_tiles, cudaStream_t stream);
 
+/// FP8 store: one block per tile (each inside one source row) finds its row's scale, writes it
+/// to tile.scale when the tile starts the row, and quantises the tile's elements into 8-bit codes
+/// of `dst_type` (fp8_e4m3 / fp8_e5m2) at tile.dst (fp8_tiling.hpp). Any unscaled source type.
+/// `tiles` is a device array; dst and scale are device memory or the device-mapped pool.
+void launch_gather_quantise(const SourceView& src, ElemType dst_type, const WriteSegment* tiles,
+                            int64_t num_tiles, cudaStream_t stream);
+
 /// Restore: one block per tile reads pool memory (device-mapped pinned host memory) and writes the
 /// output of out.type (float32, float16 or bfloat16). `tiles` is a device array of restore tiles
-/// (tiling.hpp), any storage types; the array may live in device-mapped pinned host memory.
+/// (tiling.hpp), any storage types (FP8 tiles carry their row's scale); the array may live in
+/// device-mapped pinned host memory.
 void launch_restore_gather(const GatherSegment* tiles, int64_t num_tiles, const OutputView& out,
                            cudaStream_t stream);
 
 /// Batched store: one block per tile (BatchStoreTile: each carries its item's source view, any
-/// supported (source, storage) pair) writes straight into the device-mapped pool. `tiles` may
-/// live in device-mapped pinned host memory. One launch for every item of a batch on a stream.
+/// supported (source, storage) pair, FP8 storage included) writes straight into the device-mapped
+/// pool. `tiles` may live in device-mapped pinned host memory. One launch for every item of a
+/// batch on a stream.
 void launch_store_batch(const BatchStoreTile* tiles, int64_t num_tiles, cudaStream_t stream);
 
 /// Batched restore: one block per tile (BatchRestoreTile: each carries its item's output, any

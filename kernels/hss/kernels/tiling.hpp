@@ -183,23 +183,23 @@ HSS_HOST_DEVICE void convert_store_vec16(const Vec16& in, void* dst) {
   }
 }
 
-/// The body of one tile, run by lane `lane` of `lanes` (a thread of a block on the device; a loop
-/// over lanes in the tests). Moves `count` elements from `src` (type S) to `dst` (type D): the
-/// vector run with kUnroll 16-byte loads in flight per lane, the rest via scalar(i), which must
-/// write element i exactly like the vector path (store_element / restore_element).
-template <ElemType S, ElemType D, typename ScalarFn>
-HSS_HOST_DEVICE void copy_tile(const void* src, void* dst, int64_t count, int lane, int lanes,
-                               ScalarFn&& scalar) {
-  constexpr int64_t src_esize = elem_bytes(S);
-  constexpr int64_t dst_esize = elem_bytes(D);
-  constexpr int64_t per_vector = kVectorBytes / src_esize;
+/// The loop of one tile, run by lane `lane` of `lanes` (a thread of a block on the device; a loop
+/// over lanes in the tests), over `count` elements of SrcEsize bytes at `src` into elements of
+/// DstEsize bytes at `dst`: the vector run with kUnroll 16-byte loads in flight per lane, each
+/// converted by vector(in, dst_of_vector), the rest via scalar(i), which must write element i
+/// exactly like the vector path. Shared by the unscaled copies (copy_tile) and the FP8 tiles
+/// (fp8_tiling.hpp).
+template <int64_t SrcEsize, int64_t DstEsize, typename ScalarFn, typename VectorFn>
+HSS_HOST_DEVICE void tile_loop(const void* src, void* dst, int64_t count, int lane, int lanes,
+                               ScalarFn&& scalar, VectorFn&& vector) {
+  constexpr int64_t per_vector = kVectorBytes / SrcEsize;
   const auto src_addr = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(src));
   const auto dst_addr = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(dst));
-  const VectorPlan plan = plan_vectors(src_addr, dst_addr, count, src_esize, dst_esize);
+  const VectorPlan plan = plan_vectors(src_addr, dst_addr, count, SrcEsize, DstEsize);
 
   for (int64_t i = lane; i < plan.head; i += lanes) scalar(i);
-  const auto* vsrc = static_cast<const unsigned char*>(src) + plan.head * src_esize;
-  auto* vdst = static_cast<unsigned char*>(dst) + plan.head * dst_esize;
+  const auto* vsrc = static_cast<const unsigned char*>(src) + plan.head * SrcEsize;
+  auto* vdst = static_cast<unsigned char*>(dst) + plan.head * DstEsize;
   const int64_t stride = static_cast<int64_t>(lanes) * kUnroll;
   for (int64_t base = lane; base < plan.vectors; base += stride) {
     Vec16 regs[kUnroll] = {};  // GCC cannot see that only loaded lanes are stored
@@ -215,13 +215,22 @@ HSS_HOST_DEVICE void copy_tile(const void* src, void* dst, int64_t count, int la
 #endif
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t v = base + static_cast<int64_t>(u) * lanes;
-      if (v < plan.vectors) {
-        convert_store_vec16<S, D>(regs[u], vdst + v * per_vector * dst_esize);
-      }
+      if (v < plan.vectors) vector(regs[u], vdst + v * per_vector * DstEsize);
     }
   }
   // With no vector run, head == tail_begin == 0 and the tail is the whole tile.
   for (int64_t i = plan.tail_begin + lane; i < count; i += lanes) scalar(i);
+}
+
+/// The body of one unscaled tile, run by one lane: moves `count` elements from `src` (type S) to
+/// `dst` (type D), vectors through convert_store_vec16, the rest via scalar(i), which must write
+/// element i exactly like the vector path (store_element / restore_element).
+template <ElemType S, ElemType D, typename ScalarFn>
+HSS_HOST_DEVICE void copy_tile(const void* src, void* dst, int64_t count, int lane, int lanes,
+                               ScalarFn&& scalar) {
+  tile_loop<elem_bytes(S), elem_bytes(D)>(
+      src, dst, count, lane, lanes, scalar,
+      [](const Vec16& in, void* out) { convert_store_vec16<S, D>(in, out); });
 }
 
 /// One store tile: source element address and staging destination, run by one lane.
@@ -251,13 +260,22 @@ HSS_HOST_DEVICE void restore_tile(const GatherSegment& tile, const OutputView& o
                   [&](int64_t i) { restore_element(tile, i, out); });
 }
 
-/// Dispatches a restore tile on its (block-uniform) storage type for output type D.
+/// An FP8 restore tile (fp8_tiling.hpp, included at the end of this file).
+template <ElemType T, ElemType D>
+HSS_HOST_DEVICE void dequantise_tile(const GatherSegment& tile, const OutputView& out, int lane,
+                                     int lanes);
+
+/// Dispatches a restore tile on its (block-uniform) storage type for output type D: an unscaled
+/// type's copy, or an 8-bit type's dequantisation against the tile's row scale.
 template <ElemType D>
 HSS_HOST_DEVICE void restore_tile_to(const GatherSegment& tile, const OutputView& out, int lane,
                                      int lanes) {
-  (void)visit_elem_type(tile.src_type, [&]<ElemType S>() {
-    restore_tile<S, D>(tile, out, lane, lanes);
-  });
+  if (visit_elem_type(tile.src_type,
+                      [&]<ElemType S>() { restore_tile<S, D>(tile, out, lane, lanes); })) {
+    return;
+  }
+  (void)visit_fp8_type(tile.src_type,
+                       [&]<ElemType T>() { dequantise_tile<T, D>(tile, out, lane, lanes); });
 }
 
 /// Dispatches a restore tile on its storage type and the output type (the batched restore
@@ -269,3 +287,5 @@ HSS_HOST_DEVICE void restore_tile_any(const GatherSegment& tile, const OutputVie
 }
 
 }  // namespace hss::kernels
+
+#include "hss/kernels/fp8_tiling.hpp"  // IWYU pragma: export (dequantise_tile)

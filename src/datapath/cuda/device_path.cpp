@@ -20,15 +20,6 @@ namespace hss::detail {
 
 std::unique_ptr<DevicePath> create_platform_device_path(const Config& config) {
   if (!cuda_device_available()) return nullptr;
-  // The kernels move unscaled elements only (elem_visit.hpp): FP8 storage is host-path only
-  // until the store and restore kernels quantise. Refused here, before any device state.
-  if (config.hidden_state_storage_dtype == StorageDType::kFp8E4M3 ||
-      config.hidden_state_storage_dtype == StorageDType::kFp8E5M2) {
-    throw ConfigError("config key 'hidden_state_storage_dtype': FP8 storage is not supported by "
-                      "the CUDA path yet (a CUDA device was found), got '" +
-                      std::string(to_string(config.hidden_state_storage_dtype)) +
-                      "'; use float32 or native");
-  }
   return std::make_unique<cuda::CudaDevicePath>(config);
 }
 
@@ -295,34 +286,54 @@ FenceRef CudaDevicePath::fenced(cudaStream_t stream, Enqueue&& enqueue) {
 
 namespace {
 
+/// What a round's plan takes of staging: the codes or elements from offset 0, then (FP8) one
+/// float32 scale per row the round starts, from the first 16-byte boundary after them.
+struct RoundSize {
+  int64_t elem_bytes = 0;
+  int64_t scales = 0;
+  [[nodiscard]] int64_t scale_base() const {
+    return (elem_bytes + kernels::kVectorBytes - 1) / kernels::kVectorBytes * kernels::kVectorBytes;
+  }
+  [[nodiscard]] int64_t bytes() const { return scale_base() + 4 * scales; }
+};
+
 /// How far one round goes: plans tiles (at most one tile's elements, inside one row when
 /// strided) and copy runs into staging offsets from 0 (a round's range starts kAlign-aligned, so
 /// the phases staging_offset() picks hold there), up to kMaxRoundBytes of staging and
-/// kStoreTilesPerRound tiles. `tile(offset, seg, first, n)` and `run(copy)` see each piece;
-/// returns the staging bytes used. Advances next/consumed.
-template <typename TileFn, typename RunFn>
-int64_t plan_round(const kernels::SourceView& src, std::span<const WriteSegment> segments,
-                   size_t& next, int64_t& consumed, int64_t capacity, TileFn&& tile, RunFn&& run) {
+/// kStoreTilesPerRound tiles. `tile(offset, seg, first, n, scale_slot)` and `run(copy)` see each
+/// piece; an FP8 segment that starts its row gets scale slot `scale_slot` (its first tile carries
+/// it, every other tile -1) and `scale(slot, pool_address)` sees it. Advances next/consumed.
+template <typename TileFn, typename RunFn, typename ScaleFn>
+RoundSize plan_round(const kernels::SourceView& src, std::span<const WriteSegment> segments,
+                     size_t& next, int64_t& consumed, int64_t capacity, TileFn&& tile, RunFn&& run,
+                     ScaleFn&& scale) {
   const ElemType dst_type = segments.front().dst_type;
   const auto src_esize = static_cast<int64_t>(kernels::elem_bytes(src.type));
   const auto dst_esize = static_cast<int64_t>(kernels::elem_bytes(dst_type));
   const bool contiguous = src.row_stride == src.cols;
   size_t num_tiles = 0;
   int64_t cursor = 0;
+  int64_t scales = 0;
   CopyRun last{nullptr, 0, 0};
   while (next < segments.size() && num_tiles < kStoreTilesPerRound) {
     const WriteSegment& seg = segments[next];
     const int64_t first = seg.src_elem + consumed;
     const int64_t left = seg.count - consumed;
+    const bool starts_row = seg.scale != nullptr && consumed == 0 && first % src.cols == 0;
+    // The scales' block after the elements: its alignment padding and a slot per row started.
+    const int64_t scale_room =
+        seg.scale != nullptr ? kernels::kVectorBytes - 1 + 4 * (scales + (starts_row ? 1 : 0)) : 0;
     const int64_t offset = kernels::staging_offset(
         cursor, address(kernels::source_address(src, seg.src_row0, first)), src_esize, dst_esize);
-    const int64_t room = std::min(left, (capacity - offset) / dst_esize);
+    const int64_t room = std::min(left, (capacity - scale_room - offset) / dst_esize);
     if (room <= 0) break;
+    const int64_t slot = starts_row ? scales++ : -1;
+    if (starts_row) scale(slot, seg.scale);
     int64_t covered = 0;
     while (covered < room && num_tiles < kStoreTilesPerRound) {
       int64_t m = std::min(room - covered, kernels::tile_elems(src.type));
       if (!contiguous) m = std::min(m, src.cols - (first + covered) % src.cols);
-      tile(offset + covered * dst_esize, seg, first + covered, m);
+      tile(offset + covered * dst_esize, seg, first + covered, m, covered == 0 ? slot : -1);
       ++num_tiles;
       covered += m;
     }
@@ -342,7 +353,22 @@ int64_t plan_round(const kernels::SourceView& src, std::span<const WriteSegment>
     }
   }
   if (last.bytes > 0) run(last);
-  return cursor;
+  return {cursor, scales};
+}
+
+/// Appends the D2H copy of staged scale `slot` to `pool_address`, merged with the previous one
+/// where both are adjacent (consecutive rows of an entry, in one granule).
+void add_scale_copy(std::vector<CopyRun>& copies, int64_t staging_offset, float* pool_address) {
+  if (!copies.empty()) {
+    CopyRun& last = copies.back();
+    if (static_cast<unsigned char*>(last.dst) + last.bytes ==
+            reinterpret_cast<unsigned char*>(pool_address) &&
+        last.staging_offset + last.bytes == staging_offset) {
+      last.bytes += 4;
+      return;
+    }
+  }
+  copies.push_back({pool_address, staging_offset, 4});
 }
 
 }  // namespace
@@ -359,13 +385,16 @@ void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& sr
   int64_t plan_consumed = consumed;
   size_t num_tiles = 0;
   size_t num_copies = 0;
-  const auto count_tile = [&](int64_t, const WriteSegment&, int64_t, int64_t) { ++num_tiles; };
+  const auto count_tile = [&](int64_t, const WriteSegment&, int64_t, int64_t, int64_t) {
+    ++num_tiles;
+  };
   const auto count_copy = [&](const CopyRun&) { ++num_copies; };
-  const int64_t bytes =
-      plan_round(src, segments, plan_next, plan_consumed, capacity, count_tile, count_copy);
+  const auto count_scale = [&](int64_t, float*) { ++num_copies; };
+  const RoundSize size = plan_round(src, segments, plan_next, plan_consumed, capacity, count_tile,
+                                    count_copy, count_scale);
   if (num_tiles == 0) throw Error("device store: a segment does not fit the staging");
 
-  auto lease = dev.staging.acquire(static_cast<size_t>(bytes), num_tiles, waited);
+  auto lease = dev.staging.acquire(static_cast<size_t>(size.bytes()), num_tiles, waited);
   unsigned char* staging = lease->staging();
   // The kernel reads the tiles straight from the round's range of the pinned table (no upload);
   // the range's previous round has finished (the arena freed it once its event did).
@@ -373,14 +402,26 @@ void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& sr
   size_t t = 0;
   std::vector<CopyRun> copies;
   copies.reserve(num_copies);
-  const auto write_tile = [&](int64_t offset, const WriteSegment& seg, int64_t first, int64_t n) {
-    tiles[t++] = {staging + offset, seg.src_row0, first, n, dst_type};
+  std::vector<CopyRun> scale_copies;  // FP8: the staged row scales, after the codes
+  const int64_t scale_base = size.scale_base();
+  const auto write_tile = [&](int64_t offset, const WriteSegment& seg, int64_t first, int64_t n,
+                              int64_t scale_slot) {
+    float* scale = scale_slot >= 0 ? reinterpret_cast<float*>(staging + scale_base + 4 * scale_slot)
+                                   : nullptr;
+    tiles[t++] = {staging + offset, seg.src_row0, first, n, dst_type, scale};
   };
   const auto add_copy = [&](const CopyRun& c) { copies.push_back(c); };
-  (void)plan_round(src, segments, next, consumed, capacity, write_tile, add_copy);
+  const auto add_scale = [&](int64_t slot, float* pool_address) {
+    add_scale_copy(scale_copies, scale_base + 4 * slot, pool_address);
+  };
+  (void)plan_round(src, segments, next, consumed, capacity, write_tile, add_copy, add_scale);
+  copies.insert(copies.end(), scale_copies.begin(), scale_copies.end());
 
   lease->touch(stream);
-  {
+  if (kernels::is_scaled(dst_type)) {
+    launch_quantise_round(src, dst_type, lease->tiles_device(), static_cast<int64_t>(num_tiles),
+                          stream);
+  } else {
     HSS_RANGE("store/gather_cast");
     kernels::launch_gather_cast(src, dst_type, lease->tiles_device(),
                                 static_cast<int64_t>(num_tiles), stream);
@@ -398,6 +439,13 @@ void CudaDevicePath::store_round(DeviceState& dev, const kernels::SourceView& sr
     }
   }
   lease->record(copy_stream);
+}
+
+void CudaDevicePath::launch_quantise_round(const kernels::SourceView& src, ElemType dst_type,
+                                           const WriteSegment* tiles, int64_t num_tiles,
+                                           cudaStream_t stream) {
+  HSS_RANGE("store/gather_quantise");
+  kernels::launch_gather_quantise(src, dst_type, tiles, num_tiles, stream);
 }
 
 FenceRef CudaDevicePath::store_batch(std::span<const StoreJob> jobs, int device_index,

@@ -4,7 +4,9 @@
 // Store, per call, in staging rounds (at most kMaxRoundBytes of staging each), cast or not:
 //     caller's stream: gather_cast kernel (rows -> staging, cast to the storage type or copied;
 //                      tiles read from the round's range of the pinned descriptor table) -> event
-//                      `gathered`
+//                      `gathered`; for FP8 storage the gather_quantise kernel instead (codes and
+//                      each started row's float32 scale -> staging, the scales after the codes,
+//                      the same rule as the host path: hss/kernels/fp8_tiling.hpp)
 //     copy stream of (device, caller stream): wait `gathered` -> D2H copies -> round `done`;
 //                      after the last round the call's fence event.
 //   The caller's stream carries the gather and the event only, never the transfer over PCIe (the
@@ -153,6 +155,10 @@ class CudaDevicePath final : public DevicePath {
   void store_round(DeviceState& dev, const kernels::SourceView& src,
                    std::span<const kernels::WriteSegment> segments, size_t& next, int64_t& consumed,
                    cudaStream_t stream, cudaStream_t copy_stream, bool* waited);
+  /// FP8 storage: the round's quantising gather (its tiles carry staged scale slots).
+  static void launch_quantise_round(const kernels::SourceView& src, kernels::ElemType dst_type,
+                                    const kernels::WriteSegment* tiles, int64_t num_tiles,
+                                    cudaStream_t stream);
   /// Enqueues one launch of the chosen implementation from element `consumed` of
   /// segments[first] on, as much as the slot's table holds. Advances both.
   void restore_launch(RestoreSlot& slot, std::span<const kernels::GatherSegment> segments,

@@ -198,7 +198,7 @@ void CudaDevicePath::restore_launch(RestoreSlot& slot, std::span<const GatherSeg
       int64_t n = std::min(seg.count - consumed, max_elems);
       if (!contiguous) n = std::min(n, out.cols - flat % out.cols);
       tiles[num_tiles++] = {static_cast<const unsigned char*>(seg.src) + consumed * esize, flat, n,
-                            seg.src_type};
+                            seg.src_type, seg.scale};
       consumed += n;
     }
     if (consumed == seg.count) {

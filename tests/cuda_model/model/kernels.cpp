@@ -252,11 +252,24 @@ void gather_cast_twin(SourceView src, const WriteSegment* tiles) {
   }
 }
 
+// FP8: the block's lanes one after another, with the kernel's reduction between the amax and the
+// codes (quantise_tile_lanes, fp8_tiling.hpp).
+template <ElemType S, ElemType T>
+void gather_quantise_twin(SourceView src, const WriteSegment* tiles) {
+  const int64_t grid = current_kernel->grid;
+  const int block = current_kernel->block;
+  for (int64_t b = 0; b < grid; ++b) quantise_tile_lanes<S, T>(src, read_table(tiles, b), block);
+}
+
 void store_batch_twin(const BatchStoreTile* tiles) {
   const int64_t grid = current_kernel->grid;
   const int block = current_kernel->block;
   for (int64_t b = 0; b < grid; ++b) {
     const BatchStoreTile tile = read_table(tiles, b);
+    if (is_scaled(tile.seg.dst_type)) {
+      quantise_tile_lanes_any(tile.src, tile.seg, block);
+      continue;
+    }
     for (int lane = 0; lane < block; ++lane) store_tile_any(tile.src, tile.seg, lane, block);
   }
 }
@@ -323,6 +336,18 @@ void launch_gather_cast(const SourceView& src, ElemType dst_type, const WriteSeg
   dispatch_store_pair(src.type, dst_type, [&]<ElemType S, ElemType D>() {
     const auto kernel = twin(gather_cast_twin<S, D>, std::string("gather_cast<") + short_name(S) +
                                                          "," + short_name(D) + ">");
+    const cudaLaunchConfig_t config = tile_launch(num_tiles, stream);
+    HSS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, src, tiles));
+  });
+}
+
+void launch_gather_quantise(const SourceView& src, ElemType dst_type, const WriteSegment* tiles,
+                            int64_t num_tiles, cudaStream_t stream) {
+  if (!grid_needed(num_tiles, "gather_quantise")) return;
+  dispatch_quantise_pair(src.type, dst_type, [&]<ElemType S, ElemType T>() {
+    const auto kernel = twin(gather_quantise_twin<S, T>, std::string("gather_quantise<") +
+                                                            short_name(S) + "," + short_name(T) +
+                                                            ">");
     const cudaLaunchConfig_t config = tile_launch(num_tiles, stream);
     HSS_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, src, tiles));
   });

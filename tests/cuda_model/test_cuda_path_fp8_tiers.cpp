@@ -1,13 +1,11 @@
-// A store with the CUDA device path takes no FP8 (scaled) entry from outside, because its kernels
-// move unscaled elements only (src/store/hidden_state_store_tiers.cpp, fits; src/store/
-// store_transfer.cpp, reserve_import): an FP8 value a backing tier returns is counted as the
-// tier's hit but not promoted (a miss for the retrieve), and an FP8 entry offered by a P/D
-// export is InvalidArgument with nothing changed. Each beside the same values as float32, which
-// the store takes, so the refusal is the row format's alone.
+// A store with the CUDA device path takes FP8 (scaled) entries from outside, as the host path
+// does, since its kernels dequantise them (hss/kernels/fp8_tiling.hpp): an FP8 value a backing
+// tier returns is promoted and served, and an FP8 entry offered by a P/D export is reserved,
+// copied in, published and served. Each beside the same values as float32.
 //
-// The FP8 values cannot come from a store here: where a device is, a store of FP8 storage is a
-// ConfigError (create_platform_device_path). They are written as a writer would: the disk tier's
-// own enqueue_write, and export entries encoded with the value codec's header.
+// The FP8 values are written as a writer would: the disk tier's own enqueue_write, and export
+// entries encoded with the value codec's header. Codes 0x38 with row scales of 1: E4M3 0x38 is
+// 1.0, E5M2 0x38 is 0.5.
 
 #include <gtest/gtest.h>
 
@@ -66,7 +64,7 @@ class CudaPathFp8 : public ::testing::Test {
   void SetUp() override { HSS_REQUIRE_DEVICE(); }
 };
 
-TEST_F(CudaPathFp8, AScaledValueFromATierIsCountedNotPromotedAFloat32OneIs) {
+TEST_F(CudaPathFp8, AScaledValueFromATierIsPromotedAndServedAsAFloat32OneIs) {
   const test::TempDir dir;
   ChunkedTokenDatabase db(kChunk, false);
   const auto f32_tokens = make_tokens(2 * kChunk, 81);
@@ -109,21 +107,31 @@ TEST_F(CudaPathFp8, AScaledValueFromATierIsCountedNotPromotedAFloat32OneIs) {
   EXPECT_EQ(s.promotions, 2U);
   EXPECT_EQ(store.num_entries(), 2U);
 
-  // FP8 (each format): read and checked (a hit of the tier), not promoted, not served; asked
-  // again, read again.
-  uint64_t hits = 2;
+  // FP8 (each format): promoted, served dequantised, from the host and into device memory.
+  uint64_t promotions = 2;
   for (size_t f = 0; f < 2; ++f) {
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      EXPECT_FALSE(store.retrieve_hidden_states(fp8_tokens[f]).has_value()) << f;
-      hits += 2;
-      s = store.stats().tiers.at(0);
-      EXPECT_EQ(s.hits, hits) << f;
-      EXPECT_EQ(s.misses, 0U) << f;
-      EXPECT_EQ(s.corrupt_values, 0U) << f;
-      EXPECT_EQ(s.promotions, 2U) << f;
-      EXPECT_EQ(store.num_entries(), 2U) << f;
-    }
-    EXPECT_EQ(store.coverage(db.process_tokens(fp8_tokens[f]), std::vector<Slot>{kSlot}), 0) << f;
+    const float want = f == 0 ? 1.0f : 0.5f;
+    const auto fp8 = store.retrieve_hidden_states(fp8_tokens[f]);
+    ASSERT_TRUE(fp8.has_value()) << f;
+    ASSERT_EQ(fp8->rows(), 2 * kChunk) << f;
+    for (int64_t i = 0; i < 2 * kChunk * kCols; ++i) ASSERT_EQ(fp8->data()[i], want) << f << i;
+    promotions += 2;
+    s = store.stats().tiers.at(0);
+    EXPECT_EQ(s.promotions, promotions) << f;
+    EXPECT_EQ(s.corrupt_values, 0U) << f;
+    EXPECT_EQ(store.num_entries(), promotions) << f;
+    EXPECT_EQ(store.coverage(db.process_tokens(fp8_tokens[f]), std::vector<Slot>{kSlot}),
+              2 * kChunk)
+        << f;
+    test::DeviceBytes out(static_cast<size_t>(2 * kChunk * kCols) * 4);
+    const MutableTensorView view{out.ptr, DType::kFloat32, 2 * kChunk, kCols, kCols,
+                                 Device::kCuda, 0};
+    ASSERT_EQ(store.retrieve_hidden_states_into(fp8_tokens[f], view), 2 * kChunk) << f;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto bytes = test::download(out.ptr, out.bytes);
+    std::vector<float> values(static_cast<size_t>(2 * kChunk * kCols));
+    std::memcpy(values.data(), bytes.data(), bytes.size());
+    for (const float v : values) ASSERT_EQ(v, want) << f;
   }
   EXPECT_EQ(s.entries_held, 6U);  // the files stay: another store may take them
   store.check_invariants();
@@ -149,44 +157,44 @@ ChunkExport export_of(RowFormat format, const std::vector<std::vector<std::byte>
   return source;
 }
 
-TEST_F(CudaPathFp8, AnFp8ImportIsInvalidArgumentWithNothingChangedAFloat32OneIsTaken) {
-  ChunkedTokenDatabase db(kChunk, false);
-  test::TransferSide consumer(device_store_config(), db);
-  ASSERT_TRUE(consumer.store.stats().device_path);
-  const auto tokens = make_tokens(2 * kChunk, 84);
-  const auto chunks = db.process_tokens(tokens);
-  const auto before = consumer.store.stats();
-  for (const RowFormat format : kFp8Formats) {
-    const std::vector<std::vector<std::byte>> payloads = {payload_of(format, tokens, 0),
-                                                          payload_of(format, tokens, 1)};
-    const ChunkExport fp8 = export_of(format, payloads);
-    try {
-      (void)consumer.transfer.reserve(chunks, fp8);
-      ADD_FAILURE() << "an FP8 import was reserved on the CUDA path";
-    } catch (const InvalidArgument& e) {
-      const std::string message = e.what();
-      EXPECT_NE(message.find("source.entries[0]"), std::string::npos) << message;
-      EXPECT_NE(message.find(detail::row_format_name(format)), std::string::npos) << message;
-      EXPECT_NE(message.find("CUDA path"), std::string::npos) << message;
-    }
-    const auto after = consumer.store.stats();
-    EXPECT_EQ(after.pool_free_bytes, before.pool_free_bytes);
-    EXPECT_EQ(after.transfer.reserved_entries, before.transfer.reserved_entries);
-    EXPECT_EQ(after.transfer.imported_entries, before.transfer.imported_entries);
-    EXPECT_EQ(consumer.store.num_entries(), 0U);
-  }
-
-  // The same export as float32 rows: reserved, copied in, published, served bit-exact.
-  const std::vector<std::vector<std::byte>> payloads = {payload_of(kFloat32, tokens, 0),
-                                                        payload_of(kFloat32, tokens, 1)};
-  const ChunkExport f32 = export_of(kFloat32, payloads);
-  Reservation reservation = consumer.transfer.reserve(chunks, f32);
-  ASSERT_EQ(reservation.entries().size(), 2U);
-  for (const TransferPiece& p : transfer_pieces(f32, reservation)) {
+/// Reserves `source` on `consumer`, copies its pieces in and publishes: the entries published.
+size_t import_all(test::TransferSide& consumer, std::span<const Chunk> chunks,
+                  const ChunkExport& source) {
+  Reservation reservation = consumer.transfer.reserve(chunks, source);
+  EXPECT_EQ(reservation.entries().size(), source.entries.size());
+  for (const TransferPiece& p : transfer_pieces(source, reservation)) {
     std::memcpy(reinterpret_cast<void*>(p.local_addr), reinterpret_cast<const void*>(p.remote_addr),
                 p.bytes);
   }
-  EXPECT_EQ(reservation.publish().published, 2U);
+  return reservation.publish().published;
+}
+
+TEST_F(CudaPathFp8, AnFp8ImportIsTakenAndServedAsAFloat32OneIs) {
+  ChunkedTokenDatabase db(kChunk, false);
+  for (size_t f = 0; f < 2; ++f) {
+    test::TransferSide consumer(device_store_config(), db);
+    ASSERT_TRUE(consumer.store.stats().device_path);
+    const auto tokens = make_tokens(2 * kChunk, 84 + f);
+    const auto chunks = db.process_tokens(tokens);
+    const RowFormat format = kFp8Formats[f];
+    const std::vector<std::vector<std::byte>> payloads = {payload_of(format, tokens, 0),
+                                                          payload_of(format, tokens, 1)};
+    EXPECT_EQ(import_all(consumer, chunks, export_of(format, payloads)), 2U) << f;
+    const auto got = consumer.store.retrieve_hidden_states(tokens);
+    ASSERT_TRUE(got.has_value()) << f;
+    ASSERT_EQ(got->rows(), 2 * kChunk);
+    const float want = f == 0 ? 1.0f : 0.5f;
+    for (int64_t i = 0; i < 2 * kChunk * kCols; ++i) ASSERT_EQ(got->data()[i], want) << f << i;
+    consumer.store.check_invariants();
+  }
+
+  // The same export as float32 rows: reserved, copied in, published, served bit-exact.
+  test::TransferSide consumer(device_store_config(), db);
+  const auto tokens = make_tokens(2 * kChunk, 86);
+  const auto chunks = db.process_tokens(tokens);
+  const std::vector<std::vector<std::byte>> payloads = {payload_of(kFloat32, tokens, 0),
+                                                        payload_of(kFloat32, tokens, 1)};
+  EXPECT_EQ(import_all(consumer, chunks, export_of(kFloat32, payloads)), 2U);
   const auto got = consumer.store.retrieve_hidden_states(tokens);
   ASSERT_TRUE(got.has_value());
   ASSERT_EQ(got->rows(), 2 * kChunk);
