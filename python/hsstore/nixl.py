@@ -252,8 +252,11 @@ class NixlAgent:
                 "prove they hold it before any address or metadata leaves a producer. On a network "
                 "where every host is trusted, set hidden_state_transfer_trusted_network: true")
         self._nixl = nixl_api
+        # NIXL's own metadata listener stays off (its default, said here): metadata goes only to
+        # peers that passed the handshake on the control socket.
         self._agent = nixl_api.nixl_agent(
-            self.name, nixl_api.nixl_agent_config(backends=[self.backend])
+            self.name,
+            nixl_api.nixl_agent_config(backends=[self.backend], enable_listen_thread=False),
         )
         if self.backend not in self._agent.backends:
             raise _hsstore.ConfigError(

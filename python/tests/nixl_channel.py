@@ -18,6 +18,7 @@ import time
 import types
 
 import hsstore
+import hsstore.nixl
 
 CHUNK = 16
 COLS = 8
@@ -60,7 +61,7 @@ def install_fake_nixl(monkeypatch):
     api = types.ModuleType("nixl._api")
     api.__spec__ = importlib.machinery.ModuleSpec("nixl._api", None)
     api.nixl_agent = FakeNixlAgent
-    api.nixl_agent_config = lambda backends: {"backends": backends}
+    api.nixl_agent_config = lambda backends, enable_listen_thread: {"backends": backends}
     package._api = api
     monkeypatch.setitem(sys.modules, "nixl", package)
     monkeypatch.setitem(sys.modules, "nixl._api", api)

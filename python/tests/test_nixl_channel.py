@@ -177,9 +177,10 @@ def test_a_consumer_refuses_a_producer_that_cannot_prove_the_key():
 
 def test_a_pull_naming_one_key_many_times_is_refused_and_counted(served):
     engine, agent, tokens = served()
-    first = chunks_of(engine, tokens)[0]
+    key = chunks_of(engine, tokens)[0][2]
+    repeated = [(i * ch.CHUNK, (i + 1) * ch.CHUNK, key) for i in range(64)]  # contiguous
     with ch.authenticated(agent) as s:
-        ch.send(s, PULL, ch.pull_request([first] * 64, [0, 1]))
+        ch.send(s, PULL, ch.pull_request(repeated, [0, 1]))
         kind, body = ch.recv(s)
         assert kind == ERROR and b"repeats the key" in body
         ch.send(s, PULL, ch.pull_request(chunks_of(engine, tokens), [0]))  # the connection lives

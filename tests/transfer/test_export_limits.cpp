@@ -49,8 +49,10 @@ Config limits_config() { return test::store_config(kChunk, kCols, 64); }
 
 TEST(ExportLimits, ARequestNamingOneKeyManyTimesIsRefusedWithNothingLeased) {
   Producer p(limits_config());
-  // One held key named 64 times: without the check, 64 x 2 pins and an export of that size.
-  const std::vector<Chunk> repeated(64, p.list[0]);
+  // One held key named for 64 contiguous chunks: without the check, 64 x 2 pins and an export
+  // of that size.
+  std::vector<Chunk> repeated;
+  for (int64_t i = 0; i < 64; ++i) repeated.push_back({i * kChunk, (i + 1) * kChunk, p.list[0].key});
   EXPECT_THROW((void)p.side.transfer.export_chunks(repeated, kSlots, 0, 5s), InvalidArgument);
   EXPECT_EQ(p.stats().refused_exports, 1U);
   EXPECT_EQ(p.stats().leases_held, 0U);
