@@ -475,7 +475,9 @@ constexpr std::array kKeys = {
           check_range<1, kMaxLeaseMs>(c.hidden_state_transfer_idle_ms, k,
                                       "must be in [1, 3600000] milliseconds");
         },
-        "a served control connection without a request for this long is closed"),
+        "a served control connection without a request for this long is closed (keep it above "
+        "the consumers' `hidden_state_transfer_timeout_ms`: a pull's READ runs between two "
+        "requests)"),
     key<BoolCodec>("hidden_state_transfer_trusted_network",
         HSS_MEMBER(hidden_state_transfer_trusted_network), nullptr,
         "`true`: `hsstore.nixl` runs without `hidden_state_mac_key` (peers and values "
