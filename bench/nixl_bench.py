@@ -34,6 +34,8 @@ def config(pool_mib, mac):
          "hidden_state_transfer_timeout_ms": 60000}
     if mac:
         c["hidden_state_mac_key"] = KEY
+    else:  # values unauthenticated: the control channel runs without a key (loopback only)
+        c["hidden_state_transfer_trusted_network"] = True
     return c
 
 

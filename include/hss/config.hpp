@@ -161,6 +161,22 @@ struct Config {
   int64_t hidden_state_transfer_timeout_ms = 10000;
   /// host:port of a producer's control socket (port 0: any free port).
   std::string hidden_state_transfer_listen = "127.0.0.1:0";
+  /// What one peer of the producer's control channel may cost it (docs/design.md, "Threat
+  /// model"): chunks one pull request may name; payload bytes one lease (export) may pin;
+  /// leases held at once and their bytes, in all and per peer connection; control connections
+  /// served at once; how long a served connection may stay idle. Beyond: a counted refusal.
+  int64_t hidden_state_transfer_max_chunks = 4096;
+  int64_t hidden_state_transfer_max_lease_bytes = int64_t{4} << 30;
+  int64_t hidden_state_transfer_max_leases = 1024;
+  int64_t hidden_state_transfer_max_leased_bytes = int64_t{16} << 30;
+  int64_t hidden_state_transfer_peer_leases = 64;
+  int64_t hidden_state_transfer_peer_leased_bytes = int64_t{4} << 30;
+  int64_t hidden_state_transfer_max_peers = 64;
+  int64_t hidden_state_transfer_idle_ms = 60000;
+  /// Lets hsstore.nixl run its control channel without a MAC key (peers unauthenticated, values
+  /// unauthenticated): only for a network where every host is trusted. Off: an agent without
+  /// hidden_state_mac_key is a ConfigError.
+  bool hidden_state_transfer_trusted_network = false;
 
   /// The process-wide log threshold (stderr). Unset (default; `auto` or null in YAML): left as
   /// it is (HSS_LOG_LEVEL, else info). Set: a store constructed with this config applies it to

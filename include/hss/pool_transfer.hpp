@@ -19,6 +19,11 @@
 //   drop_key, a coupled eviction (KV gone) or evict_one_lru may still take such a key out of the
 //   index, but its granules are not reused until the lease ends: bytes a consumer is reading never
 //   change under it.
+// * What one request may cost is bounded by the config: hidden_state_transfer_max_chunks chunks,
+//   each key and slot once, _max_lease_bytes payload bytes per lease, _max_leases leases and
+//   _max_leased_bytes bytes held in all; beyond, export_chunks refuses (counted in
+//   TransferStats::refused_exports, nothing leased): InvalidArgument for a request that names too
+//   many chunks or a key or slot twice, hss::Error past a byte or lease bound.
 // * A lease ends when the consumer releases it or at its deadline (checked lazily, by every
 //   store, import, export and lease call); then the granules are free for reuse. release_lease
 //   answers true only when the lease was still held and not past its deadline: a consumer
@@ -41,6 +46,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "hss/activation.hpp"
@@ -139,6 +145,14 @@ class PoolTransfer {
   /// ends the reservation (prefix-strict: a clean partial prefix). InvalidArgument when the export
   /// does not fit `chunks` (index, rows, header, extents), nothing reserved.
   [[nodiscard]] Reservation reserve(std::span<const Chunk> chunks, const ChunkExport& source);
+
+  /// HMAC-SHA256 under the store's MAC key (hidden_state_mac_key) of a control channel's
+  /// handshake `transcript` (both sides' nonces), for `label` (1..64 bytes: which side proves
+  /// itself), domain-separated from every value MAC; nullopt when the store has no key. What
+  /// hsstore.nixl's peers prove to each other before any address or metadata leaves a producer
+  /// (docs/design.md, "Threat model"). The key never leaves the store.
+  [[nodiscard]] std::optional<std::array<std::byte, kEntryMacBytes>> handshake_tag(
+      std::string_view label, std::span<const std::byte> transcript) const;
 
  private:
   HiddenStateStore* store_;

@@ -17,6 +17,9 @@ struct TransferStats {
   uint64_t leased_bytes = 0;      ///< payload bytes pinned by the leases held now
   uint64_t leases_released = 0;   ///< released by the consumer while still valid
   uint64_t leases_expired = 0;    ///< dropped at their deadline (or released after it)
+  /// export requests refused: a repeated chunk key or slot, over hidden_state_transfer_max_chunks
+  /// or _max_lease_bytes, or past the lease table's bounds (nothing leased)
+  uint64_t refused_exports = 0;
   // Consumer side (reserve / publish / abandon).
   uint64_t reserved_entries = 0;         ///< destination entries reserved
   uint64_t imported_entries = 0;         ///< published: checked and now served
@@ -38,6 +41,7 @@ constexpr void for_each_field(Self& s, Visit&& visit) {
   visit("leased_bytes", s.leased_bytes);
   visit("leases_released", s.leases_released);
   visit("leases_expired", s.leases_expired);
+  visit("refused_exports", s.refused_exports);
   visit("reserved_entries", s.reserved_entries);
   visit("imported_entries", s.imported_entries);
   visit("imported_bytes", s.imported_bytes);

@@ -22,11 +22,38 @@ half-published. A READ that cannot be cancelled keeps its destination granules r
 can, so no granule a NIC may still write is ever handed out again.
 
 Control plane: one TCP connection per (consumer, producer) pair, length-prefixed frames carrying
-the C++ wire format (hss/transfer_wire.hpp). A socket gives a hard timeout on every step and sees
-a dead peer at once (a reset), and needs nothing beside NIXL; NIXL notifications would need a
+the C++ wire format (hss/transfer_wire.hpp). A socket gives a hard deadline on every exchange and
+sees a dead peer at once (a reset), and needs nothing beside NIXL; NIXL notifications would need a
 progress loop on the producer, and the Redis tier as a directory would put a third party on the
-latency path of every pull. The channel is not authenticated: the MAC protects what is served,
-the lease ids are random, and the socket should be on the same private network as NIXL itself.
+latency path of every pull.
+
+Who may use the channel (docs/design.md, "Threat model"): a peer proves it holds
+``hidden_state_mac_key`` before anything leaves the producer. The handshake::
+
+    consumer -> HELLO  "HSSA" 1 | nonce_c (32 random bytes)
+    producer -> HELLO  "HSSA" 1 | keyed (u8) | nonce_s (32) | tag_p = T("producer")
+    consumer -> AUTH   tag_c = T("consumer")
+    producer -> AUTH   the agent's NIXL metadata            (or ERROR, and the connection closed)
+
+    T(side) = HMAC-SHA256(key, u32le(len(n)) || n || nonce_c || nonce_s), n = "hss:peer-auth:v1:" side
+
+(PoolTransfer.handshake_tag: the key never leaves the store.) Both sides prove the key over both
+nonces, so neither a replayed tag nor one side's tag passes as the other's. A peer that fails, or
+sends anything else first, gets one ERROR frame and the connection is closed, counted
+(``auth_failures``). Without a key the agent refuses to start unless the config sets
+``hidden_state_transfer_trusted_network`` (then both sides send empty tags, and a keyed side
+refuses an unkeyed one). The handshake authenticates the endpoints, not each later frame: an
+on-path attacker who can relay a consumer's connection could still ride it (TLS would bind the
+channel); values stay MAC-checked either way.
+
+What one peer may cost a producer: ``hidden_state_transfer_max_peers`` connections served at once
+(one more gets an ERROR frame and is closed), each closed after ``hidden_state_transfer_idle_ms``
+without a request; every frame (and its reply) within ``hidden_state_transfer_timeout_ms`` of its
+first byte, the whole exchange, not each read; request frames of a size the chunk bound allows;
+``hidden_state_transfer_peer_leases`` leases and ``_peer_leased_bytes`` bytes per connection, a
+connection's leases released when it closes, and a RELEASE of a lease another connection holds
+refused. The store bounds each request (``hidden_state_transfer_max_chunks``, a key or slot named
+twice refused, ``_max_lease_bytes``) and the leases of all peers together.
 
 Thread safety: ``pull`` may be called from many threads (one control exchange per peer at a time;
 READs run concurrently). Every method releases the GIL while it copies, hashes or waits.
@@ -35,6 +62,7 @@ READs run concurrently). Every method releases the GIL while it copies, hashes o
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import os
 import socket
 import struct
@@ -50,9 +78,19 @@ from . import _hsstore
 __all__ = ["NixlAgent", "PullResult", "nixl_available"]
 
 # Frame: type (u8) + length (u32 LE) + payload. Replies use the request's type, or _ERROR.
-_HELLO, _PULL, _RELEASE, _ERROR = 1, 2, 3, 4
+_HELLO, _PULL, _RELEASE, _ERROR, _AUTH = 1, 2, 3, 4, 5
+# What a consumer accepts from an authenticated producer (an export of up to 2^24 entries).
 _MAX_FRAME = 256 << 20
+# What a producer reads before the peer is authenticated: the handshake's frames only.
+_MAX_HANDSHAKE_FRAME = 128
+# A request frame's bytes per chunk it may name (a key's three strings are short: model name,
+# format, dtype), on top of a fixed part for the slots.
+_REQUEST_BYTES_PER_CHUNK = 1024
+_REQUEST_BYTES_FIXED = 64 << 10
 _HEADER = struct.Struct("<BI")
+_AUTH_MAGIC = b"HSSA\x01"
+_NONCE_BYTES = 32
+_TAG_BYTES = 32
 # READ batch: entries are checked per batch as it lands, the later batches still in flight.
 _BATCH_BYTES = 16 << 20
 
@@ -75,25 +113,41 @@ def _import_nixl():
     return nixl_api
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+class _FrameTooLarge(ConnectionError):
+    """A frame's length is over what this side reads at this point of the exchange."""
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """n bytes by `deadline` (time.monotonic()): the whole read, however the peer trickles it."""
     out = bytearray()
     while len(out) < n:
-        part = sock.recv(n - len(out))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("control exchange past its deadline")
+        sock.settimeout(left)
+        part = sock.recv(min(n - len(out), 1 << 20))
         if not part:
             raise ConnectionError("peer closed the control connection")
         out += part
     return bytes(out)
 
 
-def _send_frame(sock: socket.socket, kind: int, payload: bytes) -> None:
+def _send_frame(sock: socket.socket, kind: int, payload: bytes, deadline: float) -> None:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise socket.timeout("control exchange past its deadline")
+    sock.settimeout(left)  # sendall: the bound of the whole send (Python >= 3.5)
     sock.sendall(_HEADER.pack(kind, len(payload)) + payload)
 
 
-def _recv_frame(sock: socket.socket) -> Tuple[int, bytes]:
-    kind, length = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if length > _MAX_FRAME:
-        raise ConnectionError(f"control frame of {length} bytes is over the limit")
-    return kind, _recv_exact(sock, length)
+def _recv_frame(sock: socket.socket, deadline: float, limit: int = _MAX_FRAME,
+                first: bytes = b"") -> Tuple[int, bytes]:
+    """One frame of at most `limit` payload bytes, whole by `deadline`; `first`: the header's
+    bytes already read (a producer waits for a request's first byte under the idle bound)."""
+    kind, length = _HEADER.unpack(first + _recv_exact(sock, _HEADER.size - len(first), deadline))
+    if length > limit:
+        raise _FrameTooLarge(f"control frame of {length} bytes is over the limit of {limit}")
+    return kind, _recv_exact(sock, length, deadline)
 
 
 def _parse_address(address: Union[str, Tuple[str, int]]) -> Tuple[str, int]:
@@ -180,11 +234,29 @@ class NixlAgent:
         self.lease_ms = int(lease_ms or settings.get("lease_ms", 30000))
         self.timeout_s = float(timeout_ms or settings.get("timeout_ms", 10000)) / 1000.0
         listen_at = listen or settings.get("listen", "127.0.0.1:0")
+        self.max_peers = int(settings.get("max_peers", 64))
+        self.idle_s = float(settings.get("idle_ms", 60000)) / 1000.0
+        self.peer_leases = int(settings.get("peer_leases", 64))
+        self.peer_leased_bytes = int(settings.get("peer_leased_bytes", 4 << 30))
+        self._request_limit = min(
+            _MAX_FRAME,
+            _REQUEST_BYTES_FIXED + int(settings.get("max_chunks", 4096)) * _REQUEST_BYTES_PER_CHUNK)
         self.name = name or f"hsstore-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._transfer = _hsstore.PoolTransfer(store)
+        # The handshake's key is the store's MAC key (the tags are computed in C++: the key never
+        # reaches Python). Without one, only a network the config declares trusted.
+        self.keyed = self._transfer.handshake_tag("probe", b"") is not None
+        if not self.keyed and not settings.get("trusted_network", False):
+            raise _hsstore.ConfigError(
+                "hsstore.nixl needs hidden_state_mac_key (or hidden_state_mac_key_file): peers "
+                "prove they hold it before any address or metadata leaves a producer. On a network "
+                "where every host is trusted, set hidden_state_transfer_trusted_network: true")
         self._nixl = nixl_api
+        # NIXL's own metadata listener stays off (its default, said here): metadata goes only to
+        # peers that passed the handshake on the control socket.
         self._agent = nixl_api.nixl_agent(
-            self.name, nixl_api.nixl_agent_config(backends=[self.backend])
+            self.name,
+            nixl_api.nixl_agent_config(backends=[self.backend], enable_listen_thread=False),
         )
         if self.backend not in self._agent.backends:
             raise _hsstore.ConfigError(
@@ -209,7 +281,16 @@ class NixlAgent:
             "timeouts": 0,
             "served_pulls": 0,
             "serve_errors": 0,
+            # producer: peers refused or cut off (docs/design.md, "Threat model")
+            "auth_failures": 0,
+            "refused_connections": 0,
+            "idle_closed": 0,
+            "deadline_closed": 0,
+            "refused_pulls": 0,
+            "refused_releases": 0,
         }
+        self._served = 0  # control connections served now (at most max_peers)
+        self._served_lock = threading.Lock()
         self._closed = False
         self._server: Optional[socket.socket] = None
         self._threads: list = []
@@ -243,39 +324,140 @@ class NixlAgent:
                 continue
             except OSError:
                 return
+            with self._served_lock:
+                admitted = self._served < self.max_peers
+                if admitted:
+                    self._served += 1
+            if not admitted:
+                self._count("refused_connections")
+                self._refuse(conn, b"too many control connections")
+                continue
             thread = threading.Thread(target=self._serve_connection, args=(conn,), daemon=True)
-            thread.start()
+            try:
+                thread.start()
+            except BaseException:
+                with self._served_lock:
+                    self._served -= 1
+                conn.close()
+                raise
+
+    @staticmethod
+    def _refuse(conn: socket.socket, why: bytes) -> None:
+        """One ERROR frame (best effort, briefly bounded), then the connection closed."""
+        try:
+            _send_frame(conn, _ERROR, why, time.monotonic() + 0.5)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def _tag(self, side: str, transcript: bytes) -> bytes:
+        tag = self._transfer.handshake_tag(side, transcript)
+        return b"" if tag is None else tag
+
+    def _authenticate(self, conn: socket.socket) -> bool:
+        """The producer's side of the handshake, whole within timeout_s: True when the peer
+        proved the key (it then has the agent's metadata); False after one ERROR frame."""
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            kind, hello = _recv_frame(conn, deadline, _MAX_HANDSHAKE_FRAME)
+            if (kind != _HELLO or len(hello) != len(_AUTH_MAGIC) + _NONCE_BYTES
+                    or not hello.startswith(_AUTH_MAGIC)):
+                raise ConnectionError("not a handshake")  # the same answer as any other failure
+            nonce_c = hello[len(_AUTH_MAGIC):]
+            nonce_s = os.urandom(_NONCE_BYTES)
+            transcript = nonce_c + nonce_s
+            _send_frame(conn, _HELLO, _AUTH_MAGIC + bytes([1 if self.keyed else 0]) + nonce_s
+                        + self._tag("producer", transcript), deadline)
+            kind, tag = _recv_frame(conn, deadline, _MAX_HANDSHAKE_FRAME)
+            if kind != _AUTH or not hmac.compare_digest(tag, self._tag("consumer", transcript)):
+                raise ConnectionError("wrong tag")
+        except (ConnectionError, OSError):
+            # A wrong tag, a frame out of place or too long, a peer too slow or gone: one answer.
+            self._count("auth_failures")
+            self._refuse(conn, b"authentication failed")
+            return False
+        # Fresh each time: memory registered since (by the caller) is included.
+        _send_frame(conn, _AUTH, self._agent.get_agent_metadata(), deadline)
+        return True
 
     def _serve_connection(self, conn: socket.socket) -> None:
-        with conn:
+        leases: Dict[int, Tuple[int, float]] = {}  # this connection's: id -> (bytes, deadline)
+        try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            while not self._closed:
-                try:
-                    kind, payload = _recv_frame(conn)
-                except (ConnectionError, OSError):
-                    return
-                try:
-                    if kind == _HELLO:
-                        # Fresh each time: memory registered since (by the caller) is included.
-                        _send_frame(conn, _HELLO, self._agent.get_agent_metadata())
-                    elif kind == _PULL:
-                        reply = self._transfer.serve(payload, self.lease_ms)
-                        self._count("served_pulls")
-                        _send_frame(conn, _PULL, reply)
-                    elif kind == _RELEASE:
-                        (lease_id,) = struct.unpack("<Q", payload)
-                        _send_frame(conn, _RELEASE, b"\x01" if self._transfer.release(lease_id) else b"\x00")
-                    else:
-                        _send_frame(conn, _ERROR, b"unknown request")
-                except (_hsstore.Error, ValueError, struct.error) as e:
-                    # A malformed request (or a closed store) answers an error; the connection lives.
-                    self._count("serve_errors")
-                    try:
-                        _send_frame(conn, _ERROR, str(e).encode()[:4096])
-                    except OSError:
-                        return
-                except OSError:
-                    return
+            if self._authenticate(conn):
+                self._serve_requests(conn, leases)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+            for lease_id in leases:  # a closed connection can confirm nothing: its leases end
+                self._transfer.release(lease_id)
+            with self._served_lock:
+                self._served -= 1
+
+    def _serve_requests(self, conn: socket.socket, leases: Dict[int, Tuple[int, float]]) -> None:
+        while not self._closed:
+            try:
+                first = _recv_exact(conn, 1, time.monotonic() + self.idle_s)
+            except socket.timeout:
+                self._count("idle_closed")
+                return
+            except (ConnectionError, OSError):
+                return
+            deadline = time.monotonic() + self.timeout_s  # the exchange: request and reply
+            try:
+                kind, payload = _recv_frame(conn, deadline, self._request_limit, first)
+            except _FrameTooLarge:
+                self._count("serve_errors")
+                self._refuse(conn, b"request frame over the limit")
+                return
+            except socket.timeout:
+                self._count("deadline_closed")
+                return
+            except (ConnectionError, OSError):
+                return
+            try:
+                if kind == _PULL:
+                    reply = self._serve_pull(payload, leases)
+                    _send_frame(conn, _PULL if reply[0] else _ERROR, reply[1], deadline)
+                elif kind == _RELEASE:
+                    (lease_id,) = struct.unpack("<Q", payload)
+                    held = leases.pop(lease_id, None) is not None
+                    if not held:
+                        self._count("refused_releases")  # unknown here, or another peer's
+                    valid = held and self._transfer.release(lease_id)
+                    _send_frame(conn, _RELEASE, b"\x01" if valid else b"\x00", deadline)
+                else:
+                    _send_frame(conn, _ERROR, b"unknown request", deadline)
+            except (_hsstore.Error, ValueError, struct.error) as e:
+                # A malformed request (or a closed store) answers an error; the connection lives.
+                self._count("serve_errors")
+                _send_frame(conn, _ERROR, str(e).encode()[:4096], deadline)
+            except socket.timeout:
+                self._count("deadline_closed")
+                return
+
+    def _serve_pull(self, payload: bytes, leases: Dict[int, Tuple[int, float]]) -> Tuple[bool, bytes]:
+        """(True, export) or (False, why) for a PULL, within this connection's lease budget."""
+        now = time.monotonic()
+        for lease_id in [i for i, (_n, due) in leases.items() if due < now]:
+            del leases[lease_id]  # expired in the store already (its deadline passed)
+        if len(leases) >= self.peer_leases:
+            self._count("refused_pulls")
+            return False, (f"this connection holds {len(leases)} leases "
+                           "(hidden_state_transfer_peer_leases)").encode()
+        reply, lease_id, leased = self._transfer.serve(payload, self.lease_ms)
+        if lease_id:
+            held = sum(n for n, _due in leases.values())
+            if held + leased > self.peer_leased_bytes:
+                self._transfer.release(lease_id)
+                self._count("refused_pulls")
+                return False, (f"this connection's leases would pin {held + leased} bytes "
+                               "(hidden_state_transfer_peer_leased_bytes)").encode()
+            leases[lease_id] = (leased, now + self.lease_ms / 1000.0)
+        self._count("served_pulls")
+        return True, reply
 
     # ------------------------------------------------------------------ consumer side
     def _peer(self, address: Tuple[str, int], deadline: float) -> _Peer:
@@ -286,11 +468,7 @@ class NixlAgent:
         sock = socket.create_connection(address, timeout=max(0.001, deadline - time.monotonic()))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
-            _send_frame(sock, _HELLO, self.name.encode())
-            kind, metadata = _recv_frame(sock)
-            if kind != _HELLO:
-                raise ConnectionError("producer refused the handshake")
+            metadata = self._handshake(sock, deadline)
             remote_agent = self._agent.add_remote_agent(metadata)
             if isinstance(remote_agent, bytes):
                 remote_agent = remote_agent.decode()
@@ -304,6 +482,36 @@ class NixlAgent:
         if old is not None:
             old.sock.close()
         return peer
+
+    def _handshake(self, sock: socket.socket, deadline: float) -> bytes:
+        """The consumer's side of the handshake (module docstring): the producer's metadata once
+        each side has proved the key to the other. ConnectionError when the producer fails to
+        prove it, refuses this side's proof, or is keyed differently (keyed against unkeyed)."""
+        nonce_c = os.urandom(_NONCE_BYTES)
+        _send_frame(sock, _HELLO, _AUTH_MAGIC + nonce_c, deadline)
+        kind, hello = _recv_frame(sock, deadline, _MAX_HANDSHAKE_FRAME)
+        if kind == _ERROR:
+            raise ConnectionError("producer refused the handshake: " + hello.decode(errors="replace"))
+        head = len(_AUTH_MAGIC) + 1 + _NONCE_BYTES
+        if kind != _HELLO or len(hello) < head or not hello.startswith(_AUTH_MAGIC):
+            raise ConnectionError("producer answered the handshake out of step (an older hsstore?)")
+        producer_keyed = hello[len(_AUTH_MAGIC)] == 1
+        if producer_keyed != self.keyed:
+            raise ConnectionError(
+                "producer and consumer disagree on hidden_state_mac_key: one has a key, the other "
+                "none (hidden_state_transfer_trusted_network)")
+        nonce_s, tag_p = hello[len(_AUTH_MAGIC) + 1:head], hello[head:]
+        transcript = nonce_c + nonce_s
+        if not hmac.compare_digest(tag_p, self._tag("producer", transcript)):
+            raise ConnectionError("producer failed to prove hidden_state_mac_key")
+        _send_frame(sock, _AUTH, self._tag("consumer", transcript), deadline)
+        kind, metadata = _recv_frame(sock, deadline)
+        if kind == _ERROR:
+            raise ConnectionError("producer refused this side's proof of hidden_state_mac_key: "
+                                  + metadata.decode(errors="replace"))
+        if kind != _AUTH:
+            raise ConnectionError("producer answered the handshake out of step")
+        return metadata
 
     def _drop_peer(self, address: Tuple[str, int], peer: _Peer) -> None:
         peer.broken = True
@@ -321,9 +529,10 @@ class NixlAgent:
 
     def _exchange(self, peer: _Peer, kind: int, payload: bytes, deadline: float) -> bytes:
         with peer.lock:
-            peer.sock.settimeout(max(0.001, deadline - time.monotonic()))
-            _send_frame(peer.sock, kind, payload)
-            reply_kind, reply = _recv_frame(peer.sock)
+            # The deadline bounds the whole exchange: a producer trickling its reply a byte at a
+            # time holds this thread (LMCache's lookup thread) no longer than the pull's bound.
+            _send_frame(peer.sock, kind, payload, deadline)
+            reply_kind, reply = _recv_frame(peer.sock, deadline)
         if reply_kind == _ERROR:
             raise _hsstore.Error("producer: " + reply.decode(errors="replace"))
         if reply_kind != kind:

@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -220,17 +221,38 @@ void bind_transfer(nb::module_& m) {
           [](PyPoolTransfer& t, nb::bytes request, uint32_t lease_ms) {
             const auto view = bytes_view(request);
             std::string reply;
+            uint64_t lease_id = 0, leased = 0;
             {
               nb::gil_scoped_release release;
               const hss::PullRequest q = hss::decode_pull_request(view);
               const hss::ChunkExport e = t.transfer->export_chunks(
                   q.chunks, q.slots, q.first_chunk, std::chrono::milliseconds(lease_ms));
               reply = hss::encode_export(e);
+              lease_id = e.lease_id;
+              for (const hss::ExportedEntry& x : e.entries) {
+                for (const hss::Extent& extent : x.extents) leased += extent.bytes;
+              }
             }
-            return to_bytes(reply);
+            return nb::make_tuple(to_bytes(reply), lease_id, leased);
           },
           nb::arg("request"), nb::arg("lease_ms"),
-          "Producer: a pull request in, the export (leased for lease_ms) out, as bytes.")
+          "Producer: a pull request in; (export bytes, lease id (0: none), payload bytes leased) "
+          "out, the export leased for lease_ms.")
+      .def(
+          "handshake_tag",
+          [](PyPoolTransfer& t, const std::string& label, nb::bytes transcript) -> nb::object {
+            const auto view = bytes_view(transcript);
+            std::optional<std::array<std::byte, hss::kEntryMacBytes>> tag;
+            {
+              nb::gil_scoped_release release;
+              tag = t.transfer->handshake_tag(label, view);
+            }
+            if (!tag) return nb::none();
+            return nb::bytes(reinterpret_cast<const char*>(tag->data()), tag->size());
+          },
+          nb::arg("label"), nb::arg("transcript"),
+          "HMAC-SHA256 under the store's MAC key of a control handshake's transcript for one "
+          "side's label (hss/pool_transfer.hpp), or None when the store has no key.")
       .def(
           "release",
           [](PyPoolTransfer& t, uint64_t lease_id) { return t.transfer->release_lease(lease_id); },
@@ -272,6 +294,12 @@ void bind_transfer(nb::module_& m) {
         d["lease_ms"] = c.hidden_state_transfer_lease_ms;
         d["timeout_ms"] = c.hidden_state_transfer_timeout_ms;
         d["listen"] = c.hidden_state_transfer_listen;
+        d["max_chunks"] = c.hidden_state_transfer_max_chunks;
+        d["peer_leases"] = c.hidden_state_transfer_peer_leases;
+        d["peer_leased_bytes"] = c.hidden_state_transfer_peer_leased_bytes;
+        d["max_peers"] = c.hidden_state_transfer_max_peers;
+        d["idle_ms"] = c.hidden_state_transfer_idle_ms;
+        d["trusted_network"] = c.hidden_state_transfer_trusted_network;
         d["mac"] = !c.hidden_state_mac_key.empty() || !c.hidden_state_mac_key_file.empty();
         return d;
       },

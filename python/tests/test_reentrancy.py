@@ -371,7 +371,7 @@ def scenario_pool_pull_shared_by_threads():
     published, errors = [], []
 
     def consume():  # reserve, then the READ (a copy from the producer's extents)
-        pull.reserve(serving.serve(pull.request, 10_000))
+        pull.reserve(serving.serve(pull.request, 10_000)[0])
         reserved.set()
         local, remote = pull.descriptors()
         local = np.frombuffer(local, np.uint64).reshape(-1, 3)

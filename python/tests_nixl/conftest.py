@@ -18,6 +18,9 @@ pytest.importorskip("nixl", reason="the nixl package is not installed (scripts/n
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHUNK = 256
+# Every peer of these tests shares it (the control channel needs a key, docs/design.md "Threat
+# model"); a test passes hidden_state_mac_key=None for an unkeyed peer.
+SHARED_KEY = "decode-and-prefill-share-this-secret"
 
 
 def config(pool_mib, **extra):
@@ -27,9 +30,10 @@ def config(pool_mib, **extra):
         "max_hidden_state_cpu_size": pool_mib / 1024.0,
         "hidden_state_transfer": "nixl",
         "hidden_state_transfer_timeout_ms": 10000,
+        "hidden_state_mac_key": SHARED_KEY,
     }
     c.update(extra)
-    return c
+    return {k: v for k, v in c.items() if v is not None}
 
 
 class Peer:

@@ -17,7 +17,9 @@ from conftest import config
 def test_off_by_default_and_settings_are_read():
     s = _hsstore.transfer_settings(hsstore.Config({}))
     assert s == {"transfer": "none", "backend": "UCX", "lease_ms": 30000, "timeout_ms": 10000,
-                 "listen": "127.0.0.1:0", "mac": False}
+                 "listen": "127.0.0.1:0", "max_chunks": 4096, "peer_leases": 64,
+                 "peer_leased_bytes": 4 << 30, "max_peers": 64, "idle_ms": 60000,
+                 "trusted_network": False, "mac": False}
     c = hsstore.Config({"hidden_state_transfer": "nixl", "hidden_state_transfer_lease_ms": 500,
                         "hidden_state_transfer_listen": "0.0.0.0:7777"})
     s = _hsstore.transfer_settings(c)
@@ -31,6 +33,10 @@ def test_off_by_default_and_settings_are_read():
     ("hidden_state_transfer_timeout_ms", 10**9),
     ("hidden_state_transfer_listen", "no-port"),
     ("hidden_state_mac_key", "short"),
+    ("hidden_state_transfer_max_chunks", 0),
+    ("hidden_state_transfer_max_peers", 0),
+    ("hidden_state_transfer_idle_ms", 0),
+    ("hidden_state_transfer_peer_leases", -1),
 ])
 def test_bad_values_are_config_errors_naming_the_key(key, value):
     with pytest.raises(hsstore.ConfigError, match=key):

@@ -2,6 +2,8 @@
 against the producer's eviction, a producer killed mid-transfer, corrupted and unauthenticated
 granules, an expired lease, a full consumer pool, KV gaps, and two consumers at once."""
 
+import hashlib
+import hmac
 import os
 import signal
 import socket
@@ -10,13 +12,13 @@ import time
 
 import pytest
 
-from conftest import CHUNK, config
+from conftest import CHUNK, SHARED_KEY, config
 
 TOKENS = 4096
 COLS = 256
 LAYERS = [-1, 0, 5]
 ENTRY_BYTES = CHUNK * COLS * 4
-KEY = "decode-and-prefill-share-this-secret"
+KEY = SHARED_KEY
 
 
 def store(producer, seed=1, n=TOKENS, layers=LAYERS, cols=COLS, **extra):
@@ -124,7 +126,9 @@ def test_corrupted_granule_is_a_counted_miss_and_the_prefix_stops_before_it(peer
     assert r["rows"] == 5 * CHUNK and r["equal"]  # chunk 5 misses one layer: the prefix ends there
 
 
-def test_mac_keyed_consumer_serves_only_what_a_key_holder_exported(peers):
+def test_a_consumer_with_another_key_is_refused_before_any_export(peers):
+    # The values' MAC is checked on publish (tests/transfer); a peer without the key never gets
+    # that far: the handshake refuses it before the producer's metadata or any address leaves.
     producer, keyed, other = peers(
         ("producer", config(64, hidden_state_mac_key=KEY)),
         ("consumer", config(64, hidden_state_mac_key=KEY)),
@@ -134,8 +138,18 @@ def test_mac_keyed_consumer_serves_only_what_a_key_holder_exported(peers):
     ok = pull(keyed, producer)
     assert ok["result"]["missed"] is None and ok["rows"] == TOKENS and ok["equal"]
     bad = pull(other, producer)
-    assert bad["rows"] == 0
-    assert bad["stats"]["transfer"]["unauthenticated_entries"] == 48
+    assert bad["rows"] == 0 and "failed to prove" in bad["result"]["missed"]
+    p = producer.send(cmd="stats")
+    assert p["stats"]["transfer"]["exports"] == 1  # the key holder's only
+    assert p["agent"]["auth_failures"] == 1
+
+
+def test_an_unkeyed_pair_runs_only_on_a_trusted_network(peers):
+    trusted = dict(hidden_state_mac_key=None, hidden_state_transfer_trusted_network=True)
+    producer, consumer = peers(("producer", config(64, **trusted)), ("consumer", config(64, **trusted)))
+    store(producer)
+    r = pull(consumer, producer)
+    assert r["result"]["missed"] is None and r["rows"] == TOKENS and r["equal"]
 
 
 def test_expired_lease_is_a_miss(peers):
@@ -170,11 +184,28 @@ def test_two_consumers_pull_the_same_prefix_at_once(peers):
     assert p["exports"] == 2 and p["leases_released"] == 2 and p["leases_held"] == 0
 
 
+def authenticated_socket(address):
+    """A control connection that has done the handshake with the shared key (by hand)."""
+    host, port = address.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+    nonce_c = os.urandom(32)
+    s.sendall(struct.pack("<BI", 1, 37) + b"HSSA\x01" + nonce_c)
+    kind, length = struct.unpack("<BI", s.recv(5, socket.MSG_WAITALL))
+    hello = s.recv(length, socket.MSG_WAITALL)
+    name = b"hss:peer-auth:v1:consumer"
+    proof = hmac.new(KEY.encode(), struct.pack("<I", len(name)) + name + nonce_c + hello[6:38],
+                     hashlib.sha256).digest()
+    s.sendall(struct.pack("<BI", 5, len(proof)) + proof)
+    kind, length = struct.unpack("<BI", s.recv(5, socket.MSG_WAITALL))
+    s.recv(length, socket.MSG_WAITALL)
+    assert kind == 5, "the handshake failed"
+    return s
+
+
 def test_malformed_control_messages_get_an_error_and_the_producer_keeps_serving(peers):
     producer, consumer = peers(("producer", config(64)), ("consumer", config(64)))
     store(producer)
-    host, port = producer.address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as s:
+    with authenticated_socket(producer.address) as s:
         for payload in (b"", b"HSSQ", b"HSSQ\x01\x00\x00\x00" + b"\xff" * 40, b"junk" * 100):
             s.sendall(struct.pack("<BI", 2, len(payload)) + payload)
             kind, length = struct.unpack("<BI", s.recv(5, socket.MSG_WAITALL))

@@ -242,6 +242,9 @@ constexpr int64_t kMaxDeviceIndex = 1023;
 constexpr int64_t kMaxRemoteTimeoutMs = 600000;
 constexpr int64_t kMaxLeaseMs = 3600000;
 constexpr int64_t kMaxPullTimeoutMs = 600000;
+constexpr int64_t kMaxTransferChunks = int64_t{1} << 20;  // the wire format's limit
+constexpr int64_t kMaxTransferCount = int64_t{1} << 20;
+constexpr int64_t kMaxTransferPeers = 4096;
 constexpr size_t kMinMacKeyBytes = 16;
 constexpr size_t kMaxBackendName = 64;
 
@@ -408,7 +411,8 @@ constexpr std::array kKeys = {
           check_range<1, kMaxPullTimeoutMs>(c.hidden_state_transfer_timeout_ms, k,
                                             "must be in [1, 600000] milliseconds");
         },
-        "a consumer's bound on one pull (control round trips and the READ)"),
+        "a consumer's bound on one pull (control round trips and the READ); a producer's bound "
+        "on each control exchange (a request and its reply) and on the handshake"),
     key<StringCodec>("hidden_state_transfer_listen", HSS_MEMBER(hidden_state_transfer_listen),
         [](const Config& c, const KeyCheck& k) {
           const std::string& listen = c.hidden_state_transfer_listen;
@@ -421,6 +425,61 @@ constexpr std::array kKeys = {
           }
         },
         "host:port of a producer's control socket (0: any free port)"),
+    key<IntCodec>("hidden_state_transfer_max_chunks", HSS_MEMBER(hidden_state_transfer_max_chunks),
+        [](const Config& c, const KeyCheck& k) {
+          check_range<1, kMaxTransferChunks>(c.hidden_state_transfer_max_chunks, k,
+                                             "must be in [1, 1048576] chunks");
+        },
+        "chunks one pull request may name (a producer refuses more, and a repeated key, counted)"),
+    key<IntCodec>("hidden_state_transfer_max_lease_bytes",
+        HSS_MEMBER(hidden_state_transfer_max_lease_bytes),
+        [](const Config& c, const KeyCheck& k) {
+          if (c.hidden_state_transfer_max_lease_bytes < 1) k.fail("must be >= 1 byte");
+        },
+        "payload bytes one export (lease) may pin; a larger export is refused, counted"),
+    key<IntCodec>("hidden_state_transfer_max_leases", HSS_MEMBER(hidden_state_transfer_max_leases),
+        [](const Config& c, const KeyCheck& k) {
+          check_range<1, kMaxTransferCount>(c.hidden_state_transfer_max_leases, k,
+                                            "must be in [1, 1048576] leases");
+        },
+        "leases a producer holds at once, all peers together; an export beyond is refused"),
+    key<IntCodec>("hidden_state_transfer_max_leased_bytes",
+        HSS_MEMBER(hidden_state_transfer_max_leased_bytes),
+        [](const Config& c, const KeyCheck& k) {
+          if (c.hidden_state_transfer_max_leased_bytes < 1) k.fail("must be >= 1 byte");
+        },
+        "payload bytes all leases held at once may pin; an export beyond is refused"),
+    key<IntCodec>("hidden_state_transfer_peer_leases",
+        HSS_MEMBER(hidden_state_transfer_peer_leases),
+        [](const Config& c, const KeyCheck& k) {
+          check_range<1, kMaxTransferCount>(c.hidden_state_transfer_peer_leases, k,
+                                            "must be in [1, 1048576] leases");
+        },
+        "leases one control connection (a peer) holds at once (`hsstore.nixl`)"),
+    key<IntCodec>("hidden_state_transfer_peer_leased_bytes",
+        HSS_MEMBER(hidden_state_transfer_peer_leased_bytes),
+        [](const Config& c, const KeyCheck& k) {
+          if (c.hidden_state_transfer_peer_leased_bytes < 1) k.fail("must be >= 1 byte");
+        },
+        "payload bytes the leases of one control connection pin at once (`hsstore.nixl`)"),
+    key<IntCodec>("hidden_state_transfer_max_peers", HSS_MEMBER(hidden_state_transfer_max_peers),
+        [](const Config& c, const KeyCheck& k) {
+          check_range<1, kMaxTransferPeers>(c.hidden_state_transfer_max_peers, k,
+                                            "must be in [1, 4096] connections");
+        },
+        "control connections a producer serves at once; one more gets an error frame, closed"),
+    key<IntCodec>("hidden_state_transfer_idle_ms", HSS_MEMBER(hidden_state_transfer_idle_ms),
+        [](const Config& c, const KeyCheck& k) {
+          check_range<1, kMaxLeaseMs>(c.hidden_state_transfer_idle_ms, k,
+                                      "must be in [1, 3600000] milliseconds");
+        },
+        "a served control connection without a request for this long is closed (keep it above "
+        "the consumers' `hidden_state_transfer_timeout_ms`: a pull's READ runs between two "
+        "requests)"),
+    key<BoolCodec>("hidden_state_transfer_trusted_network",
+        HSS_MEMBER(hidden_state_transfer_trusted_network), nullptr,
+        "`true`: `hsstore.nixl` runs without `hidden_state_mac_key` (peers and values "
+        "unauthenticated; every host on the network trusted). `false`: an agent needs the key"),
     key<EnumCodec<RestoreImpl, 3>>("hidden_state_restore_impl", HSS_MEMBER(tuning.restore_impl),
         [](const Config& c, const KeyCheck& k) {
           if (to_string(c.tuning.restore_impl) == "unknown") {

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
-#include <random>
 #include <unordered_map>
 #include <vector>
 
@@ -21,15 +20,22 @@
 
 namespace hss::detail {
 
+/// 64 bits from getrandom(2) (the kernel's CSPRNG); hss::Error when it fails.
+[[nodiscard]] uint64_t random_lease_id();
+
 class LeaseTable {
  public:
   using Clock = std::chrono::steady_clock;
 
-  LeaseTable();
+  /// At most `max_leases` held at once, pinning at most `max_bytes` payload bytes in all
+  /// (hidden_state_transfer_max_leases / _max_leased_bytes).
+  LeaseTable(uint64_t max_leases, uint64_t max_bytes);
 
-  /// A new lease on `pins` (payload `bytes`) until `deadline`. Ids are random and never 0, so a
-  /// peer on the control channel cannot guess another consumer's lease.
-  uint64_t add(std::vector<EntryRef> pins, uint64_t bytes, Clock::time_point deadline);
+  /// A new lease on `pins` (payload `bytes`) until `deadline`; 0 (nothing held, `pins` dropped)
+  /// when it would pass either bound. Ids are 64 bits from the kernel's CSPRNG (getrandom) and
+  /// never 0, so a peer on the control channel cannot guess another consumer's lease.
+  [[nodiscard]] uint64_t add(std::vector<EntryRef> pins, uint64_t bytes,
+                             Clock::time_point deadline);
   /// Ends the lease; true when it was held and `now` is not past its deadline.
   bool release(uint64_t id, Clock::time_point now) noexcept;
   /// Ends every lease past its deadline (cheap when none is due).
@@ -52,7 +58,7 @@ class LeaseTable {
   mutable std::mutex mutex_;
   std::unordered_map<uint64_t, Lease> leases_;
   Clock::time_point earliest_ = Clock::time_point::max();  // no lease is due before this
-  std::mt19937_64 ids_;
+  const uint64_t max_leases_, max_bytes_;
   uint64_t bytes_ = 0, released_ = 0, expired_ = 0;
 };
 

@@ -226,6 +226,7 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
                 leases.bytes,
                 leases.released,
                 leases.expired,
+                t.refused_exports.load(),
                 t.reserved.load(),
                 t.imported.load(),
                 t.imported_bytes.load(),

@@ -58,6 +58,8 @@ StoreState::StoreState(const Config& given, const TokenDatabase& keys)
                                             : nullptr),
       device_path(DevicePath::create(config)),
       mac(ValueMac::from_config(config)),
+      leases(static_cast<uint64_t>(config.hidden_state_transfer_max_leases),
+             static_cast<uint64_t>(config.hidden_state_transfer_max_leased_bytes)),
       // Queued writes may keep half the pool from eviction; beyond that they copy.
       tiers(make_backing_tiers(config), pool.capacity_bytes() / 2) {
   // Process-wide: the recycler of restore outputs, and the log threshold when the config sets one.

@@ -149,7 +149,8 @@ class StoreState {
   LeaseTable leases;
   struct TransferCounters {
     std::atomic<uint64_t> exports{0}, exported_entries{0}, exported_bytes{0}, reserved{0},
-        imported{0}, imported_bytes{0}, rejected{0}, unauthenticated{0}, abandoned{0};
+        imported{0}, imported_bytes{0}, rejected{0}, unauthenticated{0}, abandoned{0},
+        refused_exports{0};
   };
   mutable TransferCounters transfer_counters;
   // The backing tiers (store/backing_tiers.cpp makes them). Last: destroyed first, so the

@@ -5,7 +5,9 @@
 // table's mutex are never under it.
 
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <tuple>
 
 #include "index/entry_bytes.hpp"
 
@@ -49,7 +51,46 @@ std::string entry_name(const CacheEngineKey& key, Slot slot) {
   return detail::remote_key(key, to_string(slot.kind), slot.layer_idx);
 }
 
+// The index of a key or slot named twice, if any (sorted, not hashed: the keys come from a
+// peer, who could choose chunk hashes that collide in a hash set).
+std::optional<size_t> first_repeated_key(std::span<const Chunk> chunks) {
+  std::vector<size_t> order(chunks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto tie = [&](size_t i) {
+    const CacheEngineKey& k = chunks[i].key;
+    return std::tie(k.chunk_hash, k.worker_id, k.world_size, k.fmt, k.model_name, k.kv_dtype);
+  };
+  std::ranges::sort(order, [&](size_t a, size_t b) { return tie(a) < tie(b); });
+  for (size_t i = 1; i < order.size(); ++i) {
+    if (chunks[order[i - 1]].key == chunks[order[i]].key) return std::max(order[i - 1], order[i]);
+  }
+  return std::nullopt;
+}
+
+std::optional<size_t> first_repeated_slot(std::span<const Slot> slots) {
+  std::vector<std::pair<int, int64_t>> sorted;
+  sorted.reserve(slots.size());
+  for (const Slot& s : slots) sorted.emplace_back(static_cast<int>(s.kind), s.layer_idx);
+  std::ranges::sort(sorted);
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i - 1] == sorted[i]) {
+      for (size_t j = 0; j < slots.size(); ++j) {
+        if (static_cast<int>(slots[j].kind) == sorted[i].first && slots[j].layer_idx == sorted[i].second) {
+          return j;
+        }
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
+
+void StoreTransfer::refuse_export(const std::string& why, bool bad_request) const {
+  store_.transfer_counters.refused_exports.fetch_add(1, std::memory_order_relaxed);
+  if (bad_request) throw InvalidArgument(why);
+  throw Error("export refused: " + why);
+}
 
 std::vector<MemoryRegion> StoreTransfer::memory_regions() const {
   return {
@@ -71,6 +112,20 @@ ChunkExport StoreTransfer::export_chunks(std::span<const Chunk> chunks,
                           " ms must be in [1, 3600000]");
   }
   if (chunks.size() > UINT32_MAX) throw InvalidArgument("more than 2^32 chunks");
+  // A peer's request costs the walk (pins under the index mutex) and the export: bounded by the
+  // config, and every key and slot leased once.
+  const auto max_chunks = static_cast<size_t>(store_.config.hidden_state_transfer_max_chunks);
+  if (chunks.size() > max_chunks) {
+    refuse_export("chunks: " + std::to_string(chunks.size()) +
+                      " chunks is over hidden_state_transfer_max_chunks = " +
+                      std::to_string(max_chunks), true);
+  }
+  if (const auto i = first_repeated_key(chunks)) {
+    refuse_export("chunks[" + std::to_string(*i) + "] repeats the key of an earlier chunk", true);
+  }
+  if (const auto j = first_repeated_slot(slots)) {
+    refuse_export("slots[" + std::to_string(*j) + "] repeats an earlier slot", true);
+  }
   store_.expire_leases();
   ReadPipeline::Walk w = read_.plan_walk(chunks, slots, ReadPipeline::PendingCopies::kWaitOnHost);
   {
@@ -120,7 +175,17 @@ ChunkExport StoreTransfer::export_chunks(std::span<const Chunk> chunks,
     }
   }
   const size_t entries = pins.size();
+  const auto max_bytes = static_cast<uint64_t>(store_.config.hidden_state_transfer_max_lease_bytes);
+  if (bytes > max_bytes) {
+    refuse_export("the export's " + std::to_string(bytes) +
+                      " payload bytes are over hidden_state_transfer_max_lease_bytes = " +
+                      std::to_string(max_bytes), false);
+  }
   out.lease_id = store_.leases.add(std::move(pins), bytes, detail::LeaseTable::Clock::now() + lease);
+  if (out.lease_id == 0) {
+    refuse_export("the producer holds hidden_state_transfer_max_leases leases or "
+                  "_max_leased_bytes bytes already", false);
+  }
   store_.transfer_counters.exports.fetch_add(1, std::memory_order_relaxed);
   store_.transfer_counters.exported_entries.fetch_add(entries, std::memory_order_relaxed);
   store_.transfer_counters.exported_bytes.fetch_add(bytes, std::memory_order_relaxed);
@@ -327,6 +392,19 @@ ImportResult StoreTransfer::publish_import(Reservation::State& state) {
   state.items.clear();
   state.reserved.clear();
   return result;
+}
+
+std::optional<std::array<std::byte, kEntryMacBytes>> StoreTransfer::handshake_tag(
+    std::string_view label, std::span<const std::byte> transcript) const {
+  if (!store_.mac) return std::nullopt;
+  if (label.empty() || label.size() > 64) {
+    throw InvalidArgument("label: " + std::to_string(label.size()) +
+                          " bytes; a handshake label is 1..64 bytes");
+  }
+  // The name's prefix is never a value's ("hss:v1:<key>:..."): a tag is no value MAC, and the
+  // label keeps the two sides' tags apart (one cannot be replayed as the other).
+  const std::span<const std::byte> pieces[] = {transcript};
+  return store_.mac->compute("hss:peer-auth:v1:" + std::string(label), {}, pieces);
 }
 
 void StoreTransfer::abandon_import(Reservation::State& state) noexcept {

@@ -26,8 +26,13 @@ class StoreTransfer final : public TransferSide {
   ImportResult publish_import(Reservation::State& state) override;
   size_t check_import(Reservation::State& state, size_t first, size_t count) const override;
   void abandon_import(Reservation::State& state) noexcept override;
+  std::optional<std::array<std::byte, kEntryMacBytes>> handshake_tag(
+      std::string_view label, std::span<const std::byte> transcript) const override;
 
  private:
+  /// Counts a refused export and throws: InvalidArgument (`bad_request`) or hss::Error.
+  [[noreturn]] void refuse_export(const std::string& why, bool bad_request) const;
+
   StoreState& store_;
   ReadPipeline& read_;
 };

@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -31,6 +33,8 @@ class TransferSide {
   /// Checks items [first, first + count) of a reservation (no lock); the failures.
   virtual size_t check_import(Reservation::State& state, size_t first, size_t count) const = 0;
   virtual void abandon_import(Reservation::State& state) noexcept = 0;
+  [[nodiscard]] virtual std::optional<std::array<std::byte, kEntryMacBytes>> handshake_tag(
+      std::string_view label, std::span<const std::byte> transcript) const = 0;
 
  protected:
   TransferSide() = default;

@@ -32,6 +32,11 @@ std::pair<size_t, size_t> PoolTransfer::missing_range(std::span<const Chunk> chu
   return side_of(store_).missing_range(chunks, slots);
 }
 
+std::optional<std::array<std::byte, kEntryMacBytes>> PoolTransfer::handshake_tag(
+    std::string_view label, std::span<const std::byte> transcript) const {
+  return side_of(store_).handshake_tag(label, transcript);
+}
+
 Reservation PoolTransfer::reserve(std::span<const Chunk> chunks, const ChunkExport& source) {
   Reservation reservation;
   reservation.state_ = std::make_unique<Reservation::State>();
