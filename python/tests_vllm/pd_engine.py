@@ -155,12 +155,16 @@ def pd_engines(directory: pathlib.Path, model, *, prefill: list, layers: list, s
         common["mp"] = dict(mp)
     if lmcache_extra:
         common["lmcache_extra"] = lmcache_extra
-    engines = {name: EngineProcess(name, {**common, "nixl": {"listen": f"127.0.0.1:{port}"}},
+    # Peers authenticate under the MAC key (hsstore.nixl's handshake); engines given none run on a
+    # network the test declares trusted (loopback, every process its own).
+    keyed = bool(lmcache_extra) and any(k.startswith("hidden_state_mac_key") for k in lmcache_extra)
+    trust = {} if keyed else {"trusted_network": True}
+    engines = {name: EngineProcess(name, {**common, "nixl": {"listen": f"127.0.0.1:{port}", **trust}},
                                    directory / f"{name}.log")
                for name, port in ports.items()}
     engines["decode"] = EngineProcess(
         "decode", {**common, "nixl": {"producer": f"127.0.0.1:{ports[prefill[0]]}",
-                                      "timeout_ms": pull_timeout_ms}},
+                                      "timeout_ms": pull_timeout_ms, **trust}},
         directory / "decode.log")
     try:
         started = time.monotonic()
