@@ -35,7 +35,15 @@ def plain():
     store = hsstore.HiddenStateStore(config, hsstore.ChunkedTokenDatabase(config))
     assert store.store_hidden_states(tokens, rows) == 4
     assert store.retrieve_hidden_states(tokens, like="numpy").shape == (64, 8)
+    check_tiers(store)
     return store
+
+
+def check_tiers(store):  # the disk tier is there, and written to, exactly when DISK is set
+    store.flush()
+    tiers = store.stats()["tiers"]
+    assert [t["name"] for t in tiers] == (["disk"] if DISK else []), tiers
+    assert all(t["writes_enqueued"] > 0 for t in tiers), tiers
 """
 
 # name -> the lines that build and use the store, leaving it in `store`.
@@ -47,6 +55,7 @@ LIFECYCLES = {
         store = engine.hidden_state_store
         assert store.store_hidden_states(tokens, rows) == 4
         assert store.retrieve_layers(tokens, [0], like="numpy")[0].shape == (64, 8)
+        check_tiers(store)
         stats, keys = store.stats(), store.lru_keys()
     """),
     "python_manager_in_a_cycle": textwrap.dedent("""
@@ -71,6 +80,12 @@ LIFECYCLES = {
         assert manager.pull is not None
         manager.store = other
         other.bind_storage_manager(manager)
+    """),
+    "results_kept": textwrap.dedent("""
+        store = plain()
+        out = store.retrieve_hidden_states(tokens)  # torch where importable: the store's memory
+        tail = store.retrieve_hidden_states(tokens, row_begin=60, like="numpy")
+        keys = store.lru_keys()
     """),
     "context_manager": textwrap.dedent("""
         with plain() as store:
