@@ -34,6 +34,7 @@ READs run concurrently). Every method releases the GIL while it copies, hashes o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -213,6 +214,9 @@ class NixlAgent:
         self._closed = False
         self._server: Optional[socket.socket] = None
         self._threads: list = []
+        # Accepted control connections and their threads: close() ends them (a thread left
+        # blocked in recv would hold this agent, so its native store, past the interpreter's exit).
+        self._connections: Dict[socket.socket, threading.Thread] = {}
         if serve:
             host, port = _parse_address(listen_at)
             self._server = socket.create_server((host, port))
@@ -244,9 +248,21 @@ class NixlAgent:
             except OSError:
                 return
             thread = threading.Thread(target=self._serve_connection, args=(conn,), daemon=True)
-            thread.start()
+            with self._peers_lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._connections[conn] = thread
+                thread.start()  # under the lock: close() never joins a thread not yet started
 
     def _serve_connection(self, conn: socket.socket) -> None:
+        try:
+            self._serve(conn)
+        finally:
+            with self._peers_lock:
+                self._connections.pop(conn, None)
+
+    def _serve(self, conn: socket.socket) -> None:
         with conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while not self._closed:
@@ -557,6 +573,11 @@ class NixlAgent:
         with self._peers_lock:
             peers = list(self._peers.items())
             self._peers.clear()
+            connections = list(self._connections.items())
+        for conn, thread in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)  # its thread's recv returns, the thread ends
+            thread.join(timeout=2)
         for _address, peer in peers:
             try:
                 peer.sock.close()
