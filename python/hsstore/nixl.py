@@ -61,6 +61,7 @@ READs run concurrently). Every method releases the GIL while it copies, hashes o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hmac
 import os
@@ -294,6 +295,9 @@ class NixlAgent:
         self._closed = False
         self._server: Optional[socket.socket] = None
         self._threads: list = []
+        # Accepted control connections and their threads: close() ends them (a thread left
+        # blocked in recv would hold this agent, so its native store, past the interpreter's exit).
+        self._connections: Dict[socket.socket, threading.Thread] = {}
         if serve:
             host, port = _parse_address(listen_at)
             self._server = socket.create_server((host, port))
@@ -333,13 +337,24 @@ class NixlAgent:
                 self._refuse(conn, b"too many control connections")
                 continue
             thread = threading.Thread(target=self._serve_connection, args=(conn,), daemon=True)
-            try:
-                thread.start()
-            except BaseException:
-                with self._served_lock:
-                    self._served -= 1
-                conn.close()
-                raise
+            with self._peers_lock:
+                if self._closed:
+                    with self._served_lock:
+                        self._served -= 1
+                    conn.close()
+                    return
+                # close() joins these threads (one left blocked in recv would hold this agent,
+                # so its native store, past the interpreter's exit). Started under the lock:
+                # close() never joins a thread not yet started.
+                self._connections[conn] = thread
+                try:
+                    thread.start()
+                except BaseException:
+                    self._connections.pop(conn, None)
+                    with self._served_lock:
+                        self._served -= 1
+                    conn.close()
+                    raise
 
     @staticmethod
     def _refuse(conn: socket.socket, why: bytes) -> None:
@@ -382,6 +397,13 @@ class NixlAgent:
         return True
 
     def _serve_connection(self, conn: socket.socket) -> None:
+        try:
+            self._serve(conn)
+        finally:
+            with self._peers_lock:
+                self._connections.pop(conn, None)
+
+    def _serve(self, conn: socket.socket) -> None:
         leases: Dict[int, Tuple[int, float]] = {}  # this connection's: id -> (bytes, deadline)
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -766,6 +788,11 @@ class NixlAgent:
         with self._peers_lock:
             peers = list(self._peers.items())
             self._peers.clear()
+            connections = list(self._connections.items())
+        for conn, thread in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)  # its thread's recv returns, the thread ends
+            thread.join(timeout=2)
         for _address, peer in peers:
             try:
                 peer.sock.close()

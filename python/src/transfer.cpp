@@ -53,6 +53,12 @@ struct PyPoolTransfer {
 // releasing the GIL (with_lock), so a holder that needs the GIL (a Python storage manager's
 // contains()) cannot deadlock against a thread waiting for the lock. Calls on one pull are
 // serialised, check() on disjoint ranges included.
+// The deleter of PyPull::owner: holds the Python PoolTransfer (the pull's traverse visits it).
+struct TransferReference {
+  nb::object transfer_object;
+  void operator()(PyPoolTransfer* /*unused*/) const {}
+};
+
 struct PyPull {
   std::shared_ptr<PyPoolTransfer> owner;  // keeps the store alive while entries are reserved
   nb::object store_object;
@@ -92,6 +98,29 @@ nb::dict import_dict(const hss::ImportResult& r) {
   return d;
 }
 
+// tp_traverse of PoolTransfer and PoolPull: the store they hold is visible to the garbage
+// collector, so a cycle through them (a storage manager that keeps the store's transfer or a pull)
+// is collected instead of outliving the interpreter (nanobind's "leaked instance" lines at exit).
+// No tp_clear: breaking such a cycle is the store's tp_clear (it drops its managers); a transfer or
+// a pull must keep its store while its C++ PoolTransfer or Reservation lives.
+int transfer_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  Py_VISIT(nb::inst_ptr<PyPoolTransfer>(self)->store_object.ptr());
+  return 0;
+}
+
+int pull_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  const auto* p = nb::inst_ptr<PyPull>(self);
+  Py_VISIT(p->store_object.ptr());
+  if (const auto* held = std::get_deleter<TransferReference>(p->owner)) {
+    Py_VISIT(held->transfer_object.ptr());
+  }
+  return 0;
+}
+
 }  // namespace
 
 void check_transfer_available(const hss::Config& config) {
@@ -105,9 +134,12 @@ void check_transfer_available(const hss::Config& config) {
 }
 
 void bind_transfer(nb::module_& m) {
+  static PyType_Slot pull_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(pull_traverse)},
+                                     {0, nullptr}};
   nb::class_<PyPull>(m, "PoolPull",
                      "A consumer's pull of one prompt: request bytes for the producer, then the "
-                     "reservation its READ fills (hsstore.nixl drives it).")
+                     "reservation its READ fills (hsstore.nixl drives it).",
+                     nb::type_slots(pull_slots))
       .def_prop_ro(
           "request",
           [](PyPull& p) {
@@ -191,9 +223,12 @@ void bind_transfer(nb::module_& m) {
           "abandon", [](PyPull& p) { with_lock(p, [&] { p.reservation.abandon(); }); },
           "Drops every reserved entry not yet published.");
 
+  static PyType_Slot transfer_slots[] = {
+      {Py_tp_traverse, reinterpret_cast<void*>(transfer_traverse)}, {0, nullptr}};
   nb::class_<PyPoolTransfer>(m, "PoolTransfer",
                              "Export/lease/import primitives over a HiddenStateStore's pinned "
-                             "pool, for a one-sided transport (hsstore.nixl).")
+                             "pool, for a one-sided transport (hsstore.nixl).",
+                             nb::type_slots(transfer_slots))
       .def(
           "__init__",
           [](PyPoolTransfer* self, nb::handle store) {
@@ -276,7 +311,7 @@ void bind_transfer(nb::module_& m) {
             if (pull.first_chunk >= pull.chunks.size()) return nb::none();
             // The pull keeps the transfer (and so the store) alive while it holds entries.
             pull.owner = std::shared_ptr<PyPoolTransfer>(nb::inst_ptr<PyPoolTransfer>(self),
-                                                         [keep = nb::borrow(self)](auto*) {});
+                                                         TransferReference{nb::borrow(self)});
             pull.store_object = t.store_object;
             return nb::cast(std::move(pull), nb::rv_policy::move);
           },
