@@ -11,10 +11,10 @@ of every captured CUDA graph, so they exist in every mode. vLLM's aux id ``i`` i
 ``i - 1`` (hsstore.vllm.eagle3), the same sum of the same two tensors.
 
 When: vLLM compiles once, on the model's first forward (its memory profiling, before it builds the
-KV connector), and drops every Dynamo guard, so aux layers set later never reach the graph. They are
-set where vLLM sets its own, at the end of the model runner's ``load_model``
-(``GPUModelRunner._setup_eagle3_aux_hidden_state_outputs``, shared by the CPU runner): :func:`install`
-wraps that method, for runners whose KV connector is hsstore's. ``install()`` runs when
+KV connector), and drops every Dynamo guard, so aux layers set later never reach the graph.
+They are set where vLLM sets its own, at the end of the model runner's ``load_model``
+(``GPUModelRunner._setup_eagle3_aux_hidden_state_outputs``, shared by the CPU runner):
+:func:`install` wraps that method, for runners whose KV connector is hsstore's. ``install()`` runs when
 ``hsstore.vllm`` is imported; a worker imports it before its model loads where vLLM resolves
 ``worker_extension_cls="hsstore.vllm.WorkerExtension"`` (``HiddenStates.llm_kwargs()`` passes it;
 ``vllm serve --worker-extension-cls hsstore.vllm.WorkerExtension``) or loads the

@@ -299,10 +299,12 @@ class PromptCapture:
     def end_step(self) -> None:
         """After the forward: commit the captured rows, store the chunks now complete."""
         plan, self._plan = self._plan, []
+        # This step's forward output (the reference is dropped here, plan or not).
+        tensors = self.aux.take() if self.aux is not None else None
         if not plan:
             return
         if self.aux_labels:
-            self._copy_outputs(plan)
+            self._copy_outputs(plan, tensors)
         missing = [label for label in self.hook_labels if label not in self._fired]
         if missing:
             why = getattr(self.model_runner, "_hsstore_aux_reason", None) or _NOT_IMPORTED
@@ -325,11 +327,10 @@ class PromptCapture:
         self.counters["step_ns"] += finished - self._step_started
         self.counters["steps"] += 1
 
-    def _copy_outputs(self, plan) -> None:
+    def _copy_outputs(self, plan, tensors: Optional[Dict[int, torch.Tensor]]) -> None:
         """The step's rows of the labels the model returned (its output tensors, read right
         after the forward, before vLLM's next one reuses them)."""
         started = time.perf_counter_ns()
-        tensors = self.aux.take()
         if tensors is None:
             raise RuntimeError("hsstore.vllm: no model output was seen in this step (the model "
                                "runner's _model_forward was replaced after hsstore wrapped it)")
@@ -371,7 +372,8 @@ class PromptCapture:
     def stats(self) -> dict:
         out = dict(self.counters)
         out.update(store=self.store.name, labels=list(self.labels), kept=len(self._results),
-                   labels_from_outputs=list(self.aux_labels), labels_from_hooks=list(self.hook_labels),
+                   labels_from_outputs=list(self.aux_labels),
+                   labels_from_hooks=list(self.hook_labels),
                    in_flight=len(self._requests))
         if self.writer is not None:
             out.update(self.writer.stats())
