@@ -12,15 +12,21 @@ interleaved in one run:
   (f) in-proc KV alone     LMCache in-process, no hidden-state cache (a forward hook holds the
                            rows vLLM computed: the floor; the consumer gets a truncated tensor)
   (g) MP KV alone          the same against the server
+  (h) compiled, capture on  vLLM compiled (torch.compile; no enforce_eager), vLLM's own prefix
+                           cache, hsstore's capture through the model's aux outputs (no LMCache:
+                           an hsstore Engine per worker)
+  (i) compiled, capture off the same compiled engine without hsstore (vLLM's prefix cache alone)
+  (j) eager, capture on     (h) with enforce_eager=True: what eager mode would cost
 
 Each setup runs in a process of its own (LMCache keeps one engine per process), holding one
 in-process engine; round r sends the same prompt (a shared cached prefix, a fresh tail) to every
 setup in turn. Also reported, from hsstore.vllm's counters in the worker: the capture (hook copies)
 and store time as a fraction of the prefill steps, and the restore time; c/f and e/g: hsstore's
-cost over KV alone in each mode (the aim: <= 1.05x).
+cost over KV alone in each mode (the aim: <= 1.05x). h/i: the capture's cost in a compiled
+engine (the aim: <= 1.02x); j/h: eager against compiled, both capturing.
 
     scripts/vllm_venv --python bench/vllm_bench.py [--model tiny|medium|wide] [--rounds 7]
-        [--prompt 3072] [--cached 0.75] [--setups abcdefg]
+        [--prompt 3072] [--cached 0.75] [--setups abcdefghij]
 
 Not a test: figures go to docs/perf.md with the command, date and machine.
 """
@@ -47,8 +53,26 @@ SETUPS = {"a": "recompute", "b": "LMCache in-process KV + LMCache HS store",
           "d": "LMCache in-process KV + hsstore, 1 copy thread (HSS_COPY_THREADS=1)",
           "e": "LMCache MP (server) KV + hsstore",
           "f": "LMCache in-process KV alone (no hidden states: truncated)",
-          "g": "LMCache MP (server) KV alone (no hidden states: truncated)"}
+          "g": "LMCache MP (server) KV alone (no hidden states: truncated)",
+          "h": "compiled, vLLM prefix cache + hsstore capture (aux outputs)",
+          "i": "compiled, vLLM prefix cache, no capture",
+          "j": "eager (enforce_eager=True), vLLM prefix cache + hsstore capture"}
 MP_SETUPS = ("e", "g")
+COMPILED = ("h", "i")
+NO_CAPTURE = ("i",)
+
+
+class NoCapture:
+    """An engine without hsstore (engines.engine's `hs` for setup i)."""
+
+    def llm_kwargs(self, lmcache=None):
+        return {}
+
+    def install(self, llm):
+        return []
+
+    def shutdown(self):
+        return None
 KV_ALONE = ("f", "g")
 CPU_KV = "hsstore.vllm.testing:install_cpu_kv_connector"
 
@@ -74,6 +98,12 @@ def serve(setup: str, model_shape: dict, model_dir: str, layers: list, server: d
     if setup == "a":
         hs = hsstore.vllm.HiddenStates(layers=layers, lmcache=False)
         context = engines.engine(pathlib.Path(model_dir), hs, prefix_caching=False)
+    elif setup in ("h", "i", "j"):
+        hs = NoCapture() if setup in NO_CAPTURE else hsstore.vllm.HiddenStates(layers=layers,
+                                                                                lmcache=False)
+        context = engines.engine(pathlib.Path(model_dir), hs, prefix_caching=True,
+                                 enforce_eager=setup not in COMPILED,
+                                 max_num_batched_tokens=256)
     elif setup in KV_ALONE:
         hs = thinker_talker.KVOnly("mp" if setup in MP_SETUPS else "in-process")
         context = engines.engine(pathlib.Path(model_dir), hs, lmcache=config)
@@ -84,7 +114,7 @@ def serve(setup: str, model_shape: dict, model_dir: str, layers: list, server: d
         hs = hsstore.vllm.HiddenStates(layers=layers, store="lmcache" if setup == "b" else "hsstore",
                                        worker_init=CPU_KV)
         context = engines.engine(pathlib.Path(model_dir), hs, lmcache=config)
-    kv_alone = setup in KV_ALONE
+    kv_alone = setup in KV_ALONE or setup in NO_CAPTURE
     with context as llm:
         # What the worker's store chose (its copy threads, in the worker thread that built it).
         conn.send(("ready", None if kv_alone else
@@ -96,7 +126,10 @@ def serve(setup: str, model_shape: dict, model_dir: str, layers: list, server: d
             prompt = message[1]
             before = {} if kv_alone else hs.stats()[0]
             started = time.perf_counter()
-            if kv_alone:  # what the consumer can hold: the rows vLLM computed
+            if setup in NO_CAPTURE:  # nothing held
+                out = engines.generate(llm, [prompt])[0]
+                states = {-1: __import__("torch").zeros(0)}
+            elif kv_alone:  # what the consumer can hold: the rows vLLM computed
                 hs.rows.clear()
                 out = engines.generate(llm, [prompt])[0]
                 states = {-1: thinker_talker.held_rows(hs, len(prompt))}
@@ -235,7 +268,8 @@ def main() -> None:
                 if k in host_copy[setup]}
         report["setups"][setup] = entry
     # Per round ratios (interleaved rounds: the same machine state for both).
-    for x, y in (("b", "c"), ("a", "c"), ("d", "c"), ("c", "f"), ("e", "g"), ("e", "c")):
+    for x, y in (("b", "c"), ("a", "c"), ("d", "c"), ("c", "f"), ("e", "g"), ("e", "c"),
+                 ("h", "i"), ("j", "h")):
         if x in results and y in results:
             ratios = [p["s"] / q["s"] for p, q in zip(results[x], results[y])]
             report[f"{x}_over_{y}"] = summary(ratios)

@@ -166,10 +166,12 @@ def importable_by_workers() -> None:
 @contextlib.contextmanager
 def engine(model_dir: pathlib.Path, hs: Any, *, lmcache: Optional[Dict[str, Any]] = None,
            prefix_caching: bool = False, multiprocess: bool = False, executor: str = "uni",
-           max_model_len: int = 4096, dummy_weights: bool = False, **llm_args: Any) -> Iterator[Any]:
+           max_model_len: int = 4096, dummy_weights: bool = False, enforce_eager: bool = True,
+           **llm_args: Any) -> Iterator[Any]:
     """An LLM with `hs` (hsstore.vllm.HiddenStates) installed; torn down on exit. The model's
     weight file (write_llama) is loaded; dummy_weights: vLLM's dummy weights instead, then
-    reinit_dummy_weights (for models without weight files)."""
+    reinit_dummy_weights (for models without weight files). enforce_eager=False: vLLM compiles
+    the model (torch.compile; CUDA graphs on a GPU)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
     if multiprocess:
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # tests send worker_* functions
@@ -185,7 +187,7 @@ def engine(model_dir: pathlib.Path, hs: Any, *, lmcache: Optional[Dict[str, Any]
     if dummy_weights:
         llm_args["load_format"] = "dummy"
     llm = LLM(model=str(model_dir), skip_tokenizer_init=True,
-              enforce_eager=True, dtype="float32", max_model_len=max_model_len, seed=0,
+              enforce_eager=enforce_eager, dtype="float32", max_model_len=max_model_len, seed=0,
               enable_prefix_caching=prefix_caching, distributed_executor_backend=executor,
               **hs.llm_kwargs(lmcache=lmcache), **llm_args)
     try:

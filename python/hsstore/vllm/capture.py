@@ -11,11 +11,19 @@ Per request and step (one engine step = one forward over every scheduled request
                      restored to r < p  -> report the block holding r as invalid: vLLM recomputes
                                            from it (kv_load_failure_policy="recompute") or fails
                                            the request ("fail"); this step's rows are dropped
-    forward      each hook: out[label][p : p + n] <- the layer's output rows (one copy per row,
-                 torch releases the GIL for it)
-    end_step     have = p + n; store the chunks now complete, from token_offset (the first
+    forward      the model returns the final state and, where the model has them, the layers
+                 as vLLM's auxiliary hidden-state outputs (hsstore.vllm.aux_outputs: they survive
+                 torch.compile and CUDA graphs); forward hooks take the layers it does not
+                 return: out[label][p : p + n] <- the layer's output rows
+    end_step     the aux layers' rows: out[label][p : p + n] <- the output's rows (device copies
+                 on the engine's stream, no host wait);
+                 have = p + n; store the chunks now complete, from token_offset (the first
                  position this capture computed) on; once have == prompt length the buffers are
                  the consumer's (take()), exactly the prompt, restored prefix plus computed tail
+
+Nothing here waits on the device: no .cpu(), .item(), .tolist() of device data or synchronize in
+the hooks, begin_step or end_step (the step plan is read from vLLM's host arrays); the stores get
+the capture's device tensors and the engine's current stream.
 
 Nothing here holds a lock: a worker runs one step at a time (vLLM's model runner thread); take()
 and stats() are called between steps (collective_rpc runs on the same thread).
@@ -34,6 +42,16 @@ import torch
 from ._attrs import first_attribute
 from .layers import FINAL, resolve_layers
 
+# What attach() says where intermediate layers cannot be captured in a compiled model.
+_EAGER_ADVICE = ("forward hooks do not run inside a compiled model (torch.compile inlines the "
+                 "decoder layers, a CUDA graph replays them): build the LLM with "
+                 "enforce_eager=True to capture them with hooks")
+_NOT_IMPORTED = ("hsstore.vllm was not imported in the worker before the model loaded, so "
+                 "vLLM's auxiliary hidden-state outputs were not turned on (pass "
+                 "worker_extension_cls='hsstore.vllm.WorkerExtension', as "
+                 "HiddenStates.llm_kwargs() does, or install hsstore: its vllm.general_plugins "
+                 "entry point)")
+
 __all__ = ["PromptCapture", "decoder_layers_of"]
 
 logger = logging.getLogger("hsstore.vllm")
@@ -45,6 +63,24 @@ _INTERNAL_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 def external_request_id(internal_id: str) -> str:
     """The id RequestOutput carries for vLLM's internal request id."""
     return _INTERNAL_SUFFIX.sub("", internal_id)
+
+
+def _current_stream(device: Any) -> Any:
+    """The engine's current stream on a CUDA device (the one its forward ran on: the stores'
+    copies are ordered after it, no host wait), None on a CPU."""
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.current_stream(device)
+    return None
+
+
+def _compiled(model_runner: Any) -> bool:
+    """The runner's model runs compiled (torch.compile) or as CUDA graphs."""
+    config = getattr(getattr(model_runner, "vllm_config", None), "compilation_config", None)
+    if config is None:
+        return False
+    cudagraphs = getattr(config, "cudagraph_mode", None)
+    return bool(int(getattr(config, "mode", 0) or 0)) or (
+        cudagraphs is not None and getattr(cudagraphs, "name", "NONE") != "NONE")
 
 
 def decoder_layers_of(model: torch.nn.Module):
@@ -117,6 +153,10 @@ class PromptCapture:
         self.keep = keep
         self.max_kept = max_kept
         self.model_runner: Any = None
+        self.device: Any = None
+        self.aux: Any = None  # hsstore.vllm.aux_outputs.AuxOutputs of the runner, if any
+        self.aux_labels: List[int] = []  # labels taken from the model's outputs
+        self.hook_labels: List[int] = []  # labels taken by forward hooks
         self._hooks: List[Any] = []
         self._requests: Dict[str, _Request] = {}
         self._results: "collections.OrderedDict[str, _Request]" = collections.OrderedDict()
@@ -140,7 +180,12 @@ class PromptCapture:
         self.labels = resolve_layers(self.layer_specs, len(layers))
         if self.eagle3_labels is not None:
             self._check_eagle3(model_runner, len(layers))
-        for label in self.labels:
+        self.aux = getattr(model_runner, "_hsstore_aux", None)
+        from_outputs = self.aux.labels if self.aux is not None else []
+        self.aux_labels = [label for label in self.labels if label in from_outputs]
+        self.hook_labels = [label for label in self.labels if label not in from_outputs]
+        self._check_compiled(model_runner)
+        for label in self.hook_labels:
             if label == FINAL:
                 self._hooks.append(model.register_forward_hook(self._hook(label, summed=False)))
             else:
@@ -150,6 +195,20 @@ class PromptCapture:
         self.dtype = model_runner.model_config.dtype
         self.device = model_runner.device
         return self.labels
+
+    def _check_compiled(self, model_runner: Any) -> None:
+        """Decoder layers left to hooks in a compiled model would never be captured: refused
+        here, naming why this model's layers are not among its outputs."""
+        layers = [label for label in self.hook_labels if label != FINAL]
+        if not layers or not _compiled(model_runner):
+            return
+        if self.aux is not None:
+            why = (f"vLLM's EAGLE-3 draft owns the model's auxiliary hidden-state outputs "
+                   f"(layers {self.aux.labels[:-1]}), and hsstore adds none to them")
+        else:
+            why = getattr(model_runner, "_hsstore_aux_reason", None) or _NOT_IMPORTED
+        raise RuntimeError(f"hsstore.vllm: layers {layers} cannot be captured in this compiled "
+                           f"model: {why}; {_EAGER_ADVICE}")
 
     def _check_eagle3(self, model_runner: Any, num_layers: int) -> None:
         """The labels "eagle3" resolved to are the ones vLLM uses in this worker."""
@@ -166,6 +225,7 @@ class PromptCapture:
             handle.remove()
         self._hooks.clear()
         self.model_runner = None
+        self.aux = None
 
     def _hook(self, label: int, summed: bool):
         def hook(module, args, output):
@@ -193,6 +253,8 @@ class PromptCapture:
         (or recomputes) of the prefixes vLLM did not compute."""
         self._plan = []
         self._fired = set()
+        if self.aux is not None:
+            self.aux.last = None  # this step's forward output only
         runner = self.model_runner
         if runner is None:
             return
@@ -237,15 +299,18 @@ class PromptCapture:
     def end_step(self) -> None:
         """After the forward: commit the captured rows, store the chunks now complete."""
         plan, self._plan = self._plan, []
+        # This step's forward output (the reference is dropped here, plan or not).
+        tensors = self.aux.take() if self.aux is not None else None
         if not plan:
             return
-        missing = [label for label in self.labels if label not in self._fired]
+        if self.aux_labels:
+            self._copy_outputs(plan, tensors)
+        missing = [label for label in self.hook_labels if label not in self._fired]
         if missing:
+            why = getattr(self.model_runner, "_hsstore_aux_reason", None) or _NOT_IMPORTED
             raise RuntimeError(
                 f"hsstore.vllm: the hooks of layers {missing} did not fire during the forward: "
-                "the model is compiled (torch.compile inlines decoder layers); build the LLM with "
-                "enforce_eager=True to capture intermediate layers"
-            )
+                f"the model is compiled and {why}; {_EAGER_ADVICE}")
         started = time.perf_counter_ns()
         touched = []
         for req, _, position, count in plan:
@@ -261,6 +326,20 @@ class PromptCapture:
         self.counters["store_ns"] += finished - started
         self.counters["step_ns"] += finished - self._step_started
         self.counters["steps"] += 1
+
+    def _copy_outputs(self, plan, tensors: Optional[Dict[int, torch.Tensor]]) -> None:
+        """The step's rows of the labels the model returned (its output tensors, read right
+        after the forward, before vLLM's next one reuses them)."""
+        started = time.perf_counter_ns()
+        if tensors is None:
+            raise RuntimeError("hsstore.vllm: no model output was seen in this step (the model "
+                               "runner's _model_forward was replaced after hsstore wrapped it)")
+        for label in self.aux_labels:
+            source = tensors[label]
+            for req, src, dst, n in plan:
+                if n:
+                    req.outs[label][dst : dst + n].copy_(source[src : src + n])
+        self.counters["capture_ns"] += time.perf_counter_ns() - started
 
     def take_invalid_blocks(self) -> set:
         blocks, self._invalid_blocks = self._invalid_blocks, set()
@@ -293,6 +372,8 @@ class PromptCapture:
     def stats(self) -> dict:
         out = dict(self.counters)
         out.update(store=self.store.name, labels=list(self.labels), kept=len(self._results),
+                   labels_from_outputs=list(self.aux_labels),
+                   labels_from_hooks=list(self.hook_labels),
                    in_flight=len(self._requests))
         if self.writer is not None:
             out.update(self.writer.stats())
@@ -320,6 +401,9 @@ class PromptCapture:
         self.counters["requests"] += 1
         return req
 
+    def _stream(self) -> Any:
+        return _current_stream(self.device)
+
     def _chunks(self, req: _Request):
         if req.chunks is None:
             if self.salt_of is not None:
@@ -333,7 +417,7 @@ class PromptCapture:
         all there for every label."""
         begin = req.have
         reached = self.store.restore(req.tokens, self._chunks(req), self.labels, req.outs, begin,
-                                     position)
+                                     position, stream=self._stream())
         if reached > begin:
             self.counters["rows_restored"] += min(reached, req.prompt_len) - begin
             req.restored += min(reached, req.prompt_len) - begin
@@ -369,7 +453,7 @@ class PromptCapture:
         offset = max(req.offset if req.offset is not None else 0, req.stored)
         if offset < end:
             written = self.store.store_rows(req.tokens, self._chunks(req), self.labels, req.outs,
-                                            offset, end)
+                                            offset, end, stream=self._stream())
             self.counters["chunks_written"] += written
             self.counters["rows_stored"] += end - offset
         req.stored = end

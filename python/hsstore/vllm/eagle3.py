@@ -132,10 +132,13 @@ def expand_specs(specs: Sequence[Any], vllm_config: Any) -> List[Any]:
 
 def live_aux_layer_ids(model_runner: Any) -> Tuple[int, ...]:
     """The ids vLLM uses in a worker (GPUModelRunner._setup_eagle3_aux_hidden_state_outputs): the
-    layers vLLM set on the model when a draft reads them, else vLLM's own resolution on the
-    loaded model (draft config, then the model's default)."""
+    layers vLLM set on the model when a draft reads them (not those hsstore set for itself),
+    else vLLM's own resolution on the loaded model (draft config, then the model's default)."""
     model = model_runner.get_model() if hasattr(model_runner, "get_model") else model_runner.model
-    if getattr(model_runner, "use_aux_hidden_state_outputs", False):
+    # Aux outputs hsstore turned on for its own layers (hsstore.vllm.aux_outputs) are not a draft's.
+    hsstore_aux = getattr(model_runner, "_hsstore_aux", None)
+    if getattr(model_runner, "use_aux_hidden_state_outputs", False) and not (
+            hsstore_aux is not None and hsstore_aux.owned):
         holder = model
         if hasattr(model, "get_language_model"):
             holder = model.get_language_model()

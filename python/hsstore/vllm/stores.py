@@ -15,7 +15,8 @@ values a restore reads through into the pool); without it a capped hit would nev
 Every store works on a request's chunk list (``chunks(tokens, salt)``, computed once per request;
 `salt` is vLLM's per-request cache_salt, whose hidden states no other salt sees: hsstore.salt) and
 labels (``hsstore.vllm.layers``). Restores are all or nothing across labels and report the prefix
-end they reached; stores take rows [token_offset, end) of a request's prompt buffers.
+end they reached; stores take rows [token_offset, end) of a request's prompt buffers. Both take
+the capture's own tensors (on the engine's device) and its stream (``stream=``, :func:`on_stream`).
 Thread safety: what the underlying store offers (hsstore's: any thread; LMCache's: one thread).
 """
 
@@ -40,6 +41,22 @@ def _tiered() -> Any:
     import hsstore
 
     return hsstore.CoverageScope.local_and_remote
+
+
+def on_stream(method):
+    """A restore or store_rows that runs on `stream` (the engine's current stream, where the
+    capture's device tensors are ordered): the store's copies read or write them after the
+    forward that produced them, with no host wait. None (a CPU tensor): as it is."""
+
+    def call(self, *args: Any, stream: Any = None) -> int:
+        if stream is None or not isinstance(stream, torch.cuda.Stream):
+            return method(self, *args)
+        with torch.cuda.stream(stream):
+            return method(self, *args)
+
+    call.__name__ = method.__name__
+    call.__doc__ = method.__doc__
+    return call
 
 
 def _complete_end(chunks: Sequence[Any], have: int) -> int:
@@ -79,6 +96,7 @@ class DropInStore:
 
     complete_end = staticmethod(_complete_end)
 
+    @on_stream
     def restore(self, tokens, chunks, labels, outs: Dict[int, torch.Tensor], row_begin, end) -> int:
         need = chunks[: _chunk_count_before(chunks, end)]
         rows = self.store.retrieve_layers_into(
@@ -86,6 +104,7 @@ class DropInStore:
         )
         return row_begin + rows if rows else 0
 
+    @on_stream
     def store_rows(self, tokens, chunks, labels, outs, token_offset: int, end: int) -> int:
         upto = chunks[: _chunk_count_before(chunks, end)]
         written = 0
@@ -153,6 +172,7 @@ class LMCacheStore:
             end = chunk_end
         return end
 
+    @on_stream
     def restore(self, tokens, chunks, labels, outs: Dict[int, torch.Tensor], row_begin, end) -> int:
         need = chunks[: _chunk_count_before(chunks, end)]
         if not need:
@@ -171,6 +191,7 @@ class LMCacheStore:
             outs[label][row_begin:reached].copy_(rows[row_begin:reached])
         return reached
 
+    @on_stream
     def store_rows(self, tokens, chunks, labels, outs, token_offset: int, end: int) -> int:
         written = 0
         for label in labels:
@@ -233,6 +254,7 @@ class EngineStore:
             return _complete_end(chunks, have)
         return have // self.chunk_size * self.chunk_size
 
+    @on_stream
     def restore(self, tokens, chunks, labels, outs: Dict[int, torch.Tensor], row_begin, end) -> int:
         if isinstance(chunks, list):
             need = chunks[: _chunk_count_before(chunks, end)]
@@ -245,6 +267,7 @@ class EngineStore:
         )
         return row_begin + rows if rows else 0
 
+    @on_stream
     def store_rows(self, tokens, chunks, labels, outs, token_offset: int, end: int) -> int:
         if isinstance(chunks, list):
             upto = chunks[: _chunk_count_before(chunks, end)]
