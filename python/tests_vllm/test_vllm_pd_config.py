@@ -93,7 +93,7 @@ def test_the_producer_a_request_names():
     # kv_transfer_params, as a router sets them: "hsstore.producer", or NixlConnector's
     # remote_host with hsstore's port (the request's, else the configured producer's); None:
     # the configured producer. NixlConnector's remote_port is its side channel, never used.
-    decode = parse_options({"producer": "prefill-a:5555"})
+    decode = parse_options({"producer": "prefill-a:5555", "producers": ["prefill-*:*"]})
     assert request_producer({"hsstore.producer": "prefill-b:6000"}, decode) == "prefill-b:6000"
     assert request_producer({"remote_host": "prefill-b", "remote_port": 1}, decode) == (
         "prefill-b:5555")
@@ -102,7 +102,7 @@ def test_the_producer_a_request_names():
     assert request_producer({"do_remote_prefill": True}, decode) is None
     assert request_producer(None, decode) is None
     # No default producer: "pull": true; remote_host then needs the request's port.
-    pull_only = parse_options({"pull": True})
+    pull_only = parse_options({"pull": True, "producers": ["p:*"]})
     assert pull_only.pull and pull_only.producer is None and not pull_only.serve
     assert request_producer({"hsstore.producer": "p:1"}, pull_only) == "p:1"
     assert request_producer({"remote_host": "p"}, pull_only) is None
