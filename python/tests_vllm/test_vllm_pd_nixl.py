@@ -147,11 +147,13 @@ def test_a_serving_engine_never_connects_to_a_producer_a_client_names(pd, tokens
     prefill, decode, redis, directory = pd
     attacker = Listener()
     try:
-        prompt = tokens(PREFIX + TAIL)
-        computed_on_decode(decode, redis, prompt, directory / "ssrf-decode.pt")
-        for params in ({"lmcache.hsstore.producer": attacker.address},
-                       {"hsstore.producer": attacker.address}):
-            p = prefill.generate(prompt, directory / "ssrf-prefill.pt", kv_transfer_params=params)
+        for i, params in enumerate(({"lmcache.hsstore.producer": attacker.address},
+                                    {"hsstore.producer": attacker.address})):
+            prompt = tokens(PREFIX + TAIL)  # one per case: a recompute stores its hidden states
+            computed_on_decode(decode, redis, prompt, directory / f"ssrf-{i}-decode.pt")
+            p = prefill.generate(prompt, directory / f"ssrf-{i}-prefill.pt",
+                                 kv_transfer_params=params)
+            assert p["delta"]["lookup_tokens_capped"] == PREFIX, params
             assert p["delta"]["pulls"] == 0 and p["delta"]["pulls_missed"] == 0, params
             assert p["num_cached_tokens"] == 0, params
             assert p["delta"]["rows_computed"] == len(prompt), params
