@@ -181,7 +181,8 @@ def serve(model_dir: pathlib.Path, out_dir: pathlib.Path, redis_url: str,
         extra = _extra(out_dir, lmcache)
     else:
         extra = _extra(out_dir, _pd_lmcache(redis_url, HS_POOL_GB),
-                       nixl={"producer": producer, "timeout_ms": PD_PULL_TIMEOUT_MS})
+                       nixl={"producer": producer, "timeout_ms": PD_PULL_TIMEOUT_MS,
+                             "trusted_network": True})  # loopback, no MAC key
     with vllm_serve(model_dir, extra, log_path, step_tokens=STEP_TOKENS,
                     args=["--max-num-seqs", str(engine_seqs)],
                     env={"VLLM_SERVER_DEV_MODE": "1", "HSS_LOG_LEVEL": "info",

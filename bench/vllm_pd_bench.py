@@ -69,7 +69,8 @@ def main() -> None:
     rounds, warmup, check = [], None, None
     with pd_engines(directory, model_dir, prefill=["prefill"], layers=layers, step_tokens=CHUNK,
                     lookup_timeout_ms=60000, pull_timeout_ms=30000,
-                    max_model_len=args.prompt + 16) as e:
+                    max_model_len=args.prompt + 16,
+                    decode_nixl={"trusted_network": True}) as e:  # loopback, no MAC key
         prefill, decode, redis = e["prefill"], e["decode"], e["redis"]
         for r in range(args.rounds + 1):
             prompt = [rng.randrange(3, vocab) for _ in range(args.prompt)]

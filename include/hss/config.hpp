@@ -150,6 +150,11 @@ struct Config {
   /// never served. Needs a build with OpenSSL: otherwise a ConfigError when a store is built.
   std::string hidden_state_mac_key;
   std::string hidden_state_mac_key_file;
+  /// A file holding a secret (at least 16 bytes; one trailing newline ignored) that keys hsstore's
+  /// own chunk hash (ChunkedTokenDatabase): the hash chain's root seed comes from it, so whoever
+  /// chooses prompts cannot compute chunk keys (docs/design.md, "Threat model"). Unset: the
+  /// fixed public seed (LMCache's keys, deterministic everywhere).
+  std::string hidden_state_chunk_hash_key_file;
   /// Point-to-point transfer (see TransferKind); off by default.
   TransferKind hidden_state_transfer = TransferKind::kNone;
   /// The NIXL backend of hidden_state_transfer: nixl (`UCX` by default).

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "hss/cache_key.hpp"
@@ -33,14 +34,26 @@ class TokenDatabase {
   [[nodiscard]] virtual int64_t chunk_size() const = 0;
 };
 
+struct Config;
+
 /// Prefix-chained xxHash3-64: chunk i's hash covers its tokens as little-endian uint32, seeded
 /// with chunk i-1's hash (chunk 0 with kRootSeed). Deterministic across processes and machines.
+/// Keyed (`hash_key`, hidden_state_chunk_hash_key_file): chunk 0 is seeded from the key instead,
+/// so the whole chain depends on it and nobody without it can compute a key (docs/design.md,
+/// "Threat model": what that stops, and what a 64-bit non-cryptographic hash still allows).
 class ChunkedTokenDatabase final : public TokenDatabase {
  public:
   static constexpr uint64_t kRootSeed = 0;
+  static constexpr size_t kMinHashKeyBytes = 16;
 
-  /// chunk_size > 0, else InvalidArgument.
-  ChunkedTokenDatabase(int64_t chunk_size, bool save_unfull_chunk, Metadata metadata = {});
+  /// chunk_size > 0, else InvalidArgument; a `hash_key` that is not empty has at least
+  /// kMinHashKeyBytes bytes, else InvalidArgument.
+  ChunkedTokenDatabase(int64_t chunk_size, bool save_unfull_chunk, Metadata metadata = {},
+                       std::string_view hash_key = {});
+  /// chunk_size, save_unfull_chunk and, if set, the key of hidden_state_chunk_hash_key_file (read
+  /// now: ConfigError naming the key for a file that cannot be read or is too short).
+  [[nodiscard]] static ChunkedTokenDatabase from_config(const Config& config,
+                                                        Metadata metadata = {});
 
   [[nodiscard]] std::vector<Chunk> process_tokens(std::span<const int32_t> tokens) const override;
   [[nodiscard]] std::vector<Chunk> process_tokens(std::span<const int64_t> tokens) const override;
@@ -51,11 +64,15 @@ class ChunkedTokenDatabase final : public TokenDatabase {
 
   /// The key this database gives a chunk hash.
   [[nodiscard]] CacheEngineKey make_key(uint64_t chunk_hash) const;
+  /// The seed of chunk 0's hash: kRootSeed, or the key's.
+  [[nodiscard]] uint64_t root_seed() const noexcept { return root_seed_; }
+  [[nodiscard]] bool keyed() const noexcept { return root_seed_ != kRootSeed; }
 
  private:
   int64_t chunk_size_;
   bool save_unfull_chunk_;
   Metadata metadata_;
+  uint64_t root_seed_ = kRootSeed;
 };
 
 }  // namespace hss

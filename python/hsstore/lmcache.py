@@ -30,7 +30,8 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _hsstore
-from .salt import SaltedKey, salt_suffix, salted
+from .salt import (NO_NAMESPACE, KeyNamespace, SaltedKey, namespace_fmt, salted,
+                   split_request_keys)
 
 __all__ = ["HiddenStateStore", "install", "install_none", "uninstall", "installed"]
 
@@ -63,22 +64,21 @@ def _release_live_stores() -> None:
         store._release()
 
 
-def _native_key(key: Any) -> _hsstore.CacheEngineKey:
-    """hsstore's key for an LMCache CacheEngineKey (tags folded into fmt so they stay distinct),
-    or for a SaltedKey (the request's cache_salt folded in after them: hsstore.salt)."""
+def _native_key(key: Any, namespace: KeyNamespace = NO_NAMESPACE) -> _hsstore.CacheEngineKey:
+    """hsstore's key for an LMCache CacheEngineKey, or for a SaltedKey: LMCache's key tags, the
+    request's cache_salt and the store's `namespace` (model identity, salt key) folded into fmt
+    by an injective encoding (hsstore.salt.namespace_fmt), so no two of them share keys."""
     salt = None
     if isinstance(key, SaltedKey):
         key, salt = key.key, key.salt
-    tags = getattr(key, "tags", None)
-    fmt = "lmcache" if not tags else "lmcache@" + "@".join(f"{k}%{v}" for k, v in tags)
-    fmt += salt_suffix(salt)
+    fields = namespace.fields(salt, getattr(key, "tags", None) or ())
     return _hsstore.CacheEngineKey(
         model_name=key.model_name,
         world_size=key.world_size,
         worker_id=key.worker_id,
         chunk_hash=key.chunk_hash,
         kv_dtype=key.dtype,
-        fmt=fmt,
+        fmt=namespace_fmt("lmcache", fields),
     )
 
 
@@ -168,9 +168,21 @@ class HiddenStateStore:
         self._call = threading.local()
         self._stored_keys: Dict[_hsstore.CacheEngineKey, Any] = {}
         self._stored_keys_lock = threading.Lock()
+        # What the keys depend on besides LMCache's key (set_namespace).
+        self._namespace = NO_NAMESPACE
         _live.add(self)
 
     # -- wiring --------------------------------------------------------------------------------
+
+    def set_namespace(self, namespace: KeyNamespace) -> None:
+        """The model identity and salt key every later key of this store is in (hsstore.salt;
+        hsstore.vllm sets it before the first request). Keys stored before are not seen
+        afterwards: call it before storing."""
+        self._namespace = namespace
+
+    @property
+    def namespace(self) -> KeyNamespace:
+        return self._namespace
 
     def bind_storage_manager(self, storage_manager: Any) -> None:
         """Attach the engine's StorageManager (None: KV treated as present for every chunk)."""
@@ -232,11 +244,11 @@ class HiddenStateStore:
         return self._store.num_cached_chunks()
 
     def has_chunk(self, key, layer_idx: int = 0) -> bool:
-        return self._store.has_chunk(_native_key(key), layer_idx)
+        return self._store.has_chunk(self._native_key(key), layer_idx)
 
     def drop_key(self, key) -> bool:
         """Drop every layer of key (test/admin use); KV is not touched."""
-        return self._store.drop_key(_native_key(key))
+        return self._store.drop_key(self._native_key(key))
 
     def close(self) -> None:
         self._store.close()
@@ -274,10 +286,17 @@ class HiddenStateStore:
         return self._store.evict_one_lru()
 
     def _free_key(self, key) -> None:
-        self._store.drop_key(_native_key(key))
+        self._store.drop_key(self._native_key(key))
 
-    def _chunk(self, token_ids) -> List[Tuple[int, int, Any]]:
+    def _chunk(self, token_ids, request_configs: Optional[dict] = None
+               ) -> List[Tuple[int, int, Any]]:
+        if request_configs:
+            return list(self._token_database.process_tokens(tokens=token_ids,
+                                                            request_configs=request_configs))
         return list(self._token_database.process_tokens(tokens=token_ids))
+
+    def _native_key(self, key) -> _hsstore.CacheEngineKey:
+        return _native_key(key, self._namespace)
 
     def _kv_present(self, key) -> bool:
         if self._storage_manager is None:
@@ -294,12 +313,15 @@ class HiddenStateStore:
     def stats(self) -> dict:
         return self._store.stats()
 
-    def chunks(self, token_ids, salt: Optional[str] = None) -> List[Tuple[int, int, Any]]:
+    def chunks(self, token_ids, salt: Any = None) -> List[Tuple[int, int, Any]]:
         """LMCache's (start, end, key) chunks of token_ids, for the calls below (hash once per
-        request, use for every layer and step). `salt`: the request's cache_salt (vLLM's); its
-        keys are then SaltedKeys, whose hidden states no other salt sees (hsstore.salt), while
-        KV presence is still asked of LMCache with the plain key."""
-        chunks = self._chunk(token_ids)
+        request, use for every layer and step). `salt`: the request's cache_salt (vLLM's), or
+        an hsstore.salt.RequestKeys with its salt and LMCache key tags (``lmcache.tag.*``
+        request configs: the keys are then LMCache's tagged keys, as its lookup makes them).
+        Salted keys are SaltedKeys, whose hidden states no other salt sees (hsstore.salt),
+        while KV presence is still asked of LMCache with the plain key."""
+        salt, request_configs = split_request_keys(salt)
+        chunks = self._chunk(token_ids, request_configs)
         if salt:
             chunks = [(start, end, salted(key, salt)) for start, end, key in chunks]
         return chunks
@@ -371,7 +393,7 @@ class HiddenStateStore:
         mapping = {}
         chunks = []
         for start, end, key in lmcache_chunks:
-            native = _native_key(key)
+            native = self._native_key(key)
             mapping[native] = _kv_key(key)
             chunks.append((start, end, native))
         self._call.keys = mapping

@@ -223,18 +223,19 @@ void bind_keys(nb::module_& m) {
       .def(
           "__init__",
           [](hss::ChunkedTokenDatabase* self, nb::handle config, nb::handle metadata) {
-            int64_t chunk_size = 256;  // LMCache's defaults without a config
-            bool save_unfull_chunk = true;
-            if (!config.is_none()) {
-              const hss::Config c = config_from(config);
-              chunk_size = c.chunk_size;
-              save_unfull_chunk = c.save_unfull_chunk;
+            if (!config.is_none()) {  // its hidden_state_chunk_hash_key_file too
+              new (self) hss::ChunkedTokenDatabase(
+                  hss::ChunkedTokenDatabase::from_config(config_from(config),
+                                                         metadata_from(metadata)));
+              return;
             }
-            new (self)
-                hss::ChunkedTokenDatabase(chunk_size, save_unfull_chunk, metadata_from(metadata));
+            // LMCache's defaults without a config: 256 tokens, the trailing partial chunk kept.
+            new (self) hss::ChunkedTokenDatabase(256, true, metadata_from(metadata));
           },
           nb::arg("config") = nb::none(), nb::arg("metadata") = nb::none())
       .def_prop_ro("metadata", &hss::ChunkedTokenDatabase::metadata)
+      .def_prop_ro("keyed", &hss::ChunkedTokenDatabase::keyed,
+                   "True when hidden_state_chunk_hash_key_file keys its chunk hash")
       .def(
           "process_tokens",
           [](const hss::ChunkedTokenDatabase& db, nb::handle tokens, nb::handle hashes,

@@ -7,7 +7,7 @@ import torch
 
 import hsstore
 import hsstore.lmcache
-from hsstore.salt import SaltedKey, salt_suffix
+from hsstore.salt import SaltedKey, namespace_fmt, salt_field
 from test_engine_dropin import CHUNK, DIM, RealEngine, dropin_installed  # noqa: F401 (fixture)
 from test_engine_dropin_mac import engine_with, redis_url  # noqa: F401 (fixture)
 
@@ -44,11 +44,12 @@ def test_salted_chunks_carry_the_plain_lmcache_key_and_a_salted_native_one():
         for (_, _, key), (_, _, salted_key) in zip(plain, salted):
             assert salted_key == SaltedKey(key, TENANT_1)
             native = hsstore.lmcache._native_key(salted_key)
-            assert native.fmt == "lmcache" + salt_suffix(TENANT_1)
+            assert native.fmt == namespace_fmt("lmcache", salt_field(TENANT_1))
+            assert native.fmt.startswith("lmcache~") and "@" not in native.fmt
             assert native != hsstore.lmcache._native_key(key)
             assert native != hsstore.lmcache._native_key(SaltedKey(key, TENANT_2))
         assert engine.store.chunks(tokens, "") == plain  # no salt: today's keys
-        assert salt_suffix(TENANT_1) != salt_suffix(TENANT_2) and salt_suffix("") == ""
+        assert hsstore.lmcache._native_key(key).fmt == "lmcache"  # no salt: today's fmt
     finally:
         engine.close()
 

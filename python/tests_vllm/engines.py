@@ -269,6 +269,18 @@ def worker_salted(worker: Any, engine_id: str, tokens: List[int], salt: str,
     return hs.store.coverage(chunks, hs.labels)
 
 
+def worker_tagged(worker: Any, engine_id: str, tokens: List[int], tags: Dict[str, str],
+                  salt: str = "") -> int:
+    """The store's coverage of tokens under LMCache key tags `tags` ({"lmcache.tag.x": v}, as a
+    request's kv_transfer_params carry them) and `salt` (every label)."""
+    from hsstore.salt import RequestKeys
+    from hsstore.vllm.connector import worker_connector
+
+    hs = worker_connector(engine_id)
+    chunks = hs.store.chunks(list(tokens), RequestKeys(salt, tuple(tags.items())))
+    return hs.store.coverage(chunks, hs.labels)
+
+
 def worker_chunk_keys(worker: Any, engine_id: str, tokens: List[int]) -> List[Any]:
     from hsstore.vllm.connector import worker_connector
 

@@ -137,13 +137,15 @@ class EngineProcess:
 @contextlib.contextmanager
 def pd_engines(directory: pathlib.Path, model, *, prefill: list, layers: list, step_tokens: int,
                lookup_timeout_ms: int, pull_timeout_ms: int, lmcache_extra: dict = None,
-               mp: dict = None, **spec):
+               mp: dict = None, decode_nixl: dict = None, **spec):
     """A redis-server, the named prefill engines (each serving its hidden states over NIXL on a
     free port) and a decode engine pulling from the first by default. Every process is started
     before any makes its NIXL agent; all are stopped on the way out. Yields a dict: "redis", the
     engines by name ("decode" and the `prefill` names) and "ports" (prefill name -> NIXL port).
     `mp`: LMCache's MP mode instead, the KV in the `lmcache server` of this client config (its
     "mp.*" keys), shared by every engine; no redis-server then ("redis" is None).
+    `decode_nixl`: further "hsstore.nixl" keys of the decode engine ("producers": the producers
+    a request may name; "trusted_network": true where no MAC key is configured).
     `spec`: further keys of every engine's spec (max_model_len)."""
     redis = Redis(directory) if mp is None else None
     ports = {name: free_port() for name in prefill}
@@ -164,7 +166,8 @@ def pd_engines(directory: pathlib.Path, model, *, prefill: list, layers: list, s
                for name, port in ports.items()}
     engines["decode"] = EngineProcess(
         "decode", {**common, "nixl": {"producer": f"127.0.0.1:{ports[prefill[0]]}",
-                                      "timeout_ms": pull_timeout_ms, **trust}},
+                                      "timeout_ms": pull_timeout_ms, **trust,
+                                      **(decode_nixl or {})}},
         directory / "decode.log")
     try:
         started = time.monotonic()

@@ -3,6 +3,8 @@ full recompute bit for bit, and the engine is never told a prefix hit whose hidd
 all there. Each test runs with hsstore's drop-in and, where LMCache's own HiddenStateStore has the
 capability, with LMCache's store as the reference."""
 
+import hashlib
+
 import pytest
 import torch
 
@@ -167,3 +169,37 @@ def test_cache_salt_keeps_tenants_hidden_states_apart(lmcache_engine, tokens):
     assert d["rows_restored"] == 0
     states, out, d = run(llm, hs, prefix + tokens(100), kv_transfer_params=spoof)  # no salt
     assert out.num_cached_tokens == 1024 and d["rows_restored"] == 1024  # the unsalted rows
+
+
+def test_a_tagged_request_hits_its_own_hidden_states_and_nobody_else_s(lmcache_engine, tokens):
+    # LMCache keys a request's chunks by its "lmcache.tag.*" kv_transfer_params (its KV and its
+    # lookup); the capture keys the hidden states with the same tags, so a tagged request is
+    # served its own rows, and the untagged namespace, another tag, or a tag that spells a salt
+    # never sees them. LMCache's own store keys by tokens only: a tagged request never hits it.
+    llm, hs, store = lmcache_engine
+    prefix = tokens(1024)
+    a, b = prefix + tokens(100), prefix + tokens(100)
+    blue = {"lmcache.tag.tenant": "blue"}
+    run(llm, hs, a, kv_transfer_params=blue)
+    states, out, d = run(llm, hs, b, kv_transfer_params=blue)
+    if store == "lmcache":
+        assert out.num_cached_tokens == 0 and d["rows_restored"] == 0
+        assert_exact(states, recompute(llm, hs, b), len(b))
+        return
+    assert out.num_cached_tokens == 1024 and d["lookup_hits_capped"] == 0
+    assert d["rows_restored"] == 1024 and d["rows_computed"] == 100
+    # The rows are under blue's keys only (checked before any untagged recompute stores some).
+    assert engines.rpc(llm, engines.worker_tagged, a, blue) == 1024
+    assert engines.rpc(llm, engines.worker_tagged, a, {}) == 0
+    assert engines.rpc(llm, engines.worker_tagged, a, {"lmcache.tag.tenant": "red"}) == 0
+    digest = hashlib.sha256(b"tenant-1").hexdigest()[:32]  # the old fold's salt spelling
+    assert engines.rpc(llm, engines.worker_salted, a, "tenant-1") == 0
+    run(llm, hs, a, kv_transfer_params={"lmcache.tag.salt": digest})
+    assert engines.rpc(llm, engines.worker_salted, a, "tenant-1") == 0
+    # Another tag: no hit (its KV is apart too), and blue is still served its own.
+    states, out, d = run(llm, hs, b, kv_transfer_params={"lmcache.tag.tenant": "red"})
+    assert out.num_cached_tokens == 0 and d["rows_restored"] == 0
+    assert_exact(states, recompute(llm, hs, b), len(b))
+    states, out, d = run(llm, hs, b, kv_transfer_params=blue)
+    assert out.num_cached_tokens == 1024 and d["rows_restored"] == 1024
+    assert_exact(states, recompute(llm, hs, b), len(b))

@@ -25,7 +25,8 @@ def mp_pd(tiny_model, tmp_path_factory):
         client = {**server.client_config, "mp.heartbeat_interval": 2.0, "mp.mq_timeout": 30.0}
         with pd_engines(directory, tiny_model, prefill=["prefill"], layers=LAYERS,
                         step_tokens=STEP_TOKENS, lookup_timeout_ms=30000,
-                        pull_timeout_ms=PULL_TIMEOUT_MS, mp=client) as e:
+                        pull_timeout_ms=PULL_TIMEOUT_MS, mp=client,
+                        decode_nixl={"producers": ["127.0.0.1:*"], "trusted_network": True}) as e:
             yield e["prefill"], e["decode"], directory
 
 

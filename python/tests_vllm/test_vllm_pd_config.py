@@ -29,8 +29,12 @@ def test_options_map_to_hsstore_transfer_keys():
                              "timeout_ms": 800, "lease_ms": 2000, "backend": "UCX"})
     assert options.serve and options.producer == "10.0.0.2:7001" and options.timeout_ms == 800
     settings = hsstore._hsstore.transfer_settings(hsstore.Config(options.settings))
-    assert settings == {"transfer": "nixl", "backend": "UCX", "lease_ms": 2000, "timeout_ms": 800,
-                        "listen": "127.0.0.1:7001", "mac": False}
+    given = {k: settings[k] for k in ("transfer", "backend", "lease_ms", "timeout_ms", "listen",
+                                      "trusted_network", "mac")}
+    assert given == {"transfer": "nixl", "backend": "UCX", "lease_ms": 2000, "timeout_ms": 800,
+                     "listen": "127.0.0.1:7001", "trusted_network": False, "mac": False}
+    trusted = parse_options({"listen": "127.0.0.1:7001", "trusted_network": True})
+    assert hsstore._hsstore.transfer_settings(hsstore.Config(trusted.settings))["trusted_network"]
     decode = parse_options({"producer": "prefill:7001"})
     assert not decode.serve and decode.timeout_ms is None
     assert parse_options(None) is None
@@ -93,7 +97,7 @@ def test_the_producer_a_request_names():
     # kv_transfer_params, as a router sets them: "hsstore.producer", or NixlConnector's
     # remote_host with hsstore's port (the request's, else the configured producer's); None:
     # the configured producer. NixlConnector's remote_port is its side channel, never used.
-    decode = parse_options({"producer": "prefill-a:5555"})
+    decode = parse_options({"producer": "prefill-a:5555", "producers": ["prefill-*:*"]})
     assert request_producer({"hsstore.producer": "prefill-b:6000"}, decode) == "prefill-b:6000"
     assert request_producer({"remote_host": "prefill-b", "remote_port": 1}, decode) == (
         "prefill-b:5555")
@@ -102,7 +106,7 @@ def test_the_producer_a_request_names():
     assert request_producer({"do_remote_prefill": True}, decode) is None
     assert request_producer(None, decode) is None
     # No default producer: "pull": true; remote_host then needs the request's port.
-    pull_only = parse_options({"pull": True})
+    pull_only = parse_options({"pull": True, "producers": ["p:*"]})
     assert pull_only.pull and pull_only.producer is None and not pull_only.serve
     assert request_producer({"hsstore.producer": "p:1"}, pull_only) == "p:1"
     assert request_producer({"remote_host": "p"}, pull_only) is None

@@ -4,13 +4,17 @@ LMCache's Redis remote backend (a redis-server started here) and its hidden stat
 (UCX over TCP on loopback) from the prefill worker's pool. The decode engine hands the consumer
 the whole prompt's hidden states, equal bit for bit to a full recompute, and computes only the
 tail. With the producer hung or killed, the pull misses within its timeout, the KV hit is capped,
-and the decode engine recomputes the prompt, exactly.
+and the decode engine recomputes the prompt, exactly. A producer a client names in its
+kv_transfer_params is never connected to unless the decode engine's allow-list has it, and the
+prefill engine (which only serves) connects nowhere for a request.
 
 Both engines prefill in steps of at most 256 tokens (LMCache's chunk size), so restored and
 recomputed prefixes end at the same step boundaries (conftest.STEP_TOKENS says why that is the
 bit-exact reference)."""
 
 import signal
+import socket
+import threading
 import time
 
 import pytest
@@ -37,7 +41,8 @@ def pd(tiny_model, tmp_path_factory):
     directory = tmp_path_factory.mktemp("pd")
     with pd_engines(directory, tiny_model, prefill=["prefill"], layers=LAYERS,
                     step_tokens=STEP_TOKENS, lookup_timeout_ms=LOOKUP_TIMEOUT_MS,
-                    pull_timeout_ms=PULL_TIMEOUT_MS) as e:
+                    pull_timeout_ms=PULL_TIMEOUT_MS,
+                    decode_nixl={"trusted_network": True}) as e:
         yield e["prefill"], e["decode"], e["redis"], directory
 
 
@@ -95,6 +100,93 @@ def test_decode_engine_restores_prefill_hidden_states_over_nixl_equal_to_recompu
     assert_exact(d["states"], reference["states"], len(prompt))
     assert_exact(d["states"], p["states"], len(prompt))  # the prefill engine's own states too
     assert d["output"] == reference["output"] == p["output"]
+
+
+class Listener:
+    """An address a client names as the producer (an attacker's): counts the connections made to
+    it, and answers none of them."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.accepted = 0
+        self._conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self._conns.append(conn)
+
+    def close(self):
+        self.sock.close()
+        for conn in self._conns:
+            conn.close()
+
+
+def computed_on_decode(decode, redis, prompt, path):
+    """The decode engine computes the prompt (its KV goes to Redis too): a prompt whose KV the
+    prefill engine finds there, with no hidden states of it in the prefill's pool."""
+    d = decode.generate(prompt, path)
+    assert d["num_cached_tokens"] == 0 and d["delta"]["rows_computed"] == len(prompt)
+    deadline = time.monotonic() + 60
+    while not all(redis.has(key + "metadata") for key in d["keys"]):
+        assert time.monotonic() < deadline, "LMCache did not write the prompt's KV to Redis"
+        time.sleep(0.1)
+    return d
+
+
+def test_a_serving_engine_never_connects_to_a_producer_a_client_names(pd, tokens):
+    # kv_transfer_params come from the HTTP client. The prefill engine serves and never pulls:
+    # a client-written "lmcache.hsstore.producer" is dropped by its scheduler, and its worker
+    # would not pull for it anyway. Its KV hit (Redis) is capped at its own hidden states.
+    prefill, decode, redis, directory = pd
+    attacker = Listener()
+    try:
+        for i, params in enumerate(({"lmcache.hsstore.producer": attacker.address},
+                                    {"hsstore.producer": attacker.address})):
+            prompt = tokens(PREFIX + TAIL)  # one per case: a recompute stores its hidden states
+            computed_on_decode(decode, redis, prompt, directory / f"ssrf-{i}-decode.pt")
+            p = prefill.generate(prompt, directory / f"ssrf-{i}-prefill.pt",
+                                 kv_transfer_params=params)
+            assert p["delta"]["lookup_tokens_capped"] == PREFIX, params
+            assert p["delta"]["pulls"] == 0 and p["delta"]["pulls_missed"] == 0, params
+            assert p["num_cached_tokens"] == 0, params
+            assert p["delta"]["rows_computed"] == len(prompt), params
+        assert attacker.accepted == 0
+    finally:
+        attacker.close()
+
+
+def test_a_producer_a_client_names_off_the_allow_list_is_refused(pd, tokens):
+    # The decode engine pulls, from its configured producer only (its default allow-list): a
+    # named attacker is refused (counted, never connected to) and the hit is recomputed; a
+    # client-written "lmcache.hsstore.producer" is dropped, so the configured producer serves.
+    prefill, decode, redis, directory = pd
+    attacker = Listener()
+    try:
+        refused, carried = tokens(PREFIX + TAIL), tokens(PREFIX + TAIL)
+        p = serve_on_prefill(prefill, redis, refused, directory / "r-prefill.pt")
+        d = decode.generate(refused, directory / "r-decode.pt",
+                            kv_transfer_params={"hsstore.producer": attacker.address})
+        assert d["delta"]["pulls"] == 0 and d["delta"]["pulls_refused"] == 1
+        assert d["delta"]["lookup_tokens_capped"] == PREFIX and d["num_cached_tokens"] == 0
+        assert d["delta"]["rows_computed"] == len(refused)
+        assert_exact(d["states"], p["states"], len(refused))
+
+        p = serve_on_prefill(prefill, redis, carried, directory / "c-prefill.pt")
+        d = decode.generate(carried, directory / "c-decode.pt",
+                            kv_transfer_params={"lmcache.hsstore.producer": attacker.address})
+        assert d["delta"]["pulls"] == 1 and d["delta"]["pulled_chunks"] == PREFIX // CHUNK
+        assert d["delta"]["pulls_refused"] == 0 and d["num_cached_tokens"] == PREFIX
+        assert_exact(d["states"], p["states"], len(carried))
+        assert attacker.accepted == 0
+    finally:
+        attacker.close()
 
 
 def test_producer_hung_or_killed_decode_recomputes_exactly_within_the_timeout(pd, tokens):

@@ -5,7 +5,9 @@ request's prefill host in its kv_transfer_params ("hsstore.producer", or NixlCon
 is used. The KV crosses through LMCache's Redis remote backend, the hidden states over NIXL from
 the named prefill worker, MAC-checked with a key every engine reads from LMCache's own config
 (``"lmcache.extra_config": {"hidden_state_mac_key_file": ...}``). A request naming an unknown,
-malformed or dead producer misses within the pull timeout and is recomputed, exactly.
+dead producer misses within the pull timeout and is recomputed, exactly; one that is malformed or
+off the decode engine's allow-list ("producers": 127.0.0.1 here) is never connected to, and the
+request is recomputed too.
 
 Steps of at most 256 tokens everywhere (conftest.STEP_TOKENS: the bit-exact reference)."""
 
@@ -34,7 +36,8 @@ def pd2(tiny_model, tmp_path_factory):
     with pd_engines(directory, tiny_model, prefill=["a", "b"], layers=LAYERS,
                     step_tokens=STEP_TOKENS, lookup_timeout_ms=LOOKUP_TIMEOUT_MS,
                     pull_timeout_ms=PULL_TIMEOUT_MS,
-                    lmcache_extra={"hidden_state_mac_key_file": str(key_file)}) as e:
+                    lmcache_extra={"hidden_state_mac_key_file": str(key_file)},
+                    decode_nixl={"producers": ["127.0.0.1:*"]}) as e:
         yield {**e, "dir": directory}
 
 
@@ -100,11 +103,22 @@ def test_prompt_of_b_without_naming_b_misses_on_the_default_producer(pd2, tokens
     assert_exact(d["states"], p["states"], len(prompt))
 
 
-def test_unknown_malformed_or_dead_producer_is_a_clean_miss_within_the_timeout(pd2, tokens):
+def assert_refused_and_recomputed(d, prompt, name):
+    assert d["delta"]["pulls"] == 0 and d["delta"]["pulls_refused"] == 1, name
+    assert d["delta"]["lookup_hits_capped"] == 1, name
+    assert d["delta"]["lookup_tokens_capped"] == PREFIX, name
+    assert d["num_cached_tokens"] == 0, name
+    assert d["delta"]["rows_restored"] == 0 and d["delta"]["rows_computed"] == len(prompt), name
+
+
+def test_unknown_refused_or_dead_producer_is_a_clean_miss_within_the_timeout(pd2, tokens):
     a, b, decode, redis, directory = pd2["a"], pd2["b"], pd2["decode"], pd2["redis"], pd2["dir"]
     port_b = pd2["ports"]["b"]
+    # malformed and off the allow-list: refused (A holds the prompt, and is not asked either:
+    # the request named another producer).
     cases = [("unknown", a, {"hsstore.producer": f"127.0.0.1:{free_port()}"}),
              ("malformed", a, {"hsstore.producer": "no-port-here"}),
+             ("off the allow-list", a, {"hsstore.producer": f"127.0.0.2:{pd2['ports']['a']}"}),
              ("dead", b, {"hsstore.producer": f"127.0.0.1:{port_b}"})]
     prompts = {name: tokens(PREFIX + TAIL) for name, _, _ in cases}
     produced = {name: serve_on_prefill(prefill, redis, prompts[name], directory / f"{name}-p.pt")
@@ -117,7 +131,10 @@ def test_unknown_malformed_or_dead_producer_is_a_clean_miss_within_the_timeout(p
         d = decode.generate(prompts[name], directory / f"{name}-decode.pt",
                             kv_transfer_params=params)
         elapsed = time.monotonic() - started
-        assert_missed_and_recomputed(d, prompts[name], name)
+        if name in ("malformed", "off the allow-list"):
+            assert_refused_and_recomputed(d, prompts[name], name)
+        else:
+            assert_missed_and_recomputed(d, prompts[name], name)
         print(f"pd2: {name} producer: decode request in {elapsed:.1f} s, pull "
               f"{d['delta']['pull_ns'] / 1e9:.2f} s")
         assert_exact(d["states"], produced[name]["states"], len(prompts[name]))

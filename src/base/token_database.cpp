@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <string>
 
+#include "hss/config.hpp"
 #include "hss/detail/checked.hpp"
+#include "hss/detail/file_reader.hpp"
 #include "hss/error.hpp"
 
 namespace hss {
@@ -21,14 +23,51 @@ std::string CacheEngineKey::to_string() const {
          std::to_string(worker_id) + "@" + hash_hex + "@" + kv_dtype;
 }
 
+namespace {
+
+// Domain separation of the root seed from the key (ASCII "hss-chk1"): the key's other uses
+// (none today) would derive differently.
+constexpr uint64_t kKeyDomain = 0x6873732d63686b31ULL;
+
+}  // namespace
+
 ChunkedTokenDatabase::ChunkedTokenDatabase(int64_t chunk_size, bool save_unfull_chunk,
-                                           Metadata metadata)
+                                           Metadata metadata, std::string_view hash_key)
     : chunk_size_(chunk_size),
       save_unfull_chunk_(save_unfull_chunk),
       metadata_(std::move(metadata)) {
   if (chunk_size <= 0 || chunk_size > limits::kMaxChunkSize) {
     throw InvalidArgument("chunk_size must be in [1, 2^20], got " + std::to_string(chunk_size));
   }
+  if (!hash_key.empty()) {
+    if (hash_key.size() < kMinHashKeyBytes) {
+      throw InvalidArgument("hash_key has " + std::to_string(hash_key.size()) +
+                            " bytes, at least 16 are needed");
+    }
+    root_seed_ = XXH3_64bits_withSeed(hash_key.data(), hash_key.size(), kKeyDomain);
+    if (root_seed_ == kRootSeed) root_seed_ = kKeyDomain;  // keyed() stays true
+  }
+}
+
+ChunkedTokenDatabase ChunkedTokenDatabase::from_config(const Config& config, Metadata metadata) {
+  const std::string& file = config.hidden_state_chunk_hash_key_file;
+  if (file.empty()) {
+    return ChunkedTokenDatabase(config.chunk_size, config.save_unfull_chunk, std::move(metadata));
+  }
+  std::string key;
+  try {
+    key = detail::read_regular_file(file, "chunk hash key file", 4096);
+  } catch (const Error& e) {
+    throw ConfigError(std::string("config key 'hidden_state_chunk_hash_key_file': ") + e.what());
+  }
+  if (!key.empty() && key.back() == '\n') key.pop_back();
+  if (key.size() < kMinHashKeyBytes) {
+    throw ConfigError("config key 'hidden_state_chunk_hash_key_file': the key in '" + file +
+                      "' has " + std::to_string(key.size()) + " bytes, at least " +
+                      std::to_string(kMinHashKeyBytes) + " are needed");
+  }
+  return ChunkedTokenDatabase(config.chunk_size, config.save_unfull_chunk, std::move(metadata),
+                              key);
 }
 
 CacheEngineKey ChunkedTokenDatabase::make_key(uint64_t chunk_hash) const {
@@ -59,7 +98,7 @@ std::vector<Chunk> chunk_tokens(const ChunkedTokenDatabase& db, std::span<const 
   const int64_t count = full + ((save_unfull_chunk && n % chunk != 0) ? 1 : 0);
   std::vector<Chunk> chunks;
   chunks.reserve(static_cast<size_t>(count));
-  uint64_t seed = ChunkedTokenDatabase::kRootSeed;
+  uint64_t seed = db.root_seed();
   // int64 ids narrow into a stack buffer for chunks up to kStackTokens (the common sizes), a
   // heap one beyond.
   constexpr int64_t kStackTokens = 512;

@@ -382,6 +382,11 @@ constexpr std::array kKeys = {
     key<OptionalStringCodec>("hidden_state_mac_key_file", HSS_MEMBER(hidden_state_mac_key_file),
         nullptr,
         "the same secret read from a file (one trailing newline ignored); at most one of the two"),
+    key<OptionalStringCodec>("hidden_state_chunk_hash_key_file",
+        HSS_MEMBER(hidden_state_chunk_hash_key_file), nullptr,
+        "a file holding a secret (>= 16 bytes; one trailing newline ignored) that keys hsstore's "
+        "own chunk hash (its root seed): for prompts from untrusted clients. Every store sharing "
+        "keys needs the same"),
     key<TransferCodec>("hidden_state_transfer", HSS_MEMBER(hidden_state_transfer),
         [](const Config& c, const KeyCheck& k) {
           if (to_string(c.hidden_state_transfer) == "unknown") k.fail("unknown transfer");

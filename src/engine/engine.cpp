@@ -16,7 +16,7 @@ std::unique_ptr<Engine> Engine::create(const Config& config, const Metadata& met
 Engine::Engine(ConstructionKey, const Config& config, const Metadata& metadata)
     // As its store does: the HSS_* debugging variables applied, so config() is what runs.
     : config_(config.with_env_overrides()),
-      token_database_(config.chunk_size, config.save_unfull_chunk, metadata),
+      token_database_(ChunkedTokenDatabase::from_config(config_, metadata)),
       kv_backend_(config.kv_pool_bytes()) {
   if (config.enable_hidden_state_cache) {
     hidden_state_store_ = std::make_unique<HiddenStateStore>(config_, token_database_);

@@ -325,9 +325,15 @@ void ReadPipeline::retrieve_reads(std::span<const ReadItem> reads, std::span<Wal
     return read_through_asks_kv ? &own_answers[i] : nullptr;
   };
   // The backing tiers fill the pool where a walk would stop (no-op without one), before the lock.
+  // A read's outputs give each slot's width (an allocating read has none yet: 0).
   if (!store_.tiers.empty()) {
+    std::vector<int64_t> widths;
     for (size_t i = 0; i < reads.size(); ++i) {
-      (void)tier_reads_.read_through(reads[i].chunks, reads[i].slots, kv_answers(i));
+      widths.assign(reads[i].slots.size(), 0);
+      for (size_t s = 0; s < widths.size() && s < reads[i].outs.size(); ++s) {
+        widths[s] = reads[i].outs[s].cols;
+      }
+      (void)tier_reads_.read_through(reads[i].chunks, reads[i].slots, kv_answers(i), widths);
     }
   }
   // One lock for every walk's index part; KV checks and fence waits outside it.

@@ -36,14 +36,21 @@ bool fits(const detail::TierValue& value, const Chunk& chunk) noexcept {
 
 size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
                                             std::span<const Slot> slots,
-                                            detail::KvAnswers* kv_answers) {
+                                            detail::KvAnswers* kv_answers,
+                                            std::span<const int64_t> widths) {
   if (store_.tiers.empty() || chunks.empty()) return 0;
   HSS_RANGE("retrieve/read_through");
   struct Missing {
     size_t chunk;
     Slot slot;
+    size_t slot_index;
   };
   std::vector<Missing> missing;
+  // Each slot's width, so that a tier reads no value larger than one of this shape can be (its
+  // read-size guard; 0 would let a disk tier read a file of any size): the caller's output's,
+  // else that of an entry of the slot this prefix holds, else unknown (0: any).
+  std::vector<int64_t> cols(slots.size(), 0);
+  for (size_t s = 0; s < slots.size() && s < widths.size(); ++s) cols[s] = widths[s];
   size_t from = chunks.size();  // where the walk would stop locally
   uint64_t guard = 0;
   {
@@ -53,10 +60,15 @@ size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
     for (size_t i = 0; i < chunks.size(); ++i) {
       detail::KeyRecord* record = store_.index.find(chunks[i].key);
       if (record != nullptr) record->guard = guard;
-      for (const Slot& slot : slots) {
+      for (size_t s = 0; s < slots.size(); ++s) {
+        const Slot& slot = slots[s];
+        if (record != nullptr && cols[s] == 0) {
+          const detail::EntryRef* held = record->find(slot);
+          if (held != nullptr && (*held)->ready()) cols[s] = (*held)->cols;
+        }
         if (record != nullptr && record->holds_ready(slot, chunks[i].size())) continue;
         from = std::min(from, i);
-        if (store_.config.slot_allowed(slot.kind, slot.layer_idx)) missing.push_back({i, slot});
+        if (store_.config.slot_allowed(slot.kind, slot.layer_idx)) missing.push_back({i, slot, s});
       }
     }
   }
@@ -70,7 +82,7 @@ size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
   requests.reserve(missing.size());
   for (const Missing& m : missing) {
     const Chunk& chunk = chunks[m.chunk];
-    requests.push_back({chunk.key, m.slot, chunk.size(), /*cols: any*/ 0});
+    requests.push_back({chunk.key, m.slot, chunk.size(), cols[m.slot_index]});
   }
   // Each value goes into the pool as it arrives (no value is held longer than its copy). A value
   // past a chunk missing elsewhere is kept too: the walk, not the fetch, ends the prefix.

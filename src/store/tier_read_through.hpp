@@ -28,9 +28,12 @@ class TierReadThrough {
   /// without KV, fetches the missing (chunk, slot) values from the tiers in order (each tier
   /// asked once, for what the tiers before it did not have) and inserts each into the pool as
   /// it arrives. The walk that follows decides the prefix. Returns the entries inserted.
-  /// `kv_answers` (optional): the call's KV answers, which the walk then reuses.
+  /// `kv_answers` (optional): the call's KV answers, which the walk then reuses. `widths`
+  /// (optional, per slot, 0: unknown): the cols of the caller's outputs; a tier is asked for
+  /// values of that width only (a slot without one: the width of an entry of it this prefix
+  /// holds, else any).
   size_t read_through(std::span<const Chunk> chunks, std::span<const Slot> slots,
-                      KvAnswers* kv_answers = nullptr);
+                      KvAnswers* kv_answers = nullptr, std::span<const int64_t> widths = {});
   /// `local` (the pool's coverage of these chunks and slots) extended by the values some tier
   /// holds (CoverageScope::kLocalAndRemote). Builds no tier names.
   int64_t coverage_with_tiers(std::span<const Chunk> chunks, std::span<const Slot> slots,

@@ -3,9 +3,14 @@
 
 #include <xxhash.h>
 
+#include <fstream>
+#include <string>
+
+#include "hss/config.hpp"
 #include "hss/error.hpp"
 #include "hss/token_database.hpp"
 #include "test_util.hpp"
+#include "tier_test_dir.hpp"
 
 namespace hss {
 namespace {
@@ -123,6 +128,50 @@ TEST(TokenDatabase, ProcessHashesAcceptsLmcacheTokenCounts) {
   EXPECT_EQ(chunks[1].end, 16);
   EXPECT_EQ(chunks[2].start, 16);
   EXPECT_EQ(chunks[2].end, 20);
+}
+
+// hidden_state_chunk_hash_key_file: the chain's root seed comes from a secret, so a client that
+// chooses prompts cannot compute their keys (docs/design.md, "Threat model").
+TEST(TokenDatabase, AKeyedDatabaseSeedsTheChainFromItsKey) {
+  const auto tokens = test::make_tokens(4 * 16, 5);
+  const ChunkedTokenDatabase plain(16, false);
+  const ChunkedTokenDatabase keyed(16, false, {}, "a deployment secret, 32 bytes..");
+  const ChunkedTokenDatabase other(16, false, {}, "another deployment's secret.....");
+  EXPECT_FALSE(plain.keyed());
+  EXPECT_TRUE(keyed.keyed());
+  const auto p = plain.process_tokens(tokens);
+  const auto k = keyed.process_tokens(tokens);
+  const auto o = other.process_tokens(tokens);
+  ASSERT_EQ(k.size(), 4u);
+  const uint64_t h0 = XXH3_64bits_withSeed(tokens.data(), 16 * sizeof(int32_t), keyed.root_seed());
+  EXPECT_EQ(k[0].key.chunk_hash, h0);  // the same chain, from the key's seed
+  EXPECT_EQ(k[1].key.chunk_hash, XXH3_64bits_withSeed(tokens.data() + 16, 16 * 4, h0));
+  for (size_t i = 0; i < k.size(); ++i) {
+    EXPECT_NE(k[i].key.chunk_hash, p[i].key.chunk_hash) << i;
+    EXPECT_NE(k[i].key.chunk_hash, o[i].key.chunk_hash) << i;
+  }
+  const ChunkedTokenDatabase again(16, false, {}, "a deployment secret, 32 bytes..");
+  EXPECT_EQ(again.process_tokens(tokens)[3].key, k[3].key);  // deterministic under one key
+  EXPECT_THROW(ChunkedTokenDatabase(16, false, {}, "short"), InvalidArgument);
+}
+
+TEST(TokenDatabase, FromConfigReadsTheKeyFileAndRefusesAShortOne) {
+  test::TempDir dir;
+  const std::string file = dir.root + "/chunk.key";
+  std::ofstream(file) << "a deployment secret, 32 bytes..\n";
+  Config config;
+  config.chunk_size = 16;
+  config.save_unfull_chunk = false;
+  EXPECT_FALSE(ChunkedTokenDatabase::from_config(config).keyed());
+  config.hidden_state_chunk_hash_key_file = file;
+  const auto tokens = test::make_tokens(16, 9);
+  const ChunkedTokenDatabase direct(16, false, {}, "a deployment secret, 32 bytes..");
+  EXPECT_EQ(ChunkedTokenDatabase::from_config(config).process_tokens(tokens)[0].key,
+            direct.process_tokens(tokens)[0].key);  // one trailing newline ignored
+  std::ofstream(file) << "too short\n";
+  EXPECT_THROW((void)ChunkedTokenDatabase::from_config(config), ConfigError);
+  config.hidden_state_chunk_hash_key_file = dir.root + "/missing.key";
+  EXPECT_THROW((void)ChunkedTokenDatabase::from_config(config), ConfigError);
 }
 
 }  // namespace

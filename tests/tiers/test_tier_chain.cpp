@@ -111,6 +111,7 @@ class MemoryTier final : public BackingTier {
                   const std::function<void(size_t, const TierValue&)>& on_value) override {
     fetch_asked_ += requests.size();
     for (size_t i = 0; i < requests.size(); ++i) {
+      fetch_cols.push_back(requests[i].cols);
       std::lock_guard lock(shelf_->mutex);
       const auto it = shelf_->values.find(value_key(requests[i].key, requests[i].slot));
       if (it == shelf_->values.end()) {
@@ -184,6 +185,7 @@ class MemoryTier final : public BackingTier {
   uint64_t fetch_asked_ = 0, contains_asked_ = 0, hits_ = 0, misses_ = 0;
   uint64_t borrowed_ = 0, copied_ = 0;
   std::vector<uint64_t> discarded;
+  std::vector<int64_t> fetch_cols;  ///< the width each fetched request asked for (0: any)
 
  private:
   struct Pending {
@@ -448,6 +450,34 @@ TEST(TierChain, AValueOfTheWrongShapeFromATierIsAMissNeverAnError) {
   EXPECT_FALSE(reader.retrieve_hidden_states(tokens).has_value());
   EXPECT_EQ(reader.num_entries(), 0U);
   EXPECT_EQ(reader.stats().miss_tokens, static_cast<uint64_t>(2 * kChunk));
+  reader.check_invariants();
+}
+
+// A disk tier bounds what it reads by the asked shape (0 cols: up to 16 GiB): the read-through
+// asks for the width of the caller's output, or of an entry of the slot the prefix holds.
+TEST(TierChain, ReadThroughAsksTheTiersForTheOutputsWidth) {
+  TwoTiers tiers(false, true);
+  ChunkedTokenDatabase db(kChunk, false);
+  const auto tokens = make_tokens(4 * kChunk, 23);
+  const auto rows = make_rows(tokens, 0, 0, kCols);
+  {
+    HiddenStateStore writer(test::store_config(kChunk, kCols, 64), db);
+    ASSERT_EQ(writer.store_hidden_states(tokens, view_of(rows, kCols)).written, 4);
+  }
+  {
+    HiddenStateStore reader(test::store_config(kChunk, kCols, 64), db);
+    HostTensor out(4 * kChunk, kCols);
+    EXPECT_EQ(reader.retrieve_hidden_states_into(tokens, out.mutable_view()), 4 * kChunk);
+    EXPECT_EQ(tiers.made[3]->fetch_cols, std::vector<int64_t>(4, kCols));
+  }
+  // An allocating retrieve has no output yet: the width of the entry its prefix holds.
+  HiddenStateStore reader(test::store_config(kChunk, kCols, 64), db);
+  const std::vector<int32_t> first(tokens.begin(), tokens.begin() + kChunk);
+  const auto first_rows = make_rows(first, 0, 0, kCols);
+  ASSERT_EQ(reader.store_hidden_states(first, view_of(first_rows, kCols)).written, 1);
+  MemoryTier& far = *tiers.made[5];
+  expect_rows(reader.retrieve_hidden_states(tokens), tokens, 4 * kChunk);
+  EXPECT_EQ(far.fetch_cols, std::vector<int64_t>(3, kCols));
   reader.check_invariants();
 }
 

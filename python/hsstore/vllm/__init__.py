@@ -174,6 +174,10 @@ class HiddenStates:
             mode: with "mp" the engines share the server's KV) and store="hsstore".
         output_dir: also write each finished prompt's states to this directory, one safetensors
             file per request id (hsstore.vllm.output; what a ``vllm serve`` client reads).
+        salt_key_file: a file with the deployment's secret: each cache_salt enters the keys as
+            its HMAC-SHA256 under it ("hsstore.salt_key_file", hsstore.vllm.identity).
+        model_revision: a name for the weights, in every key ("hsstore.model_revision"): for
+            weights replaced in place (same path, revision and config).
     """
 
     def __init__(self, layers: Union[LayerSpec, Sequence[LayerSpec]] = (FINAL,), *,
@@ -181,7 +185,8 @@ class HiddenStates:
                  store: str = "hsstore", config: Optional[dict] = None, keep: bool = True,
                  recompute: bool = True, worker_init: Optional[str] = None,
                  nixl: Optional[Dict[str, Any]] = None,
-                 output_dir: Optional[str] = None) -> None:
+                 output_dir: Optional[str] = None, salt_key_file: Optional[str] = None,
+                 model_revision: Optional[str] = None) -> None:
         self.layers = check_specs(layers)  # "eagle3" stays: the connector resolves it
         if store not in ("hsstore", "lmcache"):
             raise ValueError(f"store must be 'hsstore' or 'lmcache', got {store!r}")
@@ -198,6 +203,9 @@ class HiddenStates:
         if output_dir is not None and (not isinstance(output_dir, str) or not output_dir):
             raise ValueError(f"output_dir must be a directory path, got {output_dir!r}")
         self.output_dir = output_dir
+        self.key_options = {name: value for name, value in (
+            ("hsstore.salt_key_file", salt_key_file), ("hsstore.model_revision", model_revision))
+            if value is not None}
         self.lmcache = lmcache
         self.store = store
         self.config = dict(config or {})
@@ -227,6 +235,7 @@ class HiddenStates:
             extra["hsstore.nixl"] = dict(self.nixl)
         if self.output_dir is not None:
             extra["hsstore.output_dir"] = self.output_dir
+        extra.update(self.key_options)
         for key, value in (lmcache or {}).items():
             extra[f"lmcache.{key}"] = value
         if self.lmcache == "mp":

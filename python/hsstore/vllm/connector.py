@@ -44,7 +44,13 @@ Configuration is ``kv_connector_extra_config`` (hsstore.vllm.HiddenStates writes
                           before the hit is capped, {"pull": true} only from the producer a
                           request names in kv_transfer_params ("hsstore.producer", or
                           "remote_host" + "hsstore.producer_port"; hsstore.vllm.transfer has the
-                          keys)
+                          keys). "producers": the allow-list of host:port patterns a request may
+                          name (the configured producer alone by default); a pulling worker needs
+                          a MAC key on its store, or "trusted_network": true
+    hsstore.model_revision  a name for the weights, in every key (hsstore.vllm.identity: with
+                          vLLM's model revision and a hash of the model's config)
+    hsstore.salt_key_file a file holding the deployment's secret: each cache_salt enters the keys
+                          as its HMAC-SHA256 under it (hsstore.salt), not a plain SHA-256
 
 hsstore's own store keys (a MAC key, a Redis tier) come from LMCache's config for the drop-in:
 ``"lmcache.extra_config": {"hidden_state_mac_key_file": ...}`` (hsstore.lmcache).
@@ -71,7 +77,8 @@ from .eagle3 import EAGLE3, eagle3_layers, expand_specs
 from .layers import check_specs, resolve_layers
 from .metrics import HiddenStateKVStats, HiddenStatePromMetrics, StatsReporter
 from .output import StateFileWriter, output_options
-from ..salt import salted
+from ..salt import RequestKeys, salted
+from .identity import key_namespace
 from .transfer import PRODUCER_CONFIG, HiddenStateTransfer, parse_options, request_producer
 
 __all__ = ["HiddenStateConnector", "HiddenStateLMCacheConnector", "worker_connector"]
@@ -110,6 +117,9 @@ _COUNTERS: Dict[str, Any] = {}
 # request's cache_salt from the scheduler to the worker's lookup (LMCache's in-process engine
 # gives its lookup no salt; not a key tag, so LMCache's KV keys stay as they are).
 SALT_CONFIG = "lmcache.hsstore.cache_salt"
+# The request configs only the scheduler's connector writes: a client's are dropped
+# (_carry_request_configs).
+CLIENT_FORBIDDEN = "lmcache.hsstore."
 
 
 def salt_of(request_configs: Any) -> str:
@@ -146,6 +156,10 @@ class _HiddenStates:
         extra = dict(transfer.kv_connector_extra_config or {})
         self.engine_id = transfer.engine_id
         self.role = role
+        # The model's identity and the deployment's salt key, in every hidden-state key
+        # (hsstore.vllm.identity; hsstore.model_revision, hsstore.salt_key_file).
+        self.namespace = key_namespace(vllm_config, extra)
+        self.tags_in_keys = lmcache  # LMCache keys a request's chunks by its lmcache.tag.*
         self.store_kind = extra.get("hsstore.store", "hsstore")
         if self.store_kind not in ("hsstore", "lmcache"):
             raise ValueError(f"hsstore.store must be 'hsstore' or 'lmcache', got {self.store_kind!r}")
@@ -177,6 +191,10 @@ class _HiddenStates:
         # copy lives until get_finished (vLLM gives a worker no request's salt).
         self.scheduler_salts: Dict[str, str] = {}
         self.worker_salts: Dict[str, str] = {}
+        # LMCache's key tags of a request (its "lmcache.tag.*" kv_transfer_params, in order),
+        # carried alike: the capture keys the request's hidden states as LMCache's lookup does.
+        self.scheduler_tags: Dict[str, tuple] = {}
+        self.worker_tags: Dict[str, tuple] = {}
         self.transfer: Optional[HiddenStateTransfer] = None
         self._async_sender: Any = None  # cap_async_lookups' response thread
         self.extra_stats: Any = None  # a connector's own entries for stats() (the MP one's)
@@ -192,6 +210,9 @@ class _HiddenStates:
             "local_hits_capped": 0, "local_tokens_capped": 0,
             # hsstore.nixl pulls (decode side): attempts, chunks brought, misses, time.
             "pulls": 0, "pulled_chunks": 0, "pulls_missed": 0, "pull_ns": 0,
+            # Producers a request named off the allow-list (hsstore.nixl "producers"): not
+            # connected to, the hit capped.
+            "pulls_refused": 0,
             # The MP connector: lookups answered as no hit because the server was down.
             "lookups_server_down": 0,
             # vLLM's POST /reset_prefix_cache?reset_external=true: resets, keys dropped.
@@ -235,7 +256,7 @@ class _HiddenStates:
             self.capture = PromptCapture(store, self.layer_specs, self.block_size,
                                          keep=self.keep, eagle3_labels=self.eagle3_labels,
                                          writer=writer)
-            self.capture.salt_of = lambda request_id: self.worker_salts.get(request_id, "")
+            self.capture.salt_of = self.request_keys
         _WORKERS[self.engine_id] = self
 
     def attach_to_caller(self) -> None:
@@ -313,16 +334,32 @@ class _HiddenStates:
             self._reset_requested = True
 
     def note_salt(self, request: Any) -> str:
-        """The scheduler's side: remembers the request's cache_salt until request_finished."""
+        """The scheduler's side: remembers the request's cache_salt (and LMCache key tags)
+        until request_finished."""
         salt = getattr(request, "cache_salt", None) or ""
-        if salt:
+        params = getattr(request, "kv_transfer_params", None)
+        tags = tuple((key, value) for key, value in params.items()
+                     if isinstance(key, str) and key.startswith("lmcache.tag.")) \
+            if self.tags_in_keys and isinstance(params, dict) else ()
+        if salt or tags:
             with self.lock:
-                self.scheduler_salts[request.request_id] = salt
+                if salt:
+                    self.scheduler_salts[request.request_id] = salt
+                if tags:
+                    self.scheduler_tags[request.request_id] = tags
         return salt
 
     def forget_salt(self, request_id: str) -> None:
         with self.lock:
             self.scheduler_salts.pop(request_id, None)
+            self.scheduler_tags.pop(request_id, None)
+
+    def request_keys(self, request_id: str) -> Any:
+        """The worker's side: what a request's keys hold besides tokens, for store.chunks(): its
+        salt, or an hsstore.salt.RequestKeys where it has LMCache key tags too."""
+        salt = self.worker_salts.get(request_id, "")
+        tags = self.worker_tags.get(request_id)
+        return RequestKeys(salt, tags) if tags else salt
 
     def stamp_metadata(self, meta: Any, scheduler_output: Any) -> Any:
         """What every step's metadata carries to the worker from the scheduler."""
@@ -334,15 +371,19 @@ class _HiddenStates:
             meta.hsstore_reset, self._reset_requested = self._reset_requested, False
             meta.hsstore_salts = {request_id: self.scheduler_salts[request_id]
                                   for request_id in ids if request_id in self.scheduler_salts}
+            meta.hsstore_tags = {request_id: self.scheduler_tags[request_id]
+                                 for request_id in ids if request_id in self.scheduler_tags}
         return meta
 
     def bind_salts(self, meta: Any) -> None:
         """The worker's side of stamp_metadata: the salts of this step's requests."""
         self.worker_salts.update(getattr(meta, "hsstore_salts", None) or {})
+        self.worker_tags.update(getattr(meta, "hsstore_tags", None) or {})
 
     def finish_salts(self, request_ids: Any) -> None:
         for request_id in request_ids or ():
             self.worker_salts.pop(request_id, None)
+            self.worker_tags.pop(request_id, None)
 
     def drop_hidden_states(self) -> Optional[int]:
         """The worker's side of a reset: evicts every hidden state its store holds (the KV is
@@ -355,9 +396,12 @@ class _HiddenStates:
                            self.store.name)
             return None
         self.count(resets=1, reset_keys_dropped=dropped)
-        logger.warning("hsstore.vllm: reset: %d hidden-state keys dropped (the KV is kept: a "
-                       "prefix hit is capped at the hidden states left, or its rows recomputed)",
-                       dropped)
+        logger.warning("hsstore.vllm: reset: %d hidden-state keys dropped from the pool (the KV "
+                       "is kept, and so are the values of the store's disk and Redis tiers, "
+                       "%s: their keys name the model's identity, so other weights never read "
+                       "them; a prefix hit is capped at the hidden states left, or its rows "
+                       "recomputed)", dropped,
+                       [tier.get("name") for tier in self.store.stats().get("tiers") or []])
         return dropped
 
     def flush_and_report(self) -> None:
@@ -586,7 +630,9 @@ class _StepMetadata:
         the connector's own reset, and every hidden state of the store dropped by the worker
         before its next step's restores (the step's metadata carries it there). A request
         whose hit was looked up before the drop finds its rows missing and recomputes them
-        (counted as a recompute); a later one's hit is capped. Never served short."""
+        (counted as a recompute); a later one's hit is capped. Never served short. The store's
+        backing tiers (disk, Redis) keep their values: they are the same rows for the same model
+        (the keys carry its identity: hsstore.vllm.identity), and the log line names them."""
         parent = super().reset_cache()  # type: ignore[misc]
         self._hs.request_reset()
         return parent
@@ -643,7 +689,10 @@ class HiddenStateLMCacheConnector(_StepMetadata, LMCacheConnectorV1):
                 # stands, rank 0 caps it at the hidden states.
                 self._hs.register_worker(None)
                 return
-            self._hs.register_worker(store_for_lmcache_engine(engine))
+            adapter = store_for_lmcache_engine(engine)
+            if hasattr(adapter.store, "set_namespace"):  # hsstore's drop-in (keys by namespace)
+                adapter.store.set_namespace(self._hs.namespace)
+            self._hs.register_worker(adapter)
             self._hs.start_transfer(int(engine.config.lookup_timeout_ms))
             self._hs.cap_lmcache_lookups(engine)
             server = getattr(self._lmcache_engine, "lookup_server", None)
@@ -664,17 +713,20 @@ class HiddenStateLMCacheConnector(_StepMetadata, LMCacheConnectorV1):
         the request's cache_salt (lmcache.hsstore.cache_salt: its hidden-state keys) and, for
         hsstore.nixl, the producer its kv_transfer_params name (lmcache.hsstore.producer).
 
-        The salt is always vLLM's own for the request: a salt a client wrote into its
-        kv_transfer_params is replaced (or removed), so no request reads another tenant's keys.
+        kv_transfer_params come from the HTTP client (vLLM's OpenAI server passes them through):
+        every "lmcache.hsstore.*" key a client wrote is dropped, and only what this side decided
+        is carried: the salt, always vLLM's own for the request (so no request reads another
+        tenant's keys), and the producer, only one on hsstore.nixl's allow-list (request_producer:
+        a name off it is carried as REFUSED, a worker that does not pull carries none).
         The dicts are replaced, never changed in place: a request's sampling params may be a
         shallow copy sharing its extra_args with other requests (vLLM's skip_clone)."""
         params = getattr(request, "kv_transfer_params", None)
-        carried = dict(params) if isinstance(params, dict) else {}
+        carried = {key: value for key, value in params.items()
+                   if not (isinstance(key, str) and key.startswith(CLIENT_FORBIDDEN))} \
+            if isinstance(params, dict) else {}
         salt = self._hs.note_salt(request)
         if salt:
             carried[SALT_CONFIG] = salt
-        else:
-            carried.pop(SALT_CONFIG, None)
         producer = request_producer(params, self._hs.transfer_options)
         if producer is not None:
             carried[PRODUCER_CONFIG] = producer
@@ -719,7 +771,8 @@ class HiddenStateConnector(_StepMetadata, KVConnectorBase_V1):
 
             self._hs.run_worker_init()
             if self._hs.find_rank() == 0:  # ranks > 0 keep nothing (_HiddenStates.keeper)
-                store = engine_store(vllm_config, self._hs.block_size, self._hs.engine_config)
+                store = engine_store(vllm_config, self._hs.block_size, self._hs.engine_config,
+                                     namespace=self._hs.namespace)
                 self._engine = store.engine
                 self._hs.register_worker(store)
             else:

@@ -101,7 +101,8 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
         # sends it with the step's metadata: _HiddenStates.stamp_metadata). Tensor-parallel
         # ranks > 0 keep nothing (_HiddenStates.keeper): every rank sees the same rows.
         if self._hs.find_rank() == 0:
-            self._hs.register_worker(engine_store(vllm_config, chunk_size, user, keyed=True))
+            self._hs.register_worker(engine_store(vllm_config, chunk_size, user, keyed=True,
+                                                   namespace=self._hs.namespace))
             # No LMCache lookup waits on a pull here (the scheduler answers "not yet" while one
             # runs): the nominal bound only sets the default pull timeout (half of it).
             options = self._hs.transfer_options

@@ -27,7 +27,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from ..salt import salted_native_key
+from ..salt import (NO_NAMESPACE, KeyNamespace, namespace_fmt, salted_native_key,
+                    split_request_keys)
 
 logger = logging.getLogger("hsstore.vllm")
 
@@ -150,12 +151,15 @@ class LMCacheStore:
         self.token_database = engine.token_database
         self._salt_warned = False
 
-    def chunks(self, tokens: List[int], salt: Optional[str] = None) -> List[Any]:
+    def chunks(self, tokens: List[int], salt: Any = None) -> List[Any]:
+        salt, _ = split_request_keys(salt)
         if salt and not self._salt_warned:
             self._salt_warned = True
             logger.warning("hsstore.vllm: LMCache's own hidden-state store keys by tokens only: "
                            "requests with a cache_salt share its hidden states across tenants "
                            "(hsstore's store, the default, keeps them apart)")
+        # Untagged too: LMCache's store API (store/retrieve by tokens) keys without request
+        # configs, so a tagged request's lookup never finds its rows there (a recompute).
         return list(self.token_database.process_tokens(tokens=tokens))
 
     complete_end = staticmethod(_complete_end)
@@ -224,8 +228,11 @@ class EngineStore:
     name = "hsstore-engine"
     keys_by_salt = True
 
-    def __init__(self, engine: Any, *, keyed: bool = False) -> None:
+    def __init__(self, engine: Any, *, keyed: bool = False,
+                 namespace: KeyNamespace = NO_NAMESPACE) -> None:
         self.engine = engine
+        # The salt key (hsstore.salt); the model identity is in the Engine's Metadata.fmt.
+        self.namespace = KeyNamespace(salt_key=namespace.salt_key)
         self.store = engine.hidden_state_store
         if self.store is None:
             raise ValueError("hsstore.config: enable_hidden_state_cache must be true")
@@ -234,14 +241,15 @@ class EngineStore:
         self.chunk_size = engine.config.chunk_size
         self.keyed = keyed
 
-    def chunks(self, tokens: List[int], salt: Optional[str] = None) -> Any:
+    def chunks(self, tokens: List[int], salt: Any = None) -> Any:
+        salt, _ = split_request_keys(salt)  # no LMCache here: no key tags
         if not salt and not self.keyed:
             return torch.tensor(tokens, dtype=torch.int64)  # token ids are the chunk list here
         out = []
         for start, end, key in self.engine.token_database.process_tokens(list(tokens)):
             if end - start < self.chunk_size:
                 break
-            out.append((start, end, salted_native_key(key, salt)))
+            out.append((start, end, salted_native_key(key, salt, self.namespace)))
         return out
 
     def coverage(self, chunks: Any, labels: Sequence[int]) -> int:
@@ -312,18 +320,20 @@ def _evict_all(native: Any) -> int:
 
 
 def engine_store(vllm_config: Any, chunk_size: int, user_config: Any = None, *,
-                 keyed: bool = False) -> EngineStore:
+                 keyed: bool = False, namespace: KeyNamespace = NO_NAMESPACE) -> EngineStore:
     """An EngineStore for a vLLM worker: an hsstore Engine whose chunks are `chunk_size` tokens
     (vLLM's block size without LMCache, the MP server's chunk size with it), `user_config`
-    (hsstore.config) over a 1 GB hidden-state pool."""
+    (hsstore.config) over a 1 GB hidden-state pool, its keys in `namespace` (the model's
+    identity folded into the keys' fmt, salts digested under its salt key)."""
     import hsstore
 
     config = {"chunk_size": chunk_size, "enable_hidden_state_cache": True,
               "max_hidden_state_cpu_size": 1.0, "max_local_cpu_size": 0.001}
     config.update(user_config or {})
     metadata = hsstore.Metadata(model_name=vllm_config.model_config.model,
-                                kv_dtype=str(vllm_config.model_config.dtype))
-    return EngineStore(hsstore.Engine(config, metadata), keyed=keyed)
+                                kv_dtype=str(vllm_config.model_config.dtype),
+                                fmt=namespace_fmt("vllm", namespace.fields()))
+    return EngineStore(hsstore.Engine(config, metadata), keyed=keyed, namespace=namespace)
 
 
 def store_for_lmcache_engine(engine: Any):
