@@ -263,37 +263,41 @@ void run_tiers(Context& ctx) {
     (void)ctx.report.measure("tiers", "host hit f32", p, hit, std::span<const Timed>(&copy, 1));
   }
 
-  // Disk hit (cold) and promotion: a reader whose pool is emptied before every rep.
-  auto reader = std::make_shared<HiddenStateStore>(disk_config(chunk, pool, dir.root), *db);
+  // Disk hit (cold) and promotion: a reader whose pool is emptied before every rep. In a block:
+  // the reader (and every figure holding it) lets go of the directory before the fetch figures
+  // below open it (one store per directory).
   {
-    const auto restored = reader->retrieve_hidden_states(*tokens);
-    if (!restored || restored->rows() != n ||
-        std::memcmp(restored->data(), rows->data(), bytes) != 0) {
-      throw std::runtime_error("the disk tier did not restore the prefix bit-exact");
+    auto reader = std::make_shared<HiddenStateStore>(disk_config(chunk, pool, dir.root), *db);
+    {
+      const auto restored = reader->retrieve_hidden_states(*tokens);
+      if (!restored || restored->rows() != n ||
+          std::memcmp(restored->data(), rows->data(), bytes) != 0) {
+        throw std::runtime_error("the disk tier did not restore the prefix bit-exact");
+      }
     }
+    const auto empty_pool = [reader, chunks, values] {
+      for (const Chunk& c : *chunks) (void)reader->drop_key(c.key);
+      drop_cache(values);
+    };
+    Timed cold = prefix_retrieve("disk hit cold", reader, tokens, n, empty_pool);
+    cold.bytes = static_cast<double>(bytes);
+    (void)ctx.report.measure("tiers", "disk hit f32 cold", p, cold, raw_refs);
+    Timed promoted = cold;
+    promoted.name = "disk hit + host hit";
+    promoted.run = [reader, tokens, n, chunk] {
+      const uint64_t before = reader->stats().tiers.at(0).hits;
+      for (int i = 0; i < 2; ++i) {
+        auto out = reader->retrieve_hidden_states(*tokens);
+        if (!out || out->rows() != n) throw std::runtime_error("promotion missed");
+        do_not_optimize(out->data());
+      }
+      if (reader->stats().tiers.at(0).hits - before != static_cast<uint64_t>(n / chunk)) {
+        throw std::runtime_error("the second retrieve went to the disk: not promoted");
+      }
+    };
+    (void)ctx.report.measure("tiers", "promotion f32 (disk hit, then host hit)", p, promoted,
+                             raw_refs);
   }
-  const auto empty_pool = [reader, chunks, values] {
-    for (const Chunk& c : *chunks) (void)reader->drop_key(c.key);
-    drop_cache(values);
-  };
-  Timed cold = prefix_retrieve("disk hit cold", reader, tokens, n, empty_pool);
-  cold.bytes = static_cast<double>(bytes);
-  (void)ctx.report.measure("tiers", "disk hit f32 cold", p, cold, raw_refs);
-  Timed promoted = cold;
-  promoted.name = "disk hit + host hit";
-  promoted.run = [reader, tokens, n, chunk] {
-    const uint64_t before = reader->stats().tiers.at(0).hits;
-    for (int i = 0; i < 2; ++i) {
-      auto out = reader->retrieve_hidden_states(*tokens);
-      if (!out || out->rows() != n) throw std::runtime_error("promotion missed");
-      do_not_optimize(out->data());
-    }
-    if (reader->stats().tiers.at(0).hits - before != static_cast<uint64_t>(n / chunk)) {
-      throw std::runtime_error("the second retrieve went to the disk: not promoted");
-    }
-  };
-  (void)ctx.report.measure("tiers", "promotion f32 (disk hit, then host hit)", p, promoted,
-                           raw_refs);
 
   // Reads in flight: the tier's own files, serial vs a pool of pread threads.
   {
@@ -303,6 +307,9 @@ void run_tiers(Context& ctx) {
     p.output = "O_DIRECT";
     (void)ctx.report.measure("tiers", "value files read serial", p, serial, pooled);
     // The tier's fetch alone (read, checked, dropped): O_DIRECT vs buffered after a drop.
+    // One store per directory (the tier's lock): the figures interleaved below share one open
+    // tier, which each rep's `prepare` (untimed) closes and opens anew with its own options.
+    auto open_tier = std::make_shared<std::unique_ptr<detail::DiskTier>>();
     auto make_fetch = [&](bool direct, int ahead, int readers = 1) {
       detail::DiskTierOptions o;
       o.dir = values;
@@ -311,7 +318,7 @@ void run_tiers(Context& ctx) {
       o.direct_reads = direct;
       o.read_ahead_files = ahead;
       o.read_threads = readers;
-      auto tier = std::make_shared<detail::DiskTier>(std::move(o));
+      auto tier = open_tier;
       auto requests = std::make_shared<std::vector<detail::TierRequest>>();
       for (const Chunk& c : *chunks) {
         requests->push_back({c.key, Slot{ActivationKind::kHidden, 0}, chunk, hidden});
@@ -320,10 +327,14 @@ void run_tiers(Context& ctx) {
       t.name = direct ? "tier fetch O_DIRECT " + std::to_string(readers) + " reader" +
                             (readers == 1 ? "" : "s")
                       : "tier fetch buffered read-ahead " + std::to_string(ahead);
-      t.prepare = [values] { drop_cache(values); };
+      t.prepare = [values, tier, o] {
+        tier->reset();
+        *tier = std::make_unique<detail::DiskTier>(o);
+        drop_cache(values);
+      };
       t.run = [tier, requests] {
         size_t got = 0;
-        tier->fetch_each(*requests, [&](size_t, const detail::TierValue& v) {
+        (*tier)->fetch_each(*requests, [&](size_t, const detail::TierValue& v) {
           do_not_optimize(v.payload.data());
           ++got;
         });
@@ -347,8 +358,8 @@ void run_tiers(Context& ctx) {
                              raw_refs[0], raw_refs[1], raw_refs[2]};
     p.output = "checked values";
     (void)ctx.report.measure("tiers", "tier fetch O_DIRECT", p, make_fetch(true, 0), against);
+    open_tier->reset();
   }
-  reader.reset();
 
   // Spill: store + flush with the tier on vs raw pwrite; store with the tier on vs off.
   {
