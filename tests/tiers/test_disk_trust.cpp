@@ -267,6 +267,18 @@ TEST(DiskTrust, ASecondStoreOnTheDirectoryRunsWithoutTheTierCounted) {
   EXPECT_TRUE(first.enabled());
 }
 
+TEST(DiskTrust, TheDirectoryIsFreeForTheNextStoreOnceTheFirstIsClosedAndItStillReads) {
+  const TempDir dir;
+  DiskTier first(options(dir.values()));
+  write_value(first, 1);
+  first.close();  // destroyed only at the end of the test, as a Python store collected later
+  DiskTier next(options(dir.values()));
+  EXPECT_TRUE(next.enabled());
+  EXPECT_EQ(next.stats().errors, 0U);
+  EXPECT_EQ(fetch_hits(next, 1), 1);
+  EXPECT_EQ(fetch_hits(first, 1), 1);  // a closed tier's reads keep working
+}
+
 TEST(DiskTrust, TheDirectoryIsFreeForTheNextStoreOnceTheFirstIsGone) {
   const TempDir dir;
   {

@@ -529,6 +529,11 @@ void DiskTier::flush() {
 void DiskTier::close() {
   impl_->closed.store(true, std::memory_order_release);
   flush();
+  // A closed tier writes nothing more (its queue is done above, later writes are dropped): the
+  // directory is free for the next store now, not when this one is destroyed (a Python store
+  // closed and then collected later must not keep the next engine off its directory). Reads
+  // still work: files are whole (written to a temporary name, then renamed).
+  impl_->release_directory();
 }
 
 TierStats DiskTier::stats() const {

@@ -74,7 +74,7 @@
 //   O_NOFOLLOW temp files); at start a directory that is a symlink, owned by another user or
 //   writable by others is a ConfigError naming it (one of ours open to others, and its files,
 //   lose their group and other bits). One store per directory: the first takes ".hsstore.lock" (flock, released when
-//   the tier or its process ends); a second store on it runs without the tier (logged, counted
+//   the tier is closed or destroyed, or its process ends); a second store on it runs without the tier (logged, counted
 //   in errors), so no store deletes another's temp files or keeps a budget blind to its files.
 //   Reads open with O_NOFOLLOW | O_NONBLOCK and fstat before any read: a symlink, FIFO or device
 //   in a value's place, or a file not the size the index holds, is a corrupt miss (deleted,

@@ -87,7 +87,12 @@ struct DiskTier::Impl {
   }
   ~Impl() {
     stop();
+    release_directory();
+  }
+  /// Gives the directory's lock up (idempotent; close() and the destructor, never concurrently).
+  void release_directory() noexcept {
     if (lock_fd >= 0) (void)::close(lock_fd);  // the directory is free for the next store
+    lock_fd = -1;
   }
   void stop() {
     {
