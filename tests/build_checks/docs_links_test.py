@@ -90,7 +90,7 @@ def check_links(repo, path, text, docs_text):
     return problems
 
 
-POINTER = re.compile(r"(?<![\w/])(?:docs/)?(" + "|".join(DOC_NAMES) + r")\.md['\"]?,?\s+"
+POINTER = re.compile(r"(?<![\w/])(?:docs/)?(" + "|".join(DOC_NAMES) + r")\.md['\"`]?,?\s+"
                      r"(?:section\s+)?\"([^\"]{3,120})\"")
 
 
