@@ -1,5 +1,5 @@
-"""The README's P/D quick start runs as written: its prefill block in one process, its decode
-block in another (on a free port instead of 5555)."""
+"""docs/vllm.md's P/D quick start (the README's NIXL link) runs as written: its prefill block in one
+process, its decode block in another (on a free port instead of 5555)."""
 
 import os
 import pathlib
@@ -8,14 +8,14 @@ import socket
 import subprocess
 import sys
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "vllm.md"
 
 
 def blocks():
-    section = README.read_text().split("\n## Prefill and decode on different hosts", 1)[1]
+    section = GUIDE.read_text().split("\n## Prefill and decode on different hosts", 1)[1]
     section = section.split("\n## ", 1)[0]
     found = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(found) == 2, "README.md: the P/D section has a prefill and a decode block"
+    assert len(found) == 2, "docs/vllm.md: the P/D section has a prefill and a decode block"
     return found
 
 

@@ -1,18 +1,18 @@
-"""The README's vLLM quick start runs as written (in a process of its own: it builds an engine with
-vLLM's default worker process, and LMCache keeps one engine per process)."""
+"""docs/vllm.md's quick start (the README's vLLM link) runs as written (in a process of its own: it
+builds an engine with vLLM's default worker process, and LMCache keeps one engine per process)."""
 
 import pathlib
 import re
 import subprocess
 import sys
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "vllm.md"
 
 
 def vllm_quick_start() -> str:
-    section = README.read_text().split("\n## vLLM\n", 1)[1].split("\n## ", 1)[0]
+    section = GUIDE.read_text().split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
     match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, "README.md: no ```python block in the vLLM section"
+    assert match, "docs/vllm.md: no ```python block in the Quick start section"
     return match.group(1)
 
 

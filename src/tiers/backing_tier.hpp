@@ -21,7 +21,8 @@
 //     KV is gone is never read; discard tells a tier it may drop one).
 //
 // Thread safety: every method may be called from many threads at once, except close(), which
-// the store calls once, after its last write (docs/design.md, "Threads and blocking").
+// the store calls once, after its last write (docs/design.md, "What may run concurrently and
+// what may block the host": a row per tier).
 
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,6 @@
 """Hidden states beside LMCache in multi-process (MP) mode: LMCache 0.5.6's own
 ``LMCacheMPConnector`` (a standalone ``lmcache server`` holds the KV) plus hidden states in an
-hsstore store, never a truncated prefix. docs/design.md, "LMCache MP mode", says why it is built
+hsstore store, never a truncated prefix. docs/vllm.md, "LMCache MP mode", says why it is built
 this way; in short:
 
 * The store lives in the worker that captures the hidden states (tensor-parallel rank 0), an
