@@ -3,13 +3,16 @@
 downloaded here). Build-time only: the engine's path (libllama, libhss_llama, hss-llama) runs no
 Python.
 
-    make_tiny_models.py OUT_DIR
+    make_tiny_models.py [--bench] OUT_DIR
 
 Writes, llama architecture, float32 weights, no tokenizer (tokenizer.ggml.model = "none",
 LLAMA_VOCAB_TYPE_NONE: token ids go in directly; <arch>.vocab_size gives the id range):
   thinker.gguf       n_embd 64, 4 layers, vocab 256
   talker.gguf        n_embd 64, 2 layers, vocab 128 (the thinker's width: it reads its states)
   talker-w32.gguf    n_embd 32, 2 layers, vocab 128 (another width: a clear error, tested)
+and with --bench also
+  thinker-bench.gguf n_embd 256, 6 layers, vocab 256 (~20 MB: hss-llama --bench's thinker, for
+                     docs/perf.md; the tests do not need it)
 Seeded: the same bytes every run.
 """
 import os
@@ -65,9 +68,12 @@ def write_model(path, *, n_embd, n_layer, n_vocab, n_head, n_head_kv, n_ff, seed
 
 
 def main():
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    bench = "--bench" in args
+    args = [a for a in args if a != "--bench"]
+    if len(args) != 1:
         sys.exit(__doc__)
-    out = sys.argv[1]
+    out = args[0]
     os.makedirs(out, exist_ok=True)
     write_model(os.path.join(out, "thinker.gguf"), n_embd=64, n_layer=4, n_vocab=256, n_head=4,
                 n_head_kv=2, n_ff=128, seed=1)
@@ -75,6 +81,9 @@ def main():
                 n_head_kv=2, n_ff=128, seed=2)
     write_model(os.path.join(out, "talker-w32.gguf"), n_embd=32, n_layer=2, n_vocab=128,
                 n_head=4, n_head_kv=2, n_ff=64, seed=3)
+    if bench:
+        write_model(os.path.join(out, "thinker-bench.gguf"), n_embd=256, n_layer=6, n_vocab=256,
+                    n_head=8, n_head_kv=4, n_ff=768, seed=4)
 
 
 if __name__ == "__main__":

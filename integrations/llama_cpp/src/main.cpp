@@ -1,10 +1,11 @@
 // hss-llama: a C++ engine (llama.cpp) linking hsstore. A thinker runs prompts that share a prefix;
 // a talker reads the thinker's final hidden states as input embeddings and generates tokens.
 //
-//   hss-llama --models DIR [--threads N] [--prompt-tokens N] [--chunk N] [--new-tokens N]
-//   hss-llama --models DIR --bench ROUNDS [...]
+//   hss-llama --models DIR [--thinker FILE] [--threads N] [--prompt-tokens N] [--chunk N]
+//             [--new-tokens N] [--bench ROUNDS]
 //
-// DIR holds thinker.gguf and talker.gguf (make_tiny_models.py). The demo prints, for a cold
+// DIR holds thinker.gguf and talker.gguf (make_tiny_models.py); --thinker another thinker (the
+// talker must have its width). The demo prints, for a cold
 // request and requests sharing 25%, 75% and 100% of its prefix, the rows restored and computed
 // and whether the hidden states, the talker's tokens and its logits equal a cold run's (a fresh
 // context and store); then the KV-only counter-example. Exit 0 when every comparison came out as
@@ -38,6 +39,7 @@ using hss::llama_cpp::ThinkerResult;
 
 struct Args {
   std::string models;
+  std::string thinker;  ///< default: models/thinker.gguf
   int threads = 1;
   int prompt_tokens = 128;
   int chunk = 16;
@@ -68,6 +70,7 @@ Args parse(int argc, char** argv) {
       return static_cast<int>(v);
     };
     if (flag == "--models") args.models = value;
+    else if (flag == "--thinker") args.thinker = value;
     else if (flag == "--threads") args.threads = number();
     else if (flag == "--prompt-tokens") args.prompt_tokens = number();
     else if (flag == "--chunk") args.chunk = number();
@@ -76,6 +79,7 @@ Args parse(int argc, char** argv) {
     else usage(("unknown option " + flag).c_str());
   }
   if (args.models.empty()) usage("--models is required");
+  if (args.thinker.empty()) args.thinker = args.models + "/thinker.gguf";
   return args;
 }
 
@@ -117,7 +121,7 @@ struct Engine {
         token_database(args.chunk, true, hss::Metadata{"llama.cpp", "thinker.gguf", 1, 0, "f32"}) {
     if (use_store) store = std::make_unique<hss::HiddenStateStore>(config, token_database);
     ThinkerOptions options;
-    options.model_path = args.models + "/thinker.gguf";
+    options.model_path = args.thinker;
     options.threads = args.threads;
     options.use_hidden_state_store = use_store;
     thinker = std::make_unique<Thinker>(options, store.get(), token_database);
