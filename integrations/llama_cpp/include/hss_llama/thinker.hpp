@@ -56,10 +56,9 @@ struct ThinkerResult {
 
 class Thinker {
  public:
-  /// `store` may be null only with use_hidden_state_store = false. The Thinker binds its
-  /// SequenceKv to the store (the store must not outlive the Thinker's binding: the destructor
-  /// rebinds it to a manager that holds nothing, so a store kept after the engine is gone serves
-  /// nothing of it). The token database must give the trailing partial chunk a key
+  /// `store` may be null only with use_hidden_state_store = false, and must outlive the Thinker.
+  /// The Thinker binds its SequenceKv to the store; its destructor rebinds the store to a manager
+  /// that holds nothing (the engine's KV is gone with it, so the store serves none of its rows). The token database must give the trailing partial chunk a key
   /// (save_unfull_chunk) so that every evaluated row is stored. InvalidArgument naming the option
   /// for a bad one; for a model that cannot be loaded, the path.
   Thinker(const ThinkerOptions& options, HiddenStateStore* store,
