@@ -69,14 +69,22 @@ Args parse(int argc, char** argv) {
       }
       return static_cast<int>(v);
     };
-    if (flag == "--models") args.models = value;
-    else if (flag == "--thinker") args.thinker = value;
-    else if (flag == "--threads") args.threads = number();
-    else if (flag == "--prompt-tokens") args.prompt_tokens = number();
-    else if (flag == "--chunk") args.chunk = number();
-    else if (flag == "--new-tokens") args.new_tokens = number();
-    else if (flag == "--bench") args.bench_rounds = number();
-    else usage(("unknown option " + flag).c_str());
+    if (flag == "--models")
+      args.models = value;
+    else if (flag == "--thinker")
+      args.thinker = value;
+    else if (flag == "--threads")
+      args.threads = number();
+    else if (flag == "--prompt-tokens")
+      args.prompt_tokens = number();
+    else if (flag == "--chunk")
+      args.chunk = number();
+    else if (flag == "--new-tokens")
+      args.new_tokens = number();
+    else if (flag == "--bench")
+      args.bench_rounds = number();
+    else
+      usage(("unknown option " + flag).c_str());
   }
   if (args.models.empty()) usage("--models is required");
   if (args.thinker.empty()) args.thinker = args.models + "/thinker.gguf";
@@ -143,10 +151,11 @@ int demo(const Args& args) {
   const int vocab = engine.thinker->n_vocab();
   const int n = args.prompt_tokens;
   const std::vector<int32_t> base = tokens(1, n, vocab);
-  std::printf("hss-llama: thinker %d layers x %d wide (captures l_out-%d and the final state), "
-              "talker reads its final states; %d-token prompts, %d-token chunks, %d thread(s)\n",
-              engine.thinker->n_layer(), engine.thinker->n_embd(),
-              engine.thinker->capture_layer(), n, args.chunk, args.threads);
+  std::printf(
+      "hss-llama: thinker %d layers x %d wide (captures l_out-%d and the final state), "
+      "talker reads its final states; %d-token prompts, %d-token chunks, %d thread(s)\n",
+      engine.thinker->n_layer(), engine.thinker->n_embd(), engine.thinker->capture_layer(), n,
+      args.chunk, args.threads);
   std::printf("%-8s %6s %9s %9s %16s %16s %14s\n", "request", "shared", "restored", "computed",
               "states==cold", "talker==cold", "logits==cold");
   bool ok = true;
@@ -183,8 +192,8 @@ int demo(const Args& args) {
   std::string said_tokens;
   {
     Engine cold_engine(args, true);
-    for (int32_t t : talker.generate(cold_engine.thinker->run(base).final_states, args.new_tokens)
-                         .tokens) {
+    for (int32_t t :
+         talker.generate(cold_engine.thinker->run(base).final_states, args.new_tokens).tokens) {
       said_tokens += ' ';
       said_tokens += std::to_string(t);
     }
@@ -199,12 +208,13 @@ int demo(const Args& args) {
   const ThinkerResult cold = cold_engine.thinker->run(kv_only_prompt);
   const bool talk = talker.generate(truncated.final_states, args.new_tokens).tokens ==
                     talker.generate(cold.final_states, args.new_tokens).tokens;
-  std::printf("KV-only (no hsstore), 75%% request: llama.cpp reused the KV of %lld tokens and "
-              "computed %lld rows, so the talker got %lld of %d rows: its input is TRUNCATED "
-              "(the reused prefix yields no hidden states); talker==cold: %s\n",
-              static_cast<long long>(truncated.kv_tokens_reused),
-              static_cast<long long>(truncated.rows_computed),
-              static_cast<long long>(truncated.final_states.rows()), n, talk ? "yes" : "no");
+  std::printf(
+      "KV-only (no hsstore), 75%% request: llama.cpp reused the KV of %lld tokens and "
+      "computed %lld rows, so the talker got %lld of %d rows: its input is TRUNCATED "
+      "(the reused prefix yields no hidden states); talker==cold: %s\n",
+      static_cast<long long>(truncated.kv_tokens_reused),
+      static_cast<long long>(truncated.rows_computed),
+      static_cast<long long>(truncated.final_states.rows()), n, talk ? "yes" : "no");
   ok = ok && truncated.final_states.rows() == n - truncated.kv_tokens_reused &&
        truncated.kv_tokens_reused > 0;
   std::printf("hss-llama: %s\n", ok ? "all as expected" : "SOMETHING DIFFERED");
@@ -238,14 +248,16 @@ int bench(const Args& args) {
   }
   auto report = [](const char* name, std::vector<double> v) {
     std::sort(v.begin(), v.end());
-    const double median = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    const double median =
+        v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
     std::printf("%-34s median %8.3f ms  range %8.3f .. %8.3f ms  (%zu rounds)\n", name, median,
                 v.front(), v.back(), v.size());
     return median;
   };
-  std::printf("hss-llama bench: %d-token prompt, 75%% (%d tokens) cached, %d-token chunks, "
-              "%d thread(s), interleaved rounds\n",
-              n, shared, args.chunk, args.threads);
+  std::printf(
+      "hss-llama bench: %d-token prompt, 75%% (%d tokens) cached, %d-token chunks, "
+      "%d thread(s), interleaved rounds\n",
+      n, shared, args.chunk, args.threads);
   const double a = report("hsstore (restore 75%, compute 25%)", with_store);
   const double b = report("full recompute (100%)", recompute);
   std::printf("speedup (median): %.2fx\n", b / a);

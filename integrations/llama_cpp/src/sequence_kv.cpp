@@ -21,8 +21,7 @@ bool SequenceKv::contains(const CacheEngineKey& key) const {
 std::span<const Chunk> SequenceKv::chunks(int seq) const { return held_.at(seq).chunks; }
 std::span<const int32_t> SequenceKv::tokens(int seq) const { return held_.at(seq).tokens; }
 
-void SequenceKv::assign(int seq, std::span<const Chunk> chunks,
-                        std::span<const int32_t> tokens) {
+void SequenceKv::assign(int seq, std::span<const Chunk> chunks, std::span<const int32_t> tokens) {
   clear(seq);
   Held& held = held_.at(seq);
   for (const Chunk& chunk : chunks) {

@@ -18,8 +18,10 @@ Talker::Talker(const TalkerOptions& options, int input_width) : options_(options
   n_vocab_ = llama_vocab_n_tokens(llama_model_get_vocab(model_.get()));
   if (n_embd_ != input_width) {
     throw InvalidArgument("talker model_path: '" + options.model_path + "' has n_embd " +
-                          std::to_string(n_embd_) + ", but its input (the thinker's hidden "
-                          "states) has width " + std::to_string(input_width));
+                          std::to_string(n_embd_) +
+                          ", but its input (the thinker's hidden "
+                          "states) has width " +
+                          std::to_string(input_width));
   }
   llama_context_params params = llama_context_default_params();
   params.n_ctx = static_cast<uint32_t>(options.max_input_rows);
@@ -41,14 +43,16 @@ TalkerOutput Talker::generate(const HostTensor& input, int new_tokens) {
   }
   if (new_tokens < 1 || rows < 1 || rows + new_tokens > options_.max_input_rows) {
     throw InvalidArgument("input/new_tokens: " + std::to_string(rows) + " rows and " +
-                          std::to_string(new_tokens) + " new tokens; need >= 1 of each and at most " +
+                          std::to_string(new_tokens) +
+                          " new tokens; need >= 1 of each and at most " +
                           std::to_string(options_.max_input_rows) + " together");
   }
   llama_memory_clear(llama_get_memory(context_.get()), true);
   TalkerOutput out;
   auto pick = [&](const float* logits) {
     out.logits.insert(out.logits.end(), logits, logits + n_vocab_);
-    out.tokens.push_back(static_cast<int32_t>(std::max_element(logits, logits + n_vocab_) - logits));
+    out.tokens.push_back(
+        static_cast<int32_t>(std::max_element(logits, logits + n_vocab_) - logits));
   };
   {
     Batch batch(batch_rows_, n_embd_);

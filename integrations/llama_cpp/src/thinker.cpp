@@ -67,7 +67,7 @@ Thinker::Thinker(const ThinkerOptions& options, HiddenStateStore* store,
   llama_context_params params = llama_context_default_params();
   params.n_seq_max = static_cast<uint32_t>(options.n_sequences);
   params.n_ctx = static_cast<uint32_t>(options.sequence_tokens * options.n_sequences);
-  params.n_batch = static_cast<uint32_t>(chunk_size);  // one batch per chunk: the same split
+  params.n_batch = static_cast<uint32_t>(chunk_size);   // one batch per chunk: the same split
   params.n_ubatch = static_cast<uint32_t>(chunk_size);  // in a cold and a warm run
   params.n_threads = options.threads;
   params.n_threads_batch = options.threads;
@@ -132,10 +132,13 @@ bool Thinker::capture(const ggml_tensor* tensor) {
   // back; flush() waits for the store's own copy, so llama.cpp may reuse the buffer on return.
   try {
     layer_on_device_ = true;
-    const TensorView view{tensor->data,  DType::kFloat32,
-                          target.n_tokens, n_embd_,
+    const TensorView view{tensor->data,
+                          DType::kFloat32,
+                          target.n_tokens,
+                          n_embd_,
                           static_cast<int64_t>(tensor->nb[1] / sizeof(float)),
-                          Device::kCuda, device_index_of(tensor->buffer)};
+                          Device::kCuda,
+                          device_index_of(tensor->buffer)};
     StoreOptions store_options;
     store_options.layer_idx = capture_layer_;
     store_options.token_offset = target.chunk->start;
@@ -152,7 +155,8 @@ int Thinker::pick_sequence(int keep) const {
   int victim = -1;
   for (int seq = 0; seq < options_.n_sequences; ++seq) {
     if (seq == keep && options_.n_sequences > 1) continue;
-    if (victim < 0 || last_use_[static_cast<size_t>(seq)] < last_use_[static_cast<size_t>(victim)]) {
+    if (victim < 0 ||
+        last_use_[static_cast<size_t>(seq)] < last_use_[static_cast<size_t>(victim)]) {
       victim = seq;
     }
   }
@@ -172,9 +176,9 @@ ThinkerResult Thinker::run(std::span<const int32_t> prompt) {
   const auto n = static_cast<int64_t>(prompt.size());
   require(n > 0, "prompt: empty (0 tokens); a prompt has 1 to " +
                      std::to_string(options_.sequence_tokens) + " tokens");
-  require(n <= options_.sequence_tokens,
-          "prompt: " + std::to_string(n) + " tokens, more than sequence_tokens (" +
-              std::to_string(options_.sequence_tokens) + ")");
+  require(n <= options_.sequence_tokens, "prompt: " + std::to_string(n) +
+                                             " tokens, more than sequence_tokens (" +
+                                             std::to_string(options_.sequence_tokens) + ")");
   for (int64_t i = 0; i < n; ++i) {
     require(prompt[static_cast<size_t>(i)] >= 0 && prompt[static_cast<size_t>(i)] < n_vocab_,
             "prompt[" + std::to_string(i) + "]: token id " +
@@ -284,11 +288,12 @@ ThinkerResult Thinker::run(std::span<const int32_t> prompt) {
     for (int32_t i = 0; i < b.n_tokens; ++i) {
       const float* row = llama_get_embeddings_ith(context_.get(), i);
       if (row == nullptr) fail("no embeddings for batch row " + std::to_string(i));
-      std::memcpy(result.final_states.data() + (chunk.start + i - result.first_row) * n_embd_,
-                  row, row_bytes);
+      std::memcpy(result.final_states.data() + (chunk.start + i - result.first_row) * n_embd_, row,
+                  row_bytes);
     }
-    sequence_kv_.append(seq, chunk, prompt.subspan(static_cast<size_t>(chunk.start),
-                                                   static_cast<size_t>(chunk.size())));
+    sequence_kv_.append(
+        seq, chunk,
+        prompt.subspan(static_cast<size_t>(chunk.start), static_cast<size_t>(chunk.size())));
   }
   target_ = {};
 
@@ -301,8 +306,8 @@ void Thinker::store_rows(std::span<const Chunk> chunks, int64_t first,
                          const HostTensor& final_states, HostTensor& layer_states) {
   const int64_t n = chunks.back().end;
   auto rows_from = [&](const HostTensor& t) {
-    return TensorView{t.data() + first * n_embd_, DType::kFloat32, n - first, n_embd_, 0,
-                      Device::kHost, 0};
+    return TensorView{
+        t.data() + first * n_embd_, DType::kFloat32, n - first, n_embd_, 0, Device::kHost, 0};
   };
   StoreOptions options;
   options.token_offset = first;
@@ -313,8 +318,13 @@ void Thinker::store_rows(std::span<const Chunk> chunks, int64_t first,
     RetrieveOptions retrieve;
     retrieve.layer_idx = capture_layer_;
     retrieve.row_begin = first;
-    const MutableTensorView tail{layer_states.data() + first * n_embd_, DType::kFloat32, n - first,
-                                 n_embd_, 0, Device::kHost, 0};
+    const MutableTensorView tail{layer_states.data() + first * n_embd_,
+                                 DType::kFloat32,
+                                 n - first,
+                                 n_embd_,
+                                 0,
+                                 Device::kHost,
+                                 0};
     (void)store_->retrieve_chunks_into(chunks, tail, retrieve);
     return;
   }

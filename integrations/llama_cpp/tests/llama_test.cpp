@@ -204,8 +204,7 @@ TEST(LlamaThinker, TokenOutsideTheVocabularyIsInvalidArgumentNamingIt) {
     (void)engine.thinker->run(prompt);
     FAIL() << "no exception";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("prompt[7]: token id 256"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("prompt[7]: token id 256"), std::string::npos) << e.what();
   }
 }
 

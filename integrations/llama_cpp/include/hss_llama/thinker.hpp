@@ -1,8 +1,8 @@
 #pragma once
-// hss::llama_cpp::Thinker: a llama.cpp context whose prompts reuse a shared prefix's KV (llama.cpp's
-// own sequences) AND its hidden states (hss::HiddenStateStore), so the consumer gets every row of
-// the prompt: the prefix restored from the store, the tail computed, one contiguous tensor per
-// captured layer.
+// hss::llama_cpp::Thinker: a llama.cpp context whose prompts reuse a shared prefix's KV
+// (llama.cpp's own sequences) AND its hidden states (hss::HiddenStateStore), so the consumer gets
+// every row of the prompt: the prefix restored from the store, the tail computed, one contiguous
+// tensor per captured layer.
 //
 // Per evaluated token it captures the final hidden state (llama_set_embeddings, pooling none,
 // llama_get_embeddings_ith: the output norm's result, the row the LM head reads) and the residual
@@ -35,21 +35,21 @@ namespace hss::llama_cpp {
 
 struct ThinkerOptions {
   std::string model_path;
-  int n_sequences = 4;         ///< llama.cpp sequences (KV streams) prefixes are kept in
-  int sequence_tokens = 256;   ///< KV cells per sequence: the longest prompt
-  int threads = 1;             ///< llama.cpp's threads (the same for runs compared bit for bit)
-  int capture_layer = -1;      ///< l_out-<n> captured besides the final state; -1: n_layer / 2
+  int n_sequences = 4;        ///< llama.cpp sequences (KV streams) prefixes are kept in
+  int sequence_tokens = 256;  ///< KV cells per sequence: the longest prompt
+  int threads = 1;            ///< llama.cpp's threads (the same for runs compared bit for bit)
+  int capture_layer = -1;     ///< l_out-<n> captured besides the final state; -1: n_layer / 2
   /// false: the KV-only engine (llama.cpp's prefix reuse alone): a reused prefix yields no hidden
   /// states, so the result holds the computed tail only (the counter-example).
   bool use_hidden_state_store = true;
 };
 
 struct ThinkerResult {
-  HostTensor final_states;  ///< [rows, n_embd]: prompt rows [first_row, prompt length)
-  HostTensor layer_states;  ///< l_out-<capture_layer>, the same rows
-  int64_t first_row = 0;    ///< 0, but in the KV-only engine (the first computed token)
-  int64_t rows_restored = 0;  ///< from the hidden-state store
-  int64_t rows_computed = 0;  ///< evaluated by llama.cpp now
+  HostTensor final_states;       ///< [rows, n_embd]: prompt rows [first_row, prompt length)
+  HostTensor layer_states;       ///< l_out-<capture_layer>, the same rows
+  int64_t first_row = 0;         ///< 0, but in the KV-only engine (the first computed token)
+  int64_t rows_restored = 0;     ///< from the hidden-state store
+  int64_t rows_computed = 0;     ///< evaluated by llama.cpp now
   int64_t kv_tokens_reused = 0;  ///< prefix tokens whose KV llama.cpp already held
   int sequence = 0;              ///< the llama.cpp sequence that holds the prompt now
 };
@@ -58,9 +58,10 @@ class Thinker {
  public:
   /// `store` may be null only with use_hidden_state_store = false, and must outlive the Thinker.
   /// The Thinker binds its SequenceKv to the store; its destructor rebinds the store to a manager
-  /// that holds nothing (the engine's KV is gone with it, so the store serves none of its rows). The token database must give the trailing partial chunk a key
-  /// (save_unfull_chunk) so that every evaluated row is stored. InvalidArgument naming the option
-  /// for a bad one; for a model that cannot be loaded, the path.
+  /// that holds nothing (the engine's KV is gone with it, so the store serves none of its rows).
+  /// The token database must give the trailing partial chunk a key (save_unfull_chunk) so that
+  /// every evaluated row is stored. InvalidArgument naming the option for a bad one; for a model
+  /// that cannot be loaded, the path.
   Thinker(const ThinkerOptions& options, HiddenStateStore* store,
           const TokenDatabase& token_database);
   ~Thinker();
