@@ -8,8 +8,8 @@
 // talker must have its width). The demo prints, for a cold
 // request and requests sharing 25%, 75% and 100% of its prefix, the rows restored and computed
 // and whether the hidden states, the talker's tokens and its logits equal a cold run's (a fresh
-// context and store); then the KV-only counter-example. Exit 0 when every comparison came out as
-// printed as expected, 1 otherwise (a ctest of label llama runs it).
+// context and store); then the KV-only counter-example. Exit 0 when every warm run equals its
+// cold run and the KV-only input is truncated, 1 otherwise (a ctest of label llama runs it).
 // --bench: time until the consumer holds every hidden state of a 75%-cached prompt, hsstore
 // (restore 75%, compute 25%) against a full recompute, interleaved rounds; median and range.
 #include <algorithm>
