@@ -20,7 +20,7 @@ TSAN_SECONDS ?= 60
 PYENV := $(BUILD_DIR)/pyenv
 PYTHON_FLAGS = -DHSS_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(abspath $(PYENV))/bin/python
 
-.PHONY: all bootstrap configure build test test-model test-clang test-lmcache test-nixl test-vllm demo demo-remote demo-talker asan tsan fuzz fuzz-build bench coverage format clean soak
+.PHONY: all bootstrap configure build test test-model test-clang test-lmcache test-nixl test-vllm test-llama demo demo-remote demo-talker asan tsan fuzz fuzz-build bench coverage format clean soak
 
 all: build
 
@@ -72,6 +72,14 @@ VENV_PACKAGE = HSS_PYTHON_PACKAGE=$(abspath $(BUILD_DIR))/python
 
 test-lmcache: build
 	$(VENV_PACKAGE) scripts/lmcache_venv
+
+# A C++ engine linking hsstore (integrations/llama_cpp): makes the cached llama.cpp prefix once
+# (scripts/llama_cpp_prefix, outside the clone; compiling llama.cpp takes minutes), points the
+# default tree at it, builds and runs the tests of label llama.
+test-llama: configure
+	cmake $(BUILD_DIR) -DLLAMA_CPP_ROOT="$$(scripts/llama_cpp_prefix)"
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target hss-llama hss_llama_test
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -L llama -j $(JOBS)
 
 # hsstore.nixl between real processes on loopback (UCX over TCP), in a small venv outside the clone
 # with nixl from PyPI (scripts/nixl_venv, ~60 MB, its own UCX inside) and the build tree's package.
