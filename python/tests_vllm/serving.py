@@ -10,8 +10,10 @@ import dataclasses
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from typing import Any, Dict, Iterator, List, Optional
@@ -162,3 +164,29 @@ def metrics(base: str) -> Dict[str, float]:
             continue
         out[name] = out.get(name, 0.0) + float(value)
     return out
+
+
+class Listener:
+    """An address a client names as the producer (an attacker's): counts the connections made to
+    it, and answers none of them."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.accepted = 0
+        self._conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self._conns.append(conn)
+
+    def close(self):
+        self.sock.close()
+        for conn in self._conns:
+            conn.close()

@@ -13,8 +13,6 @@ recomputed prefixes end at the same step boundaries (conftest.STEP_TOKENS says w
 bit-exact reference)."""
 
 import signal
-import socket
-import threading
 import time
 
 import pytest
@@ -22,6 +20,7 @@ import torch
 
 from conftest import STEP_TOKENS
 from pd_engine import pd_engines
+from serving import Listener
 
 pytest.importorskip("nixl", reason="the nixl package is not in this venv (scripts/vllm_venv.lock)")
 
@@ -100,32 +99,6 @@ def test_decode_engine_restores_prefill_hidden_states_over_nixl_equal_to_recompu
     assert_exact(d["states"], reference["states"], len(prompt))
     assert_exact(d["states"], p["states"], len(prompt))  # the prefill engine's own states too
     assert d["output"] == reference["output"] == p["output"]
-
-
-class Listener:
-    """An address a client names as the producer (an attacker's): counts the connections made to
-    it, and answers none of them."""
-
-    def __init__(self):
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        self.accepted = 0
-        self._conns = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            self._conns.append(conn)
-
-    def close(self):
-        self.sock.close()
-        for conn in self._conns:
-            conn.close()
 
 
 def computed_on_decode(decode, redis, prompt, path):

@@ -3,7 +3,8 @@ its own, then a real ``vllm serve`` (OpenAI-compatible HTTP API, LMCache in-proc
 core in its own process) whose client names its requests and reads each prompt's hidden states
 from the directory: whole prompts, a cached prefix's rows equal to the request that computed
 them, nothing left half-written; two tenants sending one request id each read their own file,
-and the same id again in one tenant never replaces the first's."""
+and the same id again in one tenant never replaces the first's. A serving engine connects to no
+address a client writes into its kv_transfer_params."""
 
 import json
 import time
@@ -16,7 +17,8 @@ from safetensors import safe_open
 import engines
 from conftest import CPU_KV, STEP_TOKENS
 from hsstore.vllm.output import StateFileWriter, file_name, tenant_digest
-from serving import complete, metrics, post, vllm_serve
+from lmcache_server import free_ports
+from serving import Listener, complete, metrics, post, vllm_serve
 
 HIDDEN = engines.TINY["hidden_size"]
 LAYERS = [-1, 1]
@@ -208,3 +210,57 @@ def test_vllm_serve_tenants_sending_one_request_id_each_read_their_own_file(tiny
         assert (path.stat().st_mode & 0o777) == 0o600, path
     assert sorted(p.name for p in out_dir.iterdir()) == sorted(
         [name_a, name_b, "cmpl-same-0.safetensors"])
+
+
+def test_vllm_serve_connects_to_no_producer_a_client_names(tiny_model, tokens, tmp_path):
+    # A serve-only engine (hsstore.nixl "listen", no pull) whose hidden states were dropped while
+    # LMCache keeps the KV: each later request's KV hit lacks its hidden states, where a pulling
+    # worker would pull. Its client names an address of its own in kv_transfer_params, in every
+    # form a producer can be named: the engine connects to none of them, and each response's
+    # hidden states are recomputed, equal to the first computation's.
+    pytest.importorskip("nixl", reason="the nixl package is not in this venv")
+    out_dir = tmp_path / "states"
+    attacker = Listener()
+    attacker_port = attacker.address.rpartition(":")[2]
+    forms = ({"lmcache.hsstore.producer": attacker.address},
+             {"hsstore.producer": attacker.address},
+             {"remote_host": "127.0.0.1", "hsstore.producer_port": int(attacker_port)})
+    prefixes = [tokens(768) for _ in forms]
+    config = {**serve_config(out_dir),
+              "hsstore.nixl": {"listen": f"127.0.0.1:{free_ports(1)[0]}",
+                               "trusted_network": True}}
+    try:
+        with vllm_serve(tiny_model, config, tmp_path / "serve.log", step_tokens=STEP_TOKENS,
+                        env={"VLLM_SERVER_DEV_MODE": "1", "HSS_LOG_LEVEL": "info"}) as server:
+            base = server.base
+            first = []
+            for i, prefix in enumerate(prefixes):
+                complete(base, prefix + tokens(10), f"first-{i}")
+                first.append(wait_for(out_dir / f"cmpl-first-{i}-0.safetensors")[0])
+            # The hidden states go (the KV stays in LMCache); the drop runs at the next step.
+            assert post(base, "/reset_prefix_cache?reset_external=true") == {"success": True}
+            complete(base, tokens(20), "drop")
+            wait_for(out_dir / "cmpl-drop-0.safetensors")
+            answers, states = [], []
+            for i, (prefix, params) in enumerate(zip(prefixes, forms)):
+                prompt = prefix + tokens(50)
+                answers.append((len(prompt), complete(base, prompt, f"named-{i}",
+                                                      kv_transfer_params=params)))
+                states.append(wait_for(out_dir / f"cmpl-named-{i}-0.safetensors")[0])
+            got = wait_for_metrics(base, {"prompts_completed_total": 2 * len(forms) + 1,
+                                          "resets_total": 1,
+                                          "reset_keys_dropped_total": 3 * len(forms)})
+        assert server.exit_code == 0, server.log()[-3000:]
+        assert attacker.accepted == 0
+        assert got.get("pulls_total", 0) == 0 and got.get("pulls_missed_total", 0) == 0
+        # Each named request's KV hit was capped at its (dropped) hidden states: recomputed.
+        assert got["lookup_hits_capped_total"] == len(forms)
+        assert got["lookup_tokens_capped_total"] == 768 * len(forms)
+        for (prompt_len, answer), named, computed in zip(answers, states, first):
+            assert answer["usage"]["prompt_tokens"] == prompt_len
+            assert len(answer["choices"]) == 1
+            for label in LAYERS:
+                assert named[label].shape == (prompt_len, HIDDEN)
+                assert torch.equal(named[label][:768], computed[label][:768])
+    finally:
+        attacker.close()

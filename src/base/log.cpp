@@ -2,23 +2,17 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <mutex>
 
 namespace hss::detail {
-
-std::optional<LogLevel> log_level_from_env() {
-  const char* value = std::getenv("HSS_LOG_LEVEL");
-  if (value == nullptr) return std::nullopt;
-  return log_level_from_string(value).value_or(LogLevel::kInfo);  // unknown spellings: info
-}
 
 namespace {
 
 constexpr const char* kNames[] = {"debug", "info", "warning", "error", "off"};
 
 std::atomic<LogLevel>& threshold() {
-  static std::atomic<LogLevel> value{log_level_from_env().value_or(LogLevel::kInfo)};
+  // Info until config/config_env.cpp applies HSS_LOG_LEVEL, when the library loads.
+  static std::atomic<LogLevel> value{LogLevel::kInfo};
   return value;
 }
 

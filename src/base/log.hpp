@@ -1,7 +1,8 @@
 #pragma once
 // Minimal stderr logging, process-wide. The threshold starts at HSS_LOG_LEVEL
-// (debug|info|warn|error|off, default info; read through config_env.hpp, the one place HSS_*
-// variables are read) and a store whose config sets hidden_state_log_level applies it.
+// (debug|info|warn|error|off, default info; config/config_env.cpp, the one place HSS_* variables
+// are read, sets it when the library loads) and a store whose config sets hidden_state_log_level
+// applies it.
 //
 // Why a process default and not only a Config key: logging runs before any Config exists (static
 // set-up, config parsing itself) and is shared by every store of the process, so the variable
@@ -20,10 +21,6 @@ using hss::LogLevel;
 [[nodiscard]] bool log_enabled(LogLevel level);
 void log(LogLevel level, std::string_view message);
 
-/// HSS_LOG_LEVEL as a level (unknown spellings read as info, as they always did); nullopt when
-/// unset. Reads nothing else and never logs: the logger calls it for its process default, and
-/// Config::with_env_overrides (config/config_env.hpp) applies the same variable to the key.
-[[nodiscard]] std::optional<LogLevel> log_level_from_env();
 /// Sets the process-wide threshold (a store's hidden_state_log_level).
 void set_log_level(LogLevel level);
 

@@ -25,6 +25,13 @@ LogLevel level_of(const char* value) {
   return log_level_from_string(value).value_or(LogLevel::kInfo);
 }
 
+/// The logger's process default (base/log.hpp reads no variable: it is a layer below this one),
+/// set when the library loads, before any code of it logs.
+[[maybe_unused]] const bool kLogLevelFromEnv = [] {
+  if (const auto level = log_level_from_env()) set_log_level(*level);
+  return true;
+}();
+
 /// Applies `value` to `config`; false when it changed nothing (a warning was logged).
 using Apply = bool (*)(Config& config, const char* value);
 
@@ -108,6 +115,17 @@ void apply_env_overrides(Config& config) {
 std::string_view key_overridden_by(std::string_view variable) {
   const auto it = std::ranges::find(kOverrides, variable, &Override::variable);
   return it == kOverrides.end() ? std::string_view() : it->key;
+}
+
+std::optional<LogLevel> log_level_from_env() {
+  const char* value = std::getenv("HSS_LOG_LEVEL");
+  if (value == nullptr) return std::nullopt;
+  return level_of(value);
+}
+
+bool pool_memory_check_off() {
+  const char* value = std::getenv("HSS_POOL_MEMORY_CHECK");
+  return value != nullptr && std::string_view(value) == "0";
 }
 
 }  // namespace hss::detail

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "base/huge_pages.hpp"
+#include "config/config_env.hpp"
 #include "datapath/cuda_runtime.hpp"
 #include "hss/error.hpp"
 
@@ -40,13 +41,11 @@ std::optional<uint64_t> read_number(const char* path) {
 /// Bytes this process may still populate: MemAvailable, lowered by the cgroup (v2) limit.
 /// nullopt when neither can be read, or when HSS_POOL_MEMORY_CHECK=0 (then nothing is checked):
 /// a VM whose memory is plugged in as it is used (the lent GPU machines) starts with a
-/// MemAvailable far below what it will give. Not a Config key, and not read through
-/// config_env.hpp: it describes the machine rather than the store, changes no value a store runs
-/// with, and must not travel in a config file to a machine where the check matters.
+/// MemAvailable far below what it will give. Not a Config key (config/config_env.hpp says why):
+/// it describes the machine rather than the store, changes no value a store runs with, and must
+/// not travel in a config file to a machine where the check matters.
 std::optional<uint64_t> memory_available() {
-  if (const char* v = std::getenv("HSS_POOL_MEMORY_CHECK"); v != nullptr && std::string(v) == "0") {
-    return std::nullopt;
-  }
+  if (pool_memory_check_off()) return std::nullopt;
   std::optional<uint64_t> limit;
   if (auto kib = read_labelled("/proc/meminfo", "MemAvailable:")) limit = *kib * 1024;
   const auto max = read_number("/sys/fs/cgroup/memory.max");

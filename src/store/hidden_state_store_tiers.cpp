@@ -48,7 +48,8 @@ size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
   std::vector<Missing> missing;
   // Each slot's width, so that a tier reads no value larger than one of this shape can be (its
   // read-size guard; 0 would let a disk tier read a file of any size): the caller's output's,
-  // else that of an entry of the slot this prefix holds, else unknown (0: any).
+  // else that of an entry of the slot this prefix holds, else unknown (0: any width, the pool's
+  // bytes still bound the read: below).
   std::vector<int64_t> cols(slots.size(), 0);
   for (size_t s = 0; s < slots.size() && s < widths.size(); ++s) cols[s] = widths[s];
   size_t from = chunks.size();  // where the walk would stop locally
@@ -78,11 +79,14 @@ size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
   std::erase_if(missing, [&](const Missing& m) { return m.chunk >= end; });
   if (missing.empty()) return 0;
 
+  // A slot of unknown width (an allocating retrieve, nothing of the slot held) is still bounded:
+  // no value larger than the pool, which could never hold it, is read.
+  const uint64_t pool_bytes = store_.pool.capacity_bytes();
   std::vector<detail::TierRequest> requests;
   requests.reserve(missing.size());
   for (const Missing& m : missing) {
     const Chunk& chunk = chunks[m.chunk];
-    requests.push_back({chunk.key, m.slot, chunk.size(), cols[m.slot_index]});
+    requests.push_back({chunk.key, m.slot, chunk.size(), cols[m.slot_index], pool_bytes});
   }
   // Each value goes into the pool as it arrives (no value is held longer than its copy). A value
   // past a chunk missing elsewhere is kept too: the walk, not the fetch, ends the prefix.

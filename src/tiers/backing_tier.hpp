@@ -46,6 +46,9 @@ struct TierRequest {
   Slot slot;
   int64_t rows = 0;  ///< expected rows; 0 accepts any
   int64_t cols = 0;  ///< expected cols; 0 accepts any
+  /// The most payload bytes the asker can take (a read-through: its pool's), bounding what a
+  /// tier reads where `cols` is 0; 0: no bound of the asker's.
+  uint64_t max_bytes = 0;
 };
 
 /// A checked value. payload stays valid while `owner` lives (or, from fetch_each with no owner,

@@ -490,5 +490,35 @@ TEST(DiskTier, RestartScanOfManyFilesIsBounded) {
   EXPECT_LT(ms, 5000.0);
 }
 
+// A fully cold allocating retrieve has no output and no entry of the slot to take a width from:
+// the read-through still bounds what the disk tier reads, by the pool's bytes (a value larger
+// could never be held). A file wider than that is not read: no 16 GiB buffer for an unknown width.
+TEST(DiskTier, AColdAllocatingRetrieveReadsNoFileLargerThanItsPool) {
+  const TempDir dir;
+  ChunkedTokenDatabase db(kChunk, false);
+  const auto tokens = make_tokens(2 * kChunk, 43);
+  constexpr int64_t kWide = 8 * kCols;
+  constexpr uint64_t kWideValueBytes = kChunk * kWide * 4;
+  {
+    Config wide = test::store_config(kChunk, kWide, 8);
+    wide.local_disk = dir.root;
+    HiddenStateStore a(wide, db);
+    const auto rows = make_rows(tokens, 0, 0, kWide);
+    ASSERT_EQ(a.store_hidden_states(tokens, view_of(rows, kWide)).written, 2);
+    a.flush();
+    ASSERT_EQ(a.stats().tiers.at(0).writes_done, 2U);
+  }
+  HiddenStateStore b(disk_config(dir.root, 4), db);  // four chunks of kCols: under one wide value
+  ASSERT_LT(b.stats().pool_capacity_bytes, kWideValueBytes);
+  ASSERT_EQ(b.stats().tiers.at(0).entries_held, 2U);
+  EXPECT_FALSE(b.retrieve_hidden_states(tokens).has_value());
+  const TierStats read = b.stats().tiers.at(0);
+  EXPECT_EQ(read.bytes_read, 0U);
+  EXPECT_EQ(read.hits, 0U);
+  EXPECT_EQ(read.promotions, 0U);
+  EXPECT_EQ(b.num_entries(), 0U);
+  b.check_invariants();
+}
+
 }  // namespace
 }  // namespace hss

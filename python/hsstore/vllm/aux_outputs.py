@@ -101,10 +101,11 @@ def _hsstore_specs(vllm_config: Any) -> Optional[List[Any]]:
     if transfer is None or getattr(transfer, "kv_connector_module_path", None) not in \
             _CONNECTOR_MODULES:
         return None
+    from .connector_keys import option
     from .layers import check_specs
 
     extra = transfer.kv_connector_extra_config or {}
-    return check_specs(extra.get("hsstore.layers", [FINAL]))
+    return check_specs(option(extra, "hsstore.layers"))
 
 
 def reason_unavailable(runner: Any) -> Optional[str]:

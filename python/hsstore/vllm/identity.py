@@ -24,6 +24,7 @@ import json
 from typing import Any, Dict, Optional, Tuple
 
 from ..salt import KeyNamespace
+from .connector_keys import option
 
 __all__ = ["key_namespace", "model_identity", "read_salt_key"]
 
@@ -45,7 +46,7 @@ def _config_hash(hf_config: Any) -> str:
 
 def model_identity(model_config: Any, extra: Dict[str, Any]) -> Tuple[str, ...]:
     """(revision, config hash, operator's revision) of the weights vLLM loads."""
-    operator = extra.get("hsstore.model_revision")
+    operator = option(extra, "hsstore.model_revision")
     if operator is not None and (not isinstance(operator, str) or not operator):
         raise ValueError(f"hsstore.model_revision must be a non-empty string, got {operator!r}")
     return ("revision", str(getattr(model_config, "revision", None) or ""),
@@ -56,7 +57,7 @@ def model_identity(model_config: Any, extra: Dict[str, Any]) -> Tuple[str, ...]:
 def read_salt_key(extra: Dict[str, Any]) -> Optional[bytes]:
     """The secret of ``hsstore.salt_key_file``, or None when the key is not set; ValueError
     naming the key for a file that cannot be read or is too short (the secret is never shown)."""
-    path = extra.get("hsstore.salt_key_file")
+    path = option(extra, "hsstore.salt_key_file")
     if path is None:
         return None
     try:

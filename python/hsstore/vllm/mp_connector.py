@@ -55,14 +55,17 @@ imported before vLLM has set its worker up breaks vLLM's kernel dispatcher).
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Dict, Optional
 
 from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-from .connector import _WORKERS, _HiddenStates, _StepMetadata, logger
+from .connector_state import WORKERS, ConnectorState, StepHooks
 from .transfer import request_producer
+
+logger = logging.getLogger("hsstore.vllm")
 
 # The nominal lookup bound of an MP worker's hsstore.nixl agent: its default pull timeout is half.
 _DEFAULT_PULL_BOUND_MS = 3000
@@ -70,11 +73,11 @@ _DEFAULT_PULL_BOUND_MS = 3000
 __all__ = ["HiddenStateLMCacheMPConnector"]
 
 
-class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
+class HiddenStateLMCacheMPConnector(StepHooks, LMCacheMPConnector):
     """LMCache's MP connector with hidden states that are never a truncated prefix."""
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
-        self._hs = _HiddenStates(vllm_config, role, lmcache=True)
+        self._hs = ConnectorState(vllm_config, role, lmcache=True)
         if self._hs.store_kind != "hsstore":
             raise ValueError("hsstore.store: LMCache's own hidden-state store exists only in its "
                              "in-process engine; MP mode keeps hidden states in hsstore "
@@ -98,8 +101,8 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
                              "be the server's (leave chunk_size out to take the server's)")
         self._hs.run_worker_init()
         # Keyed chunks (the server's), salted with each request's cache_salt (the scheduler
-        # sends it with the step's metadata: _HiddenStates.stamp_metadata). Tensor-parallel
-        # ranks > 0 keep nothing (_HiddenStates.keeper): every rank sees the same rows.
+        # sends it with the step's metadata: ConnectorState.stamp_metadata). Tensor-parallel
+        # ranks > 0 keep nothing (ConnectorState.keeper): every rank sees the same rows.
         if self._hs.find_rank() == 0:
             self._hs.register_worker(engine_store(vllm_config, chunk_size, user, keyed=True,
                                                    namespace=self._hs.namespace))
@@ -119,7 +122,7 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
     def _start_scheduler(self) -> None:
         # The worker's store when the worker lives in this process (executor 'uni'); None when
         # it is another process: the hit is then not capped here, the worker verifies.
-        self._store_of = _WORKERS.get(self._hs.engine_id)
+        self._store_of = WORKERS.get(self._hs.engine_id)
         if self._store_of is None:
             logger.info("hsstore.vllm: the worker runs in another process: LMCache's hits are "
                         "not capped at hidden-state coverage by the scheduler; the worker "
@@ -230,14 +233,11 @@ class HiddenStateLMCacheMPConnector(_StepMetadata, LMCacheMPConnector):
         else:
             tokens = tracker.get_token_ids()
             covered = self._coverage(tokens[:held], tracker.cache_salt)
-        if covered >= held:
-            with self._capped_lock:
-                self._capped[request_id] = held
-            return held
-        if first:
-            self._hs.count(lookup_hits_capped=1, lookup_tokens_capped=held - covered)
+        capped = self._hs.capped(held, covered, counted=first)
         with self._capped_lock:
-            self._capped[request_id] = covered
+            self._capped[request_id] = capped
+        if capped == held:
+            return held
         if tokens is not None:
             try:
                 self.scheduler_adapter.free_lookup_locks(

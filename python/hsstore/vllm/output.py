@@ -50,6 +50,8 @@ import threading
 import urllib.parse
 from typing import Any, Dict, List, Optional, Tuple
 
+from .connector_keys import default_of, option
+
 __all__ = ["StateFileWriter", "file_name", "output_options", "tenant_digest"]
 
 logger = logging.getLogger("hsstore.vllm")
@@ -58,9 +60,9 @@ SUFFIX = ".safetensors"
 _MAX_NAME = 200  # bytes of an encoded id, well under NAME_MAX (255) with a tenant and the suffix
 _TENANT_HEX = 32  # 128 bits of SHA-256
 _TENANT_DOMAIN = b"hsstore.output_dir tenant\x00"  # not the store keys' salt digest
-DEFAULT_MAX_PENDING = 256
-DEFAULT_MAX_BYTES = 16 << 30
-DEFAULT_MAX_PENDING_BYTES = 2 << 30
+DEFAULT_MAX_PENDING = default_of("hsstore.output_max_pending")
+DEFAULT_MAX_BYTES = default_of("hsstore.output_max_bytes")
+DEFAULT_MAX_PENDING_BYTES = default_of("hsstore.output_max_pending_bytes")
 _STOP = object()
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -368,12 +370,11 @@ def output_options(extra: Dict[str, Any]) -> Optional[Tuple[str, int, int, int]]
     ``hsstore.output_max_pending``, ``hsstore.output_max_bytes`` and
     ``hsstore.output_max_pending_bytes`` (None without a directory); ValueError naming the key
     and the value."""
-    directory = extra.get("hsstore.output_dir")
+    directory = option(extra, "hsstore.output_dir")
     limits = []
-    for key, default in (("hsstore.output_max_pending", DEFAULT_MAX_PENDING),
-                         ("hsstore.output_max_bytes", DEFAULT_MAX_BYTES),
-                         ("hsstore.output_max_pending_bytes", DEFAULT_MAX_PENDING_BYTES)):
-        value = extra.get(key, default)
+    for key in ("hsstore.output_max_pending", "hsstore.output_max_bytes",
+                "hsstore.output_max_pending_bytes"):
+        value = option(extra, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
         limits.append(value)

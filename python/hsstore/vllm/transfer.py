@@ -71,6 +71,8 @@ import time
 import fnmatch
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .connector_keys import option
+
 __all__ = ["PRODUCER_CONFIG", "REFUSED", "HiddenStateTransfer", "TransferOptions",
            "parse_options", "request_producer"]
 
@@ -229,13 +231,13 @@ def request_producer(params: Any, options: Optional[TransferOptions]) -> Optiona
 
 
 def _named_producer(params: Dict[str, Any], options: TransferOptions) -> Optional[str]:
-    named = params.get("hsstore.producer")
+    named = option(params, "hsstore.producer")
     if named:
         return str(named)
     host = params.get("remote_host")
     if not host:
         return None
-    port = params.get("hsstore.producer_port")
+    port = option(params, "hsstore.producer_port")
     if port is None and options.producer is not None:
         port = options.producer.rpartition(":")[2]
     if port is None:

@@ -102,12 +102,17 @@ struct PlannedRead {
 };
 
 /// Larger than any value of the asked shape can be (float32 rows, or FP8 rows whose scales
-/// outweigh the codes when rows are narrow; a MAC): not read at all.
+/// outweigh the codes when rows are narrow; a MAC), or than the asker can take: not read at all.
 uint64_t read_limit(const TierRequest& r) {
-  if (r.rows <= 0 || r.cols <= 0) return uint64_t{1} << 34;
-  return kRemoteHeaderBytes + kMacBytes +
-         std::max(static_cast<uint64_t>(r.rows * r.cols) * 4,
-                  RowFormat::of(kernels::ElemType::kFp8E4M3).payload_bytes(r.rows, r.cols));
+  const uint64_t framing = kRemoteHeaderBytes + kMacBytes;
+  uint64_t limit = uint64_t{1} << 34;
+  if (r.rows > 0 && r.cols > 0) {
+    const RowFormat fp8 = RowFormat::of(kernels::ElemType::kFp8E4M3);
+    limit = framing + std::max(static_cast<uint64_t>(r.rows * r.cols) * 4,
+                               fp8.payload_bytes(r.rows, r.cols));
+  }
+  if (r.max_bytes > 0 && r.max_bytes < limit - framing) limit = framing + r.max_bytes;
+  return limit;
 }
 
 }  // namespace
