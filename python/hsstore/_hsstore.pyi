@@ -290,6 +290,7 @@ class TierStats(TypedDict):
     entries_held: int
     bytes_held: int
     read_mode: str
+    evictions: int
 
 class TransferStats(TypedDict):
     exports: int
