@@ -1,23 +1,32 @@
-// The device-resident hot tier (hidden_state_device_cache_size) on the CUDA runtime model: device
-// stores keep a device copy and write the pool through; device restores on the tier's device read
-// resident chunks device to device in the same gather as pool chunks; pressure drops device
-// copies only; stats().tiers' `device` row; faults (allocation at construction, a failed launch,
-// a failed copy, a lost device); two devices. Run with HSS_CUDA_MODEL_DEVICES=2 (ctest sets it).
+// The device-resident hot tier (hidden_state_device_cache_size), on a GPU and on the CUDA runtime
+// model: device stores keep a device copy and write the pool through; device restores on the
+// tier's device read resident chunks device to device in the same gather as pool chunks;
+// pressure drops device copies only; stats().tiers' `device` row; coverage_by_tier; threads; two
+// devices (suite DeviceTierTwoDevices: restores onto the other device read the pool). The faults
+// are the model's (tests/cuda_model/test_device_tier_faults.cpp).
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "cuda_model.hpp"
-#include "gpu/gpu_test_util.hpp"
+#include "gpu_test_util.hpp"
 #include "hss/error.hpp"
 #include "hss/hidden_state_store.hpp"
 #include "hss/token_database.hpp"
+
+#if !HSS_WITH_CUDA
+
+TEST(DeviceTier, RequiresACudaBuild) {
+  GTEST_SKIP() << "built without CUDA (HSS_ENABLE_CUDA=OFF): " << hss::runtime_info().reason;
+}
+
+#else
 
 namespace hss {
 namespace {
@@ -53,17 +62,6 @@ std::optional<TierStats> device_row(const HiddenStateStore& store) {
   return std::nullopt;
 }
 
-struct ResetDevicesAfter {
-  ~ResetDevicesAfter() {
-    for (int d = 0; d < cuda_model::device_count(); ++d) {
-      (void)cudaSetDevice(d);
-      (void)cudaDeviceReset();
-    }
-    (void)cudaSetDevice(0);
-    (void)cudaGetLastError();
-    cuda_model::clear_faults();
-  }
-};
 
 class DeviceTier : public ::testing::Test {
  protected:
@@ -238,132 +236,6 @@ TEST_F(DeviceTier, EvictingAKeyDropsItsDeviceCopyToo) {
   EXPECT_EQ(device_row(store)->bytes_held, 0u);
 }
 
-TEST_F(DeviceTier, ARestoreOntoAnotherDeviceReadsThePool) {
-  ASSERT_EQ(cuda_model::device_count(), 2) << "run with HSS_CUDA_MODEL_DEVICES=2 (ctest sets it)";
-  ChunkedTokenDatabase db(kChunk, false);
-  HiddenStateStore store(tier_config(8, 0), db);
-  const auto t = tokens64(2 * kChunk, 9);
-  const auto want = rows_of(t);
-  ASSERT_EQ(store.store_hidden_states(t, device_rows(want)).written, 2);
-  const auto [rows, got] = restore_on_device(store, t, 1);
-  EXPECT_EQ(rows, 2 * kChunk);
-  EXPECT_EQ(got, want);
-  EXPECT_EQ(device_row(store)->hits, 0u);  // no peer read: the pool served device 1
-}
-
-TEST_F(DeviceTier, AStoreFromAnotherDeviceKeepsNoDeviceCopy) {
-  ASSERT_EQ(cuda_model::device_count(), 2);
-  ChunkedTokenDatabase db(kChunk, false);
-  HiddenStateStore store(tier_config(8, 1), db);  // the tier lives on device 1
-  const auto t = tokens64(2 * kChunk, 10);
-  const auto want = rows_of(t);
-  ASSERT_EQ(store.store_hidden_states(t, device_rows(want, 0)).written, 2);
-  EXPECT_EQ(device_row(store)->entries_held, 0u);
-  ASSERT_EQ(store.store_hidden_states(tokens64(2 * kChunk, 11),
-                                      device_rows(rows_of(tokens64(2 * kChunk, 11)), 1))
-                .written,
-            2);
-  EXPECT_EQ(device_row(store)->entries_held, 2u);
-  const auto [rows, got] = restore_on_device(store, tokens64(2 * kChunk, 11), 1);
-  EXPECT_EQ(rows, 2 * kChunk);
-  EXPECT_EQ(got, rows_of(tokens64(2 * kChunk, 11)));
-  EXPECT_EQ(device_row(store)->hits, 2u);
-}
-
-TEST_F(DeviceTier, AFailedAllocationAtConstructionLeavesTheStoreWithoutTheTierCounted) {
-  ChunkedTokenDatabase db(kChunk, false);
-  Config c = tier_config(0);
-  c.hidden_state_block_bytes = 64 << 10;
-  c.hidden_state_device_cache_size = 32.0;  // more than the model's 16 GiB of device memory
-  HiddenStateStore store(c, db);
-  const auto row = device_row(store);
-  ASSERT_TRUE(row.has_value());
-  EXPECT_EQ(row->errors, 1u);
-  EXPECT_EQ(row->entries_held, 0u);
-  const auto t = tokens64(2 * kChunk, 12);
-  const auto want = rows_of(t);
-  ASSERT_EQ(store.store_hidden_states(t, device_rows(want)).written, 2);
-  const auto [rows, got] = restore_on_device(store, t);
-  EXPECT_EQ(rows, 2 * kChunk);
-  EXPECT_EQ(got, want);
-  EXPECT_EQ(device_row(store)->hits, 0u);
-}
-
-TEST_F(DeviceTier, AFailedLaunchLosesTheDeviceCopiesOnlyCounted) {
-  ChunkedTokenDatabase db(kChunk, false);
-  HiddenStateStore store(tier_config(8), db);
-  const auto t = tokens64(2 * kChunk, 13);
-  const auto want = rows_of(t);
-  const TensorView src = device_rows(want);
-  // The single store's gather into staging is launch 0; the device copies' kernel launch 1.
-  cuda_model::fail_launch(1);
-  ASSERT_EQ(store.store_hidden_states(t, src).written, 2);
-  cuda_model::clear_faults();
-  (void)cudaGetLastError();
-  const auto row = device_row(store);
-  EXPECT_EQ(row->errors, 2u);
-  EXPECT_EQ(row->entries_held, 0u);
-  const auto [rows, got] = restore_on_device(store, t);
-  EXPECT_EQ(rows, 2 * kChunk);
-  EXPECT_EQ(got, want);
-  const auto host = store.retrieve_hidden_states(t);
-  ASSERT_TRUE(host.has_value());
-  EXPECT_EQ(std::memcmp(host->data(), want.data(), host->bytes()), 0);
-}
-
-TEST_F(DeviceTier, AStickyErrorMidRunServesNothingStale) {
-  ResetDevicesAfter reset;
-  ChunkedTokenDatabase db(kChunk, false);
-  auto store = std::make_unique<HiddenStateStore>(tier_config(8), db);
-  const auto t = tokens64(2 * kChunk, 14);
-  const TensorView src = device_rows(rows_of(t));
-  const MutableTensorView out = device_out(2 * kChunk);
-  StreamHolder s;
-  StoreOptions so;
-  so.stream = s.stream;
-  {
-    test::StreamGate gate(s.stream);
-    cuda_model::fail_copy(0);  // the pool's copy fails when it runs: the context is lost
-    EXPECT_EQ(store->store_hidden_states(t, src, so).written, 2);
-  }
-  EXPECT_NE(cudaDeviceSynchronize(), cudaSuccess);
-  // Neither the pool nor the device copies serve the chunks (the device copies' kernel ran
-  // after the failure on a lost context, so their fence failed too).
-  RetrieveOptions ro;
-  ro.stream = s.stream;
-  store->flush();
-  EXPECT_EQ(store->retrieve_hidden_states_into(t, out, ro), 0);
-  EXPECT_FALSE(store->retrieve_hidden_states(t).has_value());
-  store->check_invariants();
-  store.reset();
-}
-
-TEST_F(DeviceTier, ADeviceLostAfterTheStoreServesNoDeviceCopy) {
-  ResetDevicesAfter reset;
-  ChunkedTokenDatabase db(kChunk, false);
-  auto store = std::make_unique<HiddenStateStore>(tier_config(8), db);
-  const auto t = tokens64(2 * kChunk, 15);
-  const auto want = rows_of(t);
-  ASSERT_EQ(store->store_hidden_states(t, device_rows(want)).written, 2);
-  const MutableTensorView out = device_out(2 * kChunk);
-  store->flush();
-  // The device is lost mid-run (a copy of the engine's own faults it): every later device call
-  // fails; the restore reports it and serves nothing, and the pool still serves host outputs.
-  DeviceBytes a(64), b(64);
-  cuda_model::fail_copy(0);
-  (void)cudaMemcpy(b.ptr, a.ptr, 64, cudaMemcpyDeviceToDevice);
-  (void)cudaDeviceSynchronize();
-  ASSERT_NE(cuda_model::sticky_error(0), cudaSuccess);
-  (void)cudaGetLastError();
-  RetrieveOptions ro;
-  EXPECT_THROW((void)store->retrieve_hidden_states_into(t, out, ro), Error);
-  EXPECT_EQ(device_row(*store)->hits, 0u);
-  const auto host = store->retrieve_hidden_states(t);
-  ASSERT_TRUE(host.has_value());
-  EXPECT_EQ(std::memcmp(host->data(), want.data(), host->bytes()), 0);
-  store.reset();
-}
-
 TEST_F(DeviceTier, ConcurrentStoresAndRestoresUnderPressureServeExactRows) {
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore store(tier_config(4), db);
@@ -405,5 +277,53 @@ TEST_F(DeviceTier, ConcurrentStoresAndRestoresUnderPressureServeExactRows) {
   EXPECT_LE(device_row(store)->entries_held, 4u);
 }
 
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  (void)cudaGetLastError();
+  return n;
+}
+
+class DeviceTierTwoDevices : public DeviceTier {
+ protected:
+  void SetUp() override {
+    DeviceTier::SetUp();
+    if (device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  }
+};
+
+TEST_F(DeviceTierTwoDevices, ARestoreOntoAnotherDeviceReadsThePool) {
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore store(tier_config(8, 0), db);
+  const auto t = tokens64(2 * kChunk, 9);
+  const auto want = rows_of(t);
+  ASSERT_EQ(store.store_hidden_states(t, device_rows(want)).written, 2);
+  const auto [rows, got] = restore_on_device(store, t, 1);
+  EXPECT_EQ(rows, 2 * kChunk);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(device_row(store)->hits, 0u);  // no peer read: the pool served device 1
+}
+
+TEST_F(DeviceTierTwoDevices, AStoreFromAnotherDeviceKeepsNoDeviceCopy) {
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore store(tier_config(8, 1), db);  // the tier lives on device 1
+  const auto t = tokens64(2 * kChunk, 10);
+  const auto want = rows_of(t);
+  ASSERT_EQ(store.store_hidden_states(t, device_rows(want, 0)).written, 2);
+  EXPECT_EQ(device_row(store)->entries_held, 0u);
+  ASSERT_EQ(store.store_hidden_states(tokens64(2 * kChunk, 11),
+                                      device_rows(rows_of(tokens64(2 * kChunk, 11)), 1))
+                .written,
+            2);
+  EXPECT_EQ(device_row(store)->entries_held, 2u);
+  const auto [rows, got] = restore_on_device(store, tokens64(2 * kChunk, 11), 1);
+  EXPECT_EQ(rows, 2 * kChunk);
+  EXPECT_EQ(got, rows_of(tokens64(2 * kChunk, 11)));
+  EXPECT_EQ(device_row(store)->hits, 2u);
+}
+
 }  // namespace
 }  // namespace hss
+
+#endif  // HSS_WITH_CUDA
