@@ -7,10 +7,13 @@
 // of the prefix resident (stored from the device), the second half in the pool only (stored from
 // the host), restored in one call, against the same references. Each run ends with a stream
 // synchronisation. Target on a GPU (issue 55): resident restore >= 0.8x the D2D cudaMemcpyAsync.
+// write-through store: the same rows stored from the device and flushed with the tier on (the
+// pool's copy plus the device copy's kernel) against the tier off: what write-through costs.
 // The first restore of each case checks that the tier served it (stats().tiers' `device` hits):
 // a figure of a tier that did not serve would be a pool figure under another name.
 
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -147,6 +150,44 @@ void tier_case(Context& ctx, const TierShape& s, const std::string& name, int64_
   (void)ctx.report.measure("gpu_tier", name, p, cand, refs);
 }
 
+void store_case(Context& ctx, const TierShape& s) {
+  const auto bytes = static_cast<size_t>(s.tokens * s.hidden * 2);
+  const auto tokens_d = static_cast<double>(s.tokens);
+  auto stream = std::make_shared<StreamHandle>();
+  const auto rows = random_bf16(s.tokens * s.hidden, 71);
+  auto input = std::make_shared<DeviceBuffer>(device_alloc(bytes));
+  check(cudaMemcpy(input->get(), rows.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  auto tokens = std::make_shared<std::vector<int32_t>>(make_tokens(s.tokens, 73));
+  const TensorView view{input->get(), DType::kBFloat16, s.tokens, s.hidden, 0, Device::kCuda, 0};
+  const auto store_of = [&](const std::string& label, bool tier_on) {
+    auto hss = std::make_shared<TierStore>(s, tier_on ? bytes + (uint64_t{4} << 20) : 0);
+    const auto drop = [hss, tokens] {
+      for (const Chunk& chunk : hss->db.process_tokens(std::span<const int32_t>(*tokens))) {
+        (void)hss->store.drop_key(chunk.key);
+      }
+      hss->store.flush();
+    };
+    return Timed{label, drop,
+                 [hss, tokens, view, stream, input] {
+                   (void)hss->store.store_hidden_states(*tokens, view, {.stream = stream->s});
+                   hss->store.flush();
+                 },
+                 static_cast<double>(bytes), tokens_d};
+  };
+  const Timed cand = store_of("store + flush, tier on", true);
+  const Timed ref = store_of("the same store, tier off", false);
+  Params p;
+  p.chunk_size = s.chunk;
+  p.hidden_dim = s.hidden;
+  p.tokens = s.tokens;
+  p.layers = 1;
+  p.dtype = "bfloat16";
+  p.storage = "native";
+  p.output = "pool";
+  (void)ctx.report.measure("gpu_tier", "write-through store", p, cand,
+                           std::span<const Timed>(&ref, 1));
+}
+
 }  // namespace
 #endif  // HSS_BENCH_WITH_CUDA
 
@@ -162,6 +203,7 @@ void run_gpu_tier(Context& ctx) {
   const TierShape s = ctx.quick ? TierShape{256, 1024, 2048} : TierShape{};
   tier_case(ctx, s, "resident restore", s.tokens);
   tier_case(ctx, s, "mixed restore (half resident, half pool)", s.tokens / 2);
+  store_case(ctx, s);
   ctx.report.print_workload("gpu_tier");
 #else
   ctx.report.skip("gpu_tier", "all cases", "no CUDA device (hss-bench built with HSS_WITH_CUDA=OFF)");
