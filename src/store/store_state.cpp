@@ -75,6 +75,9 @@ void StoreState::make_device_tier() {
   const int device = device_path ? store_device(config) : -1;
   try {
     if (device < 0) throw Error("no CUDA device");
+    // A restore reads resident and pool chunks in one device launch: the pool must be
+    // device-mapped (a pageable pool's restores are host copies).
+    if (!pool.pinned()) throw Error("the hidden-state pool is not page-locked");
     device_tier = std::make_unique<DeviceTier>(bytes, pool.granule_bytes(), device);
     if (device_tier->pool().granule_bytes() != pool.granule_bytes()) {
       throw Error("device-resident tier of " + std::to_string(bytes) +

@@ -134,6 +134,23 @@ TEST_F(DeviceTierFaults, AFailedAllocationAtConstructionLeavesTheStoreWithoutThe
   EXPECT_EQ(device_row(store)->hits, 0u);
 }
 
+TEST_F(DeviceTierFaults, APoolThatIsNotPageLockedLeavesTheStoreWithoutTheTier) {
+  ChunkedTokenDatabase db(kChunk, false);
+  cuda_model::fail_allocation(0);  // the pool's cudaHostAlloc: the pool falls back to pageable
+  HiddenStateStore store(tier_config(8), db);
+  cuda_model::clear_faults();
+  ASSERT_FALSE(store.stats().pinned);
+  const auto row = device_row(store);
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->errors, 1u);
+  const auto t = tokens64(2 * kChunk, 17);
+  const auto want = rows_of(t);
+  ASSERT_EQ(store.store_hidden_states(t, device_rows(want)).written, 2);
+  const auto [rows, got] = restore_on_device(store, t);
+  EXPECT_EQ(rows, 2 * kChunk);
+  EXPECT_EQ(got, want);
+}
+
 TEST_F(DeviceTierFaults, AFailedLaunchLosesTheDeviceCopiesOnlyCounted) {
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore store(tier_config(8), db);

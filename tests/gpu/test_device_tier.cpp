@@ -182,6 +182,24 @@ TEST_F(DeviceTier, OneRestoreMixesResidentAndPoolChunksInOneLaunch) {
   EXPECT_EQ(device_row(store)->hits, 2u);
 }
 
+TEST_F(DeviceTier, AMixedRestoreThroughTheCopyEnginesReadsBothKinds) {
+  ChunkedTokenDatabase db(kChunk, false);
+  Config c = tier_config(8);
+  c.tuning.restore_impl = RestoreImpl::kCopyEngine;
+  HiddenStateStore store(c, db);
+  const auto t = tokens64(4 * kChunk, 16);
+  const auto want = rows_of(t);
+  const std::vector<int64_t> head(t.begin(), t.begin() + 2 * kChunk);
+  const std::vector<float> head_rows(want.begin(), want.begin() + 2 * kChunk * kCols);
+  ASSERT_EQ(store.store_hidden_states(head, device_rows(head_rows)).written, 2);
+  ASSERT_EQ(store.store_hidden_states(t, test::view_of(want, kCols)).written, 2);
+  store.flush();
+  const auto [rows, got] = restore_on_device(store, t);
+  EXPECT_EQ(rows, 4 * kChunk);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(device_row(store)->hits, 2u);
+}
+
 TEST_F(DeviceTier, DevicePoolPressureDropsOnlyDeviceCopiesOfTheLeastRecentKeys) {
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore store(tier_config(2), db);
