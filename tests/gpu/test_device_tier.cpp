@@ -200,6 +200,35 @@ TEST_F(DeviceTier, AMixedRestoreThroughTheCopyEnginesReadsBothKinds) {
   EXPECT_EQ(device_row(store)->hits, 2u);
 }
 
+TEST_F(DeviceTier, ACallOnACapturingStreamIsRefusedAndTheTierIsUnchanged) {
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore store(tier_config(8), db);
+  const auto t = tokens64(2 * kChunk, 18);
+  const auto want = rows_of(t);
+  const TensorView src = device_rows(want);
+  ASSERT_EQ(store.store_hidden_states(t, src).written, 2);
+  const MutableTensorView out = device_out(2 * kChunk);
+  const auto other = tokens64(2 * kChunk, 19);
+  StreamHolder s;
+  CUDA_OK(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeGlobal));
+  StoreOptions so;
+  so.stream = s.stream;
+  RetrieveOptions ro;
+  ro.stream = s.stream;
+  EXPECT_THROW((void)store.store_hidden_states(other, src, so), Error);
+  EXPECT_THROW((void)store.retrieve_hidden_states_into(t, out, ro), Error);
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s.stream, &graph), cudaSuccess);  // the capture stayed valid
+  if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  const auto row = device_row(store);
+  EXPECT_EQ(row->entries_held, 2u);
+  EXPECT_EQ(row->hits, 0u);
+  EXPECT_EQ(row->errors, 0u);
+  const auto [rows, got] = restore_on_device(store, t);  // and serves as before
+  EXPECT_EQ(rows, 2 * kChunk);
+  EXPECT_EQ(got, want);
+}
+
 TEST_F(DeviceTier, DevicePoolPressureDropsOnlyDeviceCopiesOfTheLeastRecentKeys) {
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore store(tier_config(2), db);
