@@ -229,6 +229,30 @@ TEST_F(DeviceTier, ACallOnACapturingStreamIsRefusedAndTheTierIsUnchanged) {
   EXPECT_EQ(got, want);
 }
 
+TEST_F(DeviceTier, AnFp8DeviceCopyRestoresAsThePoolsEntryDoes) {
+  // FP8 storage: the device copy holds the codes and row scales the pool holds, so a restore from
+  // it equals the restore of the same entry from the pool (tier off), element for element.
+  const auto t = tokens64(2 * kChunk, 20);
+  const auto want = rows_of(t);
+  const TensorView src = device_rows(want);
+  std::vector<float> restored[2];
+  for (const int tier_chunks : {8, 0}) {
+    ChunkedTokenDatabase db(kChunk, false);
+    Config c = tier_config(tier_chunks);
+    c.hidden_state_storage_dtype = StorageDType::kFp8E4M3;
+    HiddenStateStore store(c, db);
+    ASSERT_EQ(store.store_hidden_states(t, src).written, 2);
+    const auto [rows, got] = restore_on_device(store, t);
+    EXPECT_EQ(rows, 2 * kChunk);
+    restored[tier_chunks == 0 ? 1 : 0] = got;
+    if (tier_chunks != 0) {
+      EXPECT_EQ(device_row(store)->hits, 2u);
+    }
+  }
+  EXPECT_EQ(restored[0], restored[1]);
+  EXPECT_NE(restored[0], std::vector<float>(want.size(), 0.0f));
+}
+
 TEST_F(DeviceTier, DevicePoolPressureDropsOnlyDeviceCopiesOfTheLeastRecentKeys) {
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore store(tier_config(2), db);
