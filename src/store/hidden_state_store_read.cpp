@@ -200,12 +200,11 @@ void ReadPipeline::apply_walk_locked(const Walk& w, detail::RecordLookups* looku
 
 uint64_t ReadPipeline::plan_restore(const Walk& w, size_t slot, int64_t row_begin,
                                 std::vector<kernels::GatherSegment>& segments,
-                                int out_device) const {
+                                bool device_copies) const {
   segments.clear();
   const int64_t cols = w.cols(slot);
   const auto granule = static_cast<int64_t>(store_.pool.granule_bytes());
-  const bool from_device = !w.device_pins.empty() && out_device >= 0 &&
-                           out_device == store_.device_tier->device();
+  const bool from_device = device_copies && !w.device_pins.empty();
   uint64_t device_hits = 0;
   for (int64_t i = 0; i < w.hits; ++i) {
     const Chunk& chunk = w.chunks[static_cast<size_t>(i)];
@@ -268,6 +267,13 @@ void ReadPipeline::plan_scaled_restore(const detail::Entry& entry, int64_t first
           segments.push_back({src, dst_base + first, count, entry.format.elem, scale});
         });
   }
+}
+
+bool ReadPipeline::reads_device_copies(int device) const {
+  if (!store_.device_tier) return false;
+  // Another device reads the copies over peer access where CUDA allows it, else the pool.
+  return device == store_.device_tier->device() ||
+         store_.device_path->peer_access(device, store_.device_tier->device());
 }
 
 void ReadPipeline::check_read(const ReadCall& call) const {
@@ -484,7 +490,8 @@ void ReadPipeline::restore_walks(std::span<Walk> walks, std::span<const ReadItem
       const kernels::OutputView view{out.data, w.cols(s), out.stride(),
                                      detail::to_elem_type(out.dtype)};
       if (out.device == Device::kCuda) {
-        device_hits += plan_restore(w, s, row_begin, segments.emplace_back(), out.device_index);
+        device_hits += plan_restore(w, s, row_begin, segments.emplace_back(),
+                                    !w.device_pins.empty() && reads_device_copies(out.device_index));
         groups.add(out.device_index, reads[i].stream, {segments.back(), view}, i);
       } else {
         (void)plan_restore(w, s, row_begin, host_segments);

@@ -172,12 +172,16 @@ class ReadPipeline {
   /// Rows [row_begin, prefix end) of slot `slot` of a walk as gather segments.
   /// Fills `segments` (cleared first: callers reuse one buffer) with the walk's pool runs of
   /// `slot` from row_begin on.
-  /// `out_device`: the output's CUDA device (-1: a host output). A device output on the
-  /// device-resident tier's device reads the chunks with a device copy from it (device to
-  /// device, in the same gather) and the others from the pool; any other output reads the pool.
+  /// `device_copies`: the output is device memory whose kernels can read the device-resident
+  /// tier (its device, or a peer with access): the chunks with a device copy are read from it
+  /// (in the same gather) and the others from the pool; otherwise every chunk reads the pool.
   /// Returns how many chunks it reads from device copies.
   uint64_t plan_restore(const Walk& w, size_t slot, int64_t row_begin,
-                        std::vector<kernels::GatherSegment>& segments, int out_device = -1) const;
+                        std::vector<kernels::GatherSegment>& segments,
+                        bool device_copies = false) const;
+  /// True when a device output on `device` may read the device-resident tier's copies (there is
+  /// a tier, and it is on `device` or `device` has peer access to it). No lock held.
+  [[nodiscard]] bool reads_device_copies(int device) const;
   /// A scaled entry's part of plan_restore: rows [first_row, rows) as one segment per row and
   /// granule with the row's scale, output elements from dst_base (appended to `segments`).
   void plan_scaled_restore(const Entry& entry, int64_t first_row, int64_t dst_base,

@@ -151,6 +151,34 @@ TEST_F(DeviceTierFaults, APoolThatIsNotPageLockedLeavesTheStoreWithoutTheTier) {
   EXPECT_EQ(got, want);
 }
 
+TEST_F(DeviceTierFaults, WithoutPeerAccessARestoreOntoAnotherDeviceReadsThePool) {
+  ASSERT_EQ(cuda_model::device_count(), 2) << "run with HSS_CUDA_MODEL_DEVICES=2 (ctest sets it)";
+  struct PeerSupportBack {
+    ~PeerSupportBack() { cuda_model::set_peer_access_supported(true); }
+  } back;
+  (void)cudaSetDevice(1);
+  (void)cudaDeviceReset();  // drops access an earlier test enabled
+  (void)cudaSetDevice(0);
+  cuda_model::set_peer_access_supported(false);
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore store(tier_config(8, 0), db);
+  const auto t = tokens64(2 * kChunk, 18);
+  const auto want = rows_of(t);
+  ASSERT_EQ(store.store_hidden_states(t, device_rows(want)).written, 2);
+  const auto [rows, got] = restore_on_device(store, t, 1);
+  EXPECT_EQ(rows, 2 * kChunk);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(device_row(store)->hits, 0u);
+  // With peer access the same restore reads the copies (a new store asks CUDA afresh).
+  cuda_model::set_peer_access_supported(true);
+  HiddenStateStore peered(tier_config(8, 0), db);
+  ASSERT_EQ(peered.store_hidden_states(t, device_rows(want)).written, 2);
+  const auto [rows2, got2] = restore_on_device(peered, t, 1);
+  EXPECT_EQ(rows2, 2 * kChunk);
+  EXPECT_EQ(got2, want);
+  EXPECT_EQ(device_row(peered)->hits, 2u);
+}
+
 TEST_F(DeviceTierFaults, AFailedLaunchLosesTheDeviceCopiesOnlyCounted) {
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore store(tier_config(8), db);
