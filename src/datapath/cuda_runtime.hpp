@@ -26,8 +26,8 @@ namespace hss::detail {
 /// Frees what pinned_host_alloc(…, device) returned, on that device (as it was allocated).
 void pinned_host_free(void* ptr, int device) noexcept;
 
-/// Device memory (cudaMalloc) on `device`, allocated by a helper thread as pinned_host_alloc is:
-/// the device-resident tier's arena. nullptr when no device is available or the allocation
+/// Device memory (cudaMalloc) on `device` (a device the process sees), allocated by a helper
+/// thread as pinned_host_alloc is: the device-resident tier's arena. nullptr when the allocation
 /// fails (the store then runs without the tier; `error` says why).
 [[nodiscard]] void* device_memory_alloc(size_t bytes, int device, std::string* error);
 /// Frees what device_memory_alloc(…, device) returned, on that device.

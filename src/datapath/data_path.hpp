@@ -159,7 +159,7 @@ class DevicePath {
   /// access that cudaDeviceCanAccessPeer allows and that this call enabled once, from a thread
   /// bound to `device`: the device-resident tier's restores onto another device). The answer is
   /// kept per pair. May throw hss::Error when CUDA fails.
-  [[nodiscard]] virtual bool peer_access(int device, int peer) { return device == peer; }
+  [[nodiscard]] virtual bool peer_access(int device, int peer) = 0;
 };
 
 /// The platform's path (cuda/device_path.cpp or nocuda/device_path.cpp).

@@ -134,6 +134,19 @@ TEST_F(DeviceTierFaults, AFailedAllocationAtConstructionLeavesTheStoreWithoutThe
   EXPECT_EQ(device_row(store)->hits, 0u);
 }
 
+TEST_F(DeviceTierFaults, ATierSmallerThanAGranuleOfThePoolIsOffCounted) {
+  ChunkedTokenDatabase db(kChunk, false);
+  Config c = tier_config(0);
+  c.hidden_state_device_cache_size = 128.0 / static_cast<double>(1ULL << 30);  // 128 bytes
+  HiddenStateStore store(c, db);  // the pool's granule is 256 bytes
+  const auto row = device_row(store);
+  ASSERT_TRUE(row.has_value());
+  EXPECT_EQ(row->errors, 1u);
+  const auto t = tokens64(kChunk, 21);
+  ASSERT_EQ(store.store_hidden_states(t, device_rows(rows_of(t))).written, 1);
+  EXPECT_EQ(device_row(store)->entries_held, 0u);
+}
+
 TEST_F(DeviceTierFaults, APoolThatIsNotPageLockedLeavesTheStoreWithoutTheTier) {
   ChunkedTokenDatabase db(kChunk, false);
   cuda_model::fail_allocation(0);  // the pool's cudaHostAlloc: the pool falls back to pageable
@@ -177,6 +190,49 @@ TEST_F(DeviceTierFaults, WithoutPeerAccessARestoreOntoAnotherDeviceReadsThePool)
   EXPECT_EQ(rows2, 2 * kChunk);
   EXPECT_EQ(got2, want);
   EXPECT_EQ(device_row(peered)->hits, 2u);
+}
+
+TEST_F(DeviceTierFaults, ADeviceCopyWhoseKernelFailsIsDroppedAndItsEntryServedFromThePool) {
+  ResetDevicesAfter reset;
+  ChunkedTokenDatabase db(kChunk, false);
+  Config c = tier_config(8);
+  c.tuning.store_impl = StoreImpl::kMapped;  // the pool's kernel, then the copies', one stream
+  auto store = std::make_unique<HiddenStateStore>(c, db);
+  const auto t = tokens64(2 * kChunk, 23);
+  const auto want = rows_of(t);
+  const TensorView src = device_rows(want);
+  const auto chunks = db.process_tokens(std::span<const int64_t>(t));
+  StreamHolder s, other;
+  StoreOptions so;
+  so.stream = s.stream;
+  DeviceBytes a(64), b(64);
+  cuda_model::set_manual(true);
+  ASSERT_EQ(store->store_hidden_states(t, src, so).written, 2);
+  // Run the caller's stream up to the pool's fence (the first kernel and its records), and let
+  // the store see it landed (coverage queries the fences without waiting).
+  const auto kernels_run = [&] {
+    size_t n = 0;
+    for (const std::string& op : cuda_model::history(s.stream)) n += op.rfind("kernel", 0) == 0;
+    return n;
+  };
+  while (kernels_run() < 1 && cuda_model::step()) {
+  }
+  for (int i = 0; i < 2; ++i) (void)cuda_model::step();  // the launch slot's and fence's records
+  EXPECT_EQ(store->coverage(chunks, std::vector<int64_t>{0}), 2 * kChunk);
+  // Then the context is lost before the device copies' kernel runs: their fence fails.
+  cuda_model::fail_copy(0);
+  (void)cudaMemcpyAsync(b.ptr, a.ptr, 64, cudaMemcpyDeviceToDevice, other.stream);
+  cuda_model::set_manual(false);
+  (void)cudaDeviceSynchronize();
+  (void)cudaGetLastError();
+  store->flush();  // the fences' outcomes are known now
+  // A host retrieve serves the pool's rows and drops the failed device copies, counted.
+  const auto host = store->retrieve_hidden_states(t);
+  ASSERT_TRUE(host.has_value());
+  EXPECT_EQ(std::memcmp(host->data(), want.data(), host->bytes()), 0);
+  const auto row = device_row(*store);
+  EXPECT_EQ(row->errors, 2u);
+  store.reset();
 }
 
 TEST_F(DeviceTierFaults, AFailedLaunchLosesTheDeviceCopiesOnlyCounted) {

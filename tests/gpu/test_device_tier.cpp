@@ -292,6 +292,20 @@ TEST_F(DeviceTier, AStoreWhoseOwnKeysFillTheDevicePoolKeepsTheRestOnTheHostOnly)
   EXPECT_EQ(device_row(store)->hits, 2u);
 }
 
+TEST_F(DeviceTier, ARestoreOfASlotNotHeldRestoresNothing) {
+  ChunkedTokenDatabase db(kChunk, false);
+  HiddenStateStore store(tier_config(8), db);
+  const auto t = tokens64(2 * kChunk, 22);
+  ASSERT_EQ(store.store_hidden_states(t, device_rows(rows_of(t))).written, 2);  // layer 0
+  const MutableTensorView out = device_out(2 * kChunk);
+  StreamHolder s;
+  RetrieveOptions ro;
+  ro.stream = s.stream;
+  ro.layer_idx = 1;  // the keys are there, this slot is not
+  EXPECT_EQ(store.retrieve_hidden_states_into(t, out, ro), 0);
+  EXPECT_EQ(device_row(store)->hits, 0u);
+}
+
 TEST_F(DeviceTier, EvictingAKeyDropsItsDeviceCopyToo) {
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore store(tier_config(8), db);

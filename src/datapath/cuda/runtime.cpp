@@ -81,10 +81,7 @@ void pinned_host_free(void* ptr, int device) noexcept {
 }
 
 void* device_memory_alloc(size_t bytes, int device, std::string* error) {
-  if (!cuda_device_available() || device < 0) {
-    if (error != nullptr) *error = "no CUDA device";
-    return nullptr;
-  }
+  // Asked only with a device found (the store's device path exists; store_device() >= 0).
   void* ptr = nullptr;
   cudaError_t status = cudaSuccess;
   cuda::run_on_device(device, [&] {
