@@ -18,9 +18,10 @@
 # included): the tests/gpu tests (the hss_gpu_tests binary, all of them in one process); the
 # GPU benchmarks of device store and restore against cudaMemcpyAsync (gpu_store, gpu_retrieve),
 # of batch launches (gpu_batch) and of the FP8 device store and restore against the bf16 ones
-# (gpu_fp8: the table says whether the FP8 store reached 0.9x the bf16 store), of the device-resident
-# tier's resident and mixed restores against a D2D cudaMemcpyAsync (gpu_tier: the table says
-# whether the resident restore reached 0.8x); compute-sanitizer memcheck on a representative subset of
+# (gpu_fp8: the table says whether the FP8 store reached 0.9x the bf16 store), of the
+# device-resident tier's resident and mixed restores against a D2D cudaMemcpyAsync and its
+# write-through store (gpu_tier: the table says whether the resident restore reached 0.8x);
+# compute-sanitizer memcheck on a representative subset of
 # tests/gpu (memcheck_filter below says which and why); gpu_store_mapped, gpu_small and
 # gpu_overlap; racecheck and synccheck; the kernels' resource usage; the Python binding's CUDA
 # tests when python/CMakeLists.txt exists. memcheck judges memory errors, not the CUDA API errors

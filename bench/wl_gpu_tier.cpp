@@ -47,7 +47,9 @@ DeviceBuffer device_alloc(size_t bytes) {
 }
 
 struct StreamHandle {
-  StreamHandle() { check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  StreamHandle() {
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
   ~StreamHandle() { (void)cudaStreamDestroy(s); }
   StreamHandle(const StreamHandle&) = delete;
   StreamHandle& operator=(const StreamHandle&) = delete;
@@ -61,7 +63,8 @@ struct TierShape {
 
 /// A store of bfloat16 entries with a device tier of `device_bytes` (0: off).
 struct TierStore {
-  TierStore(const TierShape& s, uint64_t device_bytes) : db(s.chunk, false), store(config(s, device_bytes), db) {}
+  TierStore(const TierShape& s, uint64_t device_bytes)
+      : db(s.chunk, false), store(config(s, device_bytes), db) {}
   static Config config(const TierShape& s, uint64_t device_bytes) {
     Config c;
     c.chunk_size = s.chunk;
@@ -96,7 +99,8 @@ std::shared_ptr<TierStore> filled_store(const TierShape& s, bool tier_on, int64_
         head, {device_rows, DType::kBFloat16, resident_tokens, s.hidden, 0, Device::kCuda, 0},
         {.stream = stream});
   }
-  (void)hss->store.store_hidden_states(tokens, host_view(rows.data(), DType::kBFloat16, s.tokens, s.hidden));
+  (void)hss->store.store_hidden_states(
+      tokens, host_view(rows.data(), DType::kBFloat16, s.tokens, s.hidden));
   hss->store.flush();
   return hss;
 }
@@ -117,7 +121,8 @@ void tier_case(Context& ctx, const TierShape& s, const std::string& name, int64_
     if (tier_on) {
       (void)hss->store.retrieve_hidden_states_into(*tokens, out_view, {.stream = stream->s});
       stream->sync();
-      if (hss->device_hits() == 0) throw std::runtime_error("gpu_tier: the device tier served nothing");
+      if (hss->device_hits() == 0)
+        throw std::runtime_error("gpu_tier: the device tier served nothing");
     }
     return Timed{label, nullptr,
                  [hss, tokens, out_view, stream, out] {
@@ -129,16 +134,15 @@ void tier_case(Context& ctx, const TierShape& s, const std::string& name, int64_
   };
   const Timed cand = restore_of("retrieve into device bf16", true);
   auto src = std::make_shared<DeviceBuffer>(device_alloc(bytes));
-  const Timed refs[] = {
-      Timed{"cudaMemcpyAsync D2D of the same bytes", nullptr,
-            [src, out, stream, bytes] {
-              check(cudaMemcpyAsync(out->get(), src->get(), bytes, cudaMemcpyDeviceToDevice,
-                                    stream->s),
-                    "cudaMemcpyAsync");
-              stream->sync();
-            },
-            static_cast<double>(bytes), tokens_d},
-      restore_of("the same restore from the pool (tier off)", false)};
+  const Timed refs[] = {Timed{"cudaMemcpyAsync D2D of the same bytes", nullptr,
+                              [src, out, stream, bytes] {
+                                check(cudaMemcpyAsync(out->get(), src->get(), bytes,
+                                                      cudaMemcpyDeviceToDevice, stream->s),
+                                      "cudaMemcpyAsync");
+                                stream->sync();
+                              },
+                              static_cast<double>(bytes), tokens_d},
+                        restore_of("the same restore from the pool (tier off)", false)};
   Params p;
   p.chunk_size = s.chunk;
   p.hidden_dim = s.hidden;
@@ -206,7 +210,8 @@ void run_gpu_tier(Context& ctx) {
   store_case(ctx, s);
   ctx.report.print_workload("gpu_tier");
 #else
-  ctx.report.skip("gpu_tier", "all cases", "no CUDA device (hss-bench built with HSS_WITH_CUDA=OFF)");
+  ctx.report.skip("gpu_tier", "all cases",
+                  "no CUDA device (hss-bench built with HSS_WITH_CUDA=OFF)");
 #endif
 }
 

@@ -490,8 +490,9 @@ void ReadPipeline::restore_walks(std::span<Walk> walks, std::span<const ReadItem
       const kernels::OutputView view{out.data, w.cols(s), out.stride(),
                                      detail::to_elem_type(out.dtype)};
       if (out.device == Device::kCuda) {
-        device_hits += plan_restore(w, s, row_begin, segments.emplace_back(),
-                                    !w.device_pins.empty() && reads_device_copies(out.device_index));
+        const bool device_copies =
+            !w.device_pins.empty() && reads_device_copies(out.device_index);
+        device_hits += plan_restore(w, s, row_begin, segments.emplace_back(), device_copies);
         groups.add(out.device_index, reads[i].stream, {segments.back(), view}, i);
       } else {
         (void)plan_restore(w, s, row_begin, host_segments);

@@ -219,7 +219,8 @@ void WritePipeline::plan_writes_locked(const TensorView& hidden, const StoreOpti
     entry->blocks.reserve(need);
     // A scaled entry's segments stop at every row end (one scale each).
     const size_t entry_segments =
-        need + (format.scales == detail::ScaleLayout::kNone ? 0 : static_cast<size_t>(chunk.size()));
+        need +
+        (format.scales == detail::ScaleLayout::kNone ? 0 : static_cast<size_t>(chunk.size()));
     max_segments += entry_segments;
     EntryRef device;
     if (store_.keeps_device_copies(hidden.device, hidden.device_index)) {

@@ -99,8 +99,8 @@ class DeviceTierFaults : public ::testing::Test {
   }
   /// Restores `tokens` into a fresh device buffer on `device`; the rows written and the buffer.
   std::pair<int64_t, std::vector<float>> restore_on_device(HiddenStateStore& store,
-                                                          const std::vector<int64_t>& tokens,
-                                                          int device = 0) {
+                                                           const std::vector<int64_t>& tokens,
+                                                           int device = 0) {
     const MutableTensorView out = device_out(static_cast<int64_t>(tokens.size()), device);
     (void)cudaSetDevice(device);  // the stream on the output's device
     StreamHolder s;

@@ -10,9 +10,9 @@
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <utility>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gpu_test_util.hpp"
@@ -62,7 +62,6 @@ std::optional<TierStats> device_row(const HiddenStateStore& store) {
   return std::nullopt;
 }
 
-
 class DeviceTier : public ::testing::Test {
  protected:
   void SetUp() override { HSS_REQUIRE_DEVICE(); }
@@ -97,9 +96,9 @@ class DeviceTier : public ::testing::Test {
     return v;
   }
   /// Restores `tokens` into a fresh device buffer on `device`; the rows written and the buffer.
-  std::pair<int64_t, std::vector<float>> restore_on_device(HiddenStateStore& store,
-                                                          const std::vector<int64_t>& tokens,
-                                                          int device = 0) {
+  std::pair<int64_t, std::vector<float> > restore_on_device(HiddenStateStore& store,
+                                                            const std::vector<int64_t>& tokens,
+                                                            int device = 0) {
     const MutableTensorView out = device_out(static_cast<int64_t>(tokens.size()), device);
     (void)cudaSetDevice(device);  // the stream on the output's device
     StreamHolder s;
@@ -111,7 +110,7 @@ class DeviceTier : public ::testing::Test {
     return {rows, read(out)};
   }
 
-  std::vector<std::unique_ptr<DeviceBytes>> buffers_;
+  std::vector<std::unique_ptr<DeviceBytes> > buffers_;
 };
 
 TEST_F(DeviceTier, OffByDefaultTheStatsHaveNoDeviceRow) {
@@ -325,8 +324,8 @@ TEST_F(DeviceTier, ConcurrentStoresAndRestoresUnderPressureServeExactRows) {
   ChunkedTokenDatabase db(kChunk, false);
   HiddenStateStore store(tier_config(4), db);
   constexpr int kThreads = 4;
-  std::vector<std::vector<int64_t>> tokens;
-  std::vector<std::vector<float>> rows;
+  std::vector<std::vector<int64_t> > tokens;
+  std::vector<std::vector<float> > rows;
   std::vector<TensorView> srcs;
   for (int i = 0; i < kThreads; ++i) {
     tokens.push_back(tokens64(2 * kChunk, 100 + static_cast<uint64_t>(i)));
@@ -361,7 +360,6 @@ TEST_F(DeviceTier, ConcurrentStoresAndRestoresUnderPressureServeExactRows) {
   store.check_invariants();
   EXPECT_LE(device_row(store)->entries_held, 4u);
 }
-
 
 int device_count() {
   int n = 0;
@@ -400,8 +398,9 @@ TEST_F(DeviceTierTwoDevices, AStoreFromAnotherDeviceKeepsNoDeviceCopy) {
   const auto want = rows_of(t);
   ASSERT_EQ(store.store_hidden_states(t, device_rows(want, 0)).written, 2);
   EXPECT_EQ(device_row(store)->entries_held, 0u);
-  ASSERT_EQ(store.store_hidden_states(tokens64(2 * kChunk, 11),
-                                      device_rows(rows_of(tokens64(2 * kChunk, 11)), 1))
+  ASSERT_EQ(store
+                .store_hidden_states(tokens64(2 * kChunk, 11),
+                                     device_rows(rows_of(tokens64(2 * kChunk, 11)), 1))
                 .written,
             2);
   EXPECT_EQ(device_row(store)->entries_held, 2u);

@@ -78,7 +78,8 @@ std::atomic<bool> g_peer_supported{true};
 
 bool peer_access_enabled(int device, int peer) {
   if (device < 0 || device >= 8 || peer < 0 || peer >= 8) return false;
-  return (g_peer_masks[static_cast<size_t>(device)].load(std::memory_order_acquire) >> peer & 1U) != 0;
+  const uint32_t mask = g_peer_masks[static_cast<size_t>(device)].load(std::memory_order_acquire);
+  return (mask >> peer & 1U) != 0;
 }
 
 void set_peer_supported(bool supported) { g_peer_supported.store(supported); }
