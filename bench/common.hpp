@@ -138,6 +138,7 @@ void run_gpu_retrieve(Context& ctx);
 void run_gpu_small(Context& ctx);
 void run_gpu_overlap(Context& ctx);
 void run_gpu_fp8(Context& ctx);
+void run_gpu_tier(Context& ctx);
 void run_remote(Context& ctx);
 void run_batch(Context& ctx);
 void run_gpu_batch(Context& ctx);

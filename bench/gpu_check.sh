@@ -18,7 +18,10 @@
 # included): the tests/gpu tests (the hss_gpu_tests binary, all of them in one process); the
 # GPU benchmarks of device store and restore against cudaMemcpyAsync (gpu_store, gpu_retrieve),
 # of batch launches (gpu_batch) and of the FP8 device store and restore against the bf16 ones
-# (gpu_fp8: the table says whether the FP8 store reached 0.9x the bf16 store); compute-sanitizer memcheck on a representative subset of
+# (gpu_fp8: the table says whether the FP8 store reached 0.9x the bf16 store), of the
+# device-resident tier's resident and mixed restores against a D2D cudaMemcpyAsync and its
+# write-through store (gpu_tier: the table says whether the resident restore reached 0.8x);
+# compute-sanitizer memcheck on a representative subset of
 # tests/gpu (memcheck_filter below says which and why); gpu_store_mapped, gpu_small and
 # gpu_overlap; racecheck and synccheck; the kernels' resource usage; the Python binding's CUDA
 # tests when python/CMakeLists.txt exists. memcheck judges memory errors, not the CUDA API errors
@@ -548,7 +551,7 @@ stage_python() {
 bench_table() {
   local json
   for json in "$out"/gpu_store.json "$out"/gpu_store_mapped.json "$out"/gpu_retrieve.json \
-    "$out"/gpu_small_overlap.json "$out"/gpu_batch.json "$out"/gpu_fp8.json; do
+    "$out"/gpu_small_overlap.json "$out"/gpu_batch.json "$out"/gpu_fp8.json "$out"/gpu_tier.json; do
     [[ -s $json ]] || continue
     python3 - "$json" <<'EOF' 2>/dev/null || echo "  (cannot read $json)"
 import json, sys
@@ -582,6 +585,25 @@ for f in d["figures"]:
             x = r["ratio"]["median"]
             verdict = "met" if x >= 0.9 else "MISSED"
             print(f"  {f['name']}: {x:.2f}x the bf16 device store (target >= 0.9x: {verdict}) on {sys.argv[2]}")
+EOF
+}
+
+# The device tier's target (issue 55): the resident restore against a device-to-device
+# cudaMemcpyAsync of the same bytes, on the card named.
+tier_targets() {
+  local json="$out/gpu_tier.json"
+  [[ -s $json ]] || return 0
+  python3 - "$json" "$smi" <<'EOF' 2>/dev/null || echo "  (cannot read $json)"
+import json, sys
+d = json.load(open(sys.argv[1]))
+for f in d["figures"]:
+    if f["name"] != "resident restore":
+        continue
+    for r in f["refs"]:
+        if r["name"].startswith("cudaMemcpyAsync D2D"):
+            x = r["ratio"]["median"]
+            verdict = "met" if x >= 0.8 else "MISSED"
+            print(f"  {f['name']}: {x:.2f}x a D2D cudaMemcpyAsync (target >= 0.8x: {verdict}) on {sys.argv[2]}")
 EOF
 }
 
@@ -633,6 +655,7 @@ print_summary() {
       echo "== GPU benchmark figures (this run on $smi; ratio = hsstore throughput / reference, same run)"
       bench_table
       fp8_targets
+      tier_targets
       [[ -s $logs/resources.summary ]] && cat "$logs/resources.summary"
       echo
     fi
@@ -737,6 +760,11 @@ cmd_run() {
       record gpu_batch absent 0 "hss-bench has no gpu_batch workload yet"
     fi
     stage_bench gpu_fp8 30 gpu_fp8
+    if "$build_dir/bench/hss-bench" --help 2>/dev/null | grep -q '^  gpu_tier:'; then
+      stage_bench gpu_tier 30 gpu_tier
+    else
+      record gpu_tier absent 0 "hss-bench has no gpu_tier workload"
+    fi
     stage_sanitizer memcheck "${HSS_GPU_MEMCHECK_FILTER:-$memcheck_filter}" 90
     stage_bench gpu_store_mapped 25 gpu_store_mapped
     stage_bench gpu_small_overlap 30 gpu_small gpu_overlap

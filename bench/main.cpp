@@ -42,6 +42,9 @@ constexpr Workload kWorkloads[] = {
      "store while the caller's stream is busy; restore during another stream's H2D copy"},
     {"gpu_fp8", run_gpu_fp8,
      "16K x 4096 device bf16 rows: fp8_e4m3 / fp8_e5m2 device store and restore vs bf16 ones"},
+    {"gpu_tier", run_gpu_tier,
+     "16K x 4096 device bf16 rows: resident restore (device tier) and a half-resident one vs "
+     "D2D cudaMemcpyAsync and the pool restore; the write-through store vs the tier off"},
     {"remote", run_remote, "Redis tier: read-through restore vs raw GETs, store with tier on/off"},
     {"batch", run_batch,
      "768 host items (256 requests x 3 layers; one-chunk and two-chunk prefixes) as one batch vs "

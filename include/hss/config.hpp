@@ -107,6 +107,11 @@ struct Config {
   /// constructing thread's current device. Set it where a thread may not have selected its
   /// device yet (CUDA then reports device 0). >= -1; must name a device the process sees.
   int64_t hidden_state_device = -1;
+  /// GiB of device memory (on hidden_state_device) kept as the device-resident hot tier: device
+  /// stores keep their entries resident there too (write-through: the pool still gets every
+  /// entry), and device restores on that device read them device-to-device. 0 (default): off.
+  /// Allocated once at construction; a failed allocation leaves the store without the tier.
+  double hidden_state_device_cache_size = 0.0;
 
   /// How the store moves bytes (hsstore extensions; LMCache has no such keys). The YAML keys and
   /// the Python attributes keep the flat LMCache-style names (`hidden_state_<member>`).
@@ -220,6 +225,8 @@ struct Config {
   [[nodiscard]] std::string hidden_state_disk_dir() const;
   /// Bytes of the disk tier's budget (max_local_disk_size GiB).
   [[nodiscard]] uint64_t disk_tier_bytes() const;
+  /// Bytes of the device-resident tier (hidden_state_device_cache_size GiB; 0: off).
+  [[nodiscard]] uint64_t device_cache_bytes() const;
   /// Bytes of the KV pool (max_local_cpu_size GiB).
   [[nodiscard]] uint64_t kv_pool_bytes() const;
   /// True when layer_idx passes the hidden_state_layers allowlist (always, when unset). Layer

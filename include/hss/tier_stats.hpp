@@ -12,7 +12,7 @@
 namespace hss {
 
 struct TierStats {
-  std::string name;        ///< "disk" (local files) or "remote" (Redis/Valkey)
+  std::string name;  ///< "device" (device-resident tier), "disk" (local files), "remote" (Redis)
   uint64_t hits = 0;       ///< (chunk, slot) values fetched and checked
   uint64_t misses = 0;     ///< values asked for and not returned (absent, down, corrupt)
   uint64_t corrupt_values = 0;          ///< present but failing a check (also in misses)
@@ -32,6 +32,9 @@ struct TierStats {
   /// its probe or at a read, after which it stays "buffered"). Empty for a tier without the
   /// choice (the remote tier).
   std::string read_mode;
+  /// Values the tier dropped for its own room while the pool kept them (the `device` tier: device
+  /// copies dropped for device-pool pressure, their host entries stay); 0 for the other tiers.
+  uint64_t evictions = 0;
 };
 
 /// TierStats's fields, each once, in the order stats() reports them (hss/detail/stats_fields.hpp).
@@ -53,6 +56,7 @@ constexpr void for_each_field(Self& s, Visit&& visit) {
   visit("entries_held", s.entries_held);
   visit("bytes_held", s.bytes_held);
   visit("read_mode", s.read_mode);
+  visit("evictions", s.evictions);
 }
 
 /// What HiddenStateStore::coverage_by_tier found: the prefix coverage(..., kLocalAndRemote)
@@ -60,7 +64,8 @@ constexpr void for_each_field(Self& s, Visit&& visit) {
 /// coverage's), so a retrieve may still stop short where one turns out corrupt.
 struct TierCoverage {
   int64_t tokens = 0;  ///< == coverage(chunks, slots, CoverageScope::kLocalAndRemote)
-  /// One per chunk of that prefix, in order: "host" when the pool holds every slot, else the name
+  /// One per chunk of that prefix, in order: "device" when every slot has a device copy (the
+  /// device-resident tier), "host" when the pool holds every slot, else the name
   /// of the last tier in retrieve order that a read-through would promote one of its slots from
   /// ("disk", "remote"): the slowest read the chunk needs.
   std::vector<std::string> chunk_tiers;

@@ -78,6 +78,8 @@ class Config:
     @property
     def hidden_state_device(self) -> int: ...
     @property
+    def hidden_state_device_cache_size(self) -> float: ...
+    @property
     def hidden_state_output_cache_bytes(self) -> int: ...
     @property
     def hidden_state_stream_threshold_bytes(self) -> Optional[int]: ...
@@ -290,6 +292,7 @@ class TierStats(TypedDict):
     entries_held: int
     bytes_held: int
     read_mode: str
+    evictions: int
 
 class TransferStats(TypedDict):
     exports: int

@@ -271,6 +271,9 @@ void Config::validate() const { detail::validate_keys(*this, KeyOrigins{}); }
 
 uint64_t Config::hidden_state_pool_bytes() const { return gib_to_bytes(max_hidden_state_cpu_size); }
 
+uint64_t Config::device_cache_bytes() const {
+  return gib_to_bytes(hidden_state_device_cache_size);
+}
 uint64_t Config::kv_pool_bytes() const { return gib_to_bytes(max_local_cpu_size); }
 
 uint64_t Config::disk_tier_bytes() const { return gib_to_bytes(max_local_disk_size); }

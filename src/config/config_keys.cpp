@@ -521,6 +521,11 @@ constexpr std::array kKeys = {
         },
         "the store's CUDA device (pinned pool and device state made there at construction, no "
         "context elsewhere); -1: the constructing thread's current device"),
+    key<GiBCodec>("hidden_state_device_cache_size", HSS_MEMBER(hidden_state_device_cache_size),
+        [](const Config& c, const KeyCheck& k) { check_gib(c.hidden_state_device_cache_size, k); },
+        "GiB per device, the device-resident hot tier on `hidden_state_device` (allocated at "
+        "construction; device stores write through to the pool, device restores there read it "
+        "device-to-device); 0: off"),
     key<IntCodec>("hidden_state_output_cache_bytes", HSS_MEMBER(tuning.output_cache_bytes),
         [](const Config& c, const KeyCheck& k) {
           if (c.tuning.output_cache_bytes < 0) k.fail("must be >= 0 (bytes)");

@@ -4,6 +4,7 @@
 // and the library runs on the host path. Detection runs once; all functions are thread-safe.
 
 #include <cstddef>
+#include <string>
 
 #include "hss/build_info.hpp"
 #include "hss/config.hpp"
@@ -24,6 +25,13 @@ namespace hss::detail {
 [[nodiscard]] void* pinned_host_alloc(size_t bytes, int device);
 /// Frees what pinned_host_alloc(…, device) returned, on that device (as it was allocated).
 void pinned_host_free(void* ptr, int device) noexcept;
+
+/// Device memory (cudaMalloc) on `device` (a device the process sees), allocated by a helper
+/// thread as pinned_host_alloc is: the device-resident tier's arena. nullptr when the allocation
+/// fails (the store then runs without the tier; `error` says why).
+[[nodiscard]] void* device_memory_alloc(size_t bytes, int device, std::string* error);
+/// Frees what device_memory_alloc(…, device) returned, on that device.
+void device_memory_free(void* ptr, int device) noexcept;
 
 /// Fills RuntimeInfo (called once by hss::runtime_info()).
 [[nodiscard]] RuntimeInfo detect_runtime();

@@ -154,6 +154,12 @@ class DevicePath {
 
   /// Stores that waited on the host because the staging budget was exhausted.
   [[nodiscard]] virtual uint64_t staging_waits() const = 0;
+
+  /// True when kernels on `device` may read device memory of `peer` (the same device, or peer
+  /// access that cudaDeviceCanAccessPeer allows and that this call enabled once, from a thread
+  /// bound to `device`: the device-resident tier's restores onto another device). The answer is
+  /// kept per pair. May throw hss::Error when CUDA fails.
+  [[nodiscard]] virtual bool peer_access(int device, int peer) = 0;
 };
 
 /// The platform's path (cuda/device_path.cpp or nocuda/device_path.cpp).

@@ -112,6 +112,11 @@ struct Entry {
   const Slot slot;
   std::shared_ptr<CopyFence> fence;     ///< set by device-path stores
   DeferredRelease* deferred = nullptr;  ///< where blocks wait for an in-flight copy (device path)
+  /// The device-resident tier's copy of this entry (pool/device_tier.hpp; null: none): same
+  /// rows, cols and format over granules of device memory, with the fence of the kernel that
+  /// wrote it. Dropped with this entry, or alone for device-pool pressure. Guarded by the index
+  /// mutex; a reader pins it as it pins the entry.
+  std::shared_ptr<Entry> device_copy;
   EntryState state = EntryState::kPending;  ///< guarded by the index mutex (StoreIndex only)
 
   /// Published to walks (READY). Read under the index mutex.
@@ -339,6 +344,9 @@ class StoreIndex {
     ready_entries_ = bytes_held_ = blocks_held_ = ready_keys_ = 0;
     per_kind_ = {};
   }
+
+  /// The least recently used key's record (nullptr: none); lru_next walks on.
+  [[nodiscard]] const KeyRecord* lru_front() const noexcept { return lru_head_; }
 
   template <typename Fn>
   void for_each_lru(Fn&& fn) const {

@@ -91,15 +91,7 @@ BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_p
       granule_bytes_(checked_granule(capacity_bytes, granule_bytes)),
       num_blocks_(granule_bytes_ == 0 ? 0 : capacity_bytes / granule_bytes_),
       device_(device) {
-  if (num_blocks_ == 0) {
-    throw InvalidArgument("hidden-state pool of " + std::to_string(capacity_bytes) +
-                          " bytes is smaller than one 64-byte granule");
-  }
-  if (num_blocks_ > UINT32_MAX) {
-    throw InvalidArgument("hidden-state pool of " + std::to_string(capacity_bytes) +
-                          " bytes has more than 2^32 granules of " +
-                          std::to_string(granule_bytes_) + " bytes; raise the granule");
-  }
+  check_sizes_and_reserve(capacity_bytes);
   // Populating (or pinning) more than the process may use is an OOM kill, not an error: check
   // before touching a page.
   if (prefault) {
@@ -109,7 +101,6 @@ BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_p
                   " bytes of memory available to this process (MemAvailable / cgroup limit)");
     }
   }
-  free_.reserve(num_blocks_);  // before the arena: a throw here leaks nothing
   if (try_pinned) {
     // A failed cudaHostAlloc is not an error: the pool falls back to ordinary pages (documented;
     // stats().pinned says which).
@@ -127,6 +118,39 @@ BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_p
     if (prefault) populate(mem, capacity_bytes);
     base_ = static_cast<std::byte*>(mem);
   }
+  fill_free_stack();
+}
+
+BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, OnDevice on_device)
+    : arena_bytes_(capacity_bytes),
+      granule_bytes_(checked_granule(capacity_bytes, granule_bytes)),
+      num_blocks_(granule_bytes_ == 0 ? 0 : capacity_bytes / granule_bytes_),
+      device_(on_device.device) {
+  check_sizes_and_reserve(capacity_bytes);
+  std::string why;
+  base_ = static_cast<std::byte*>(device_memory_alloc(capacity_bytes, device_, &why));
+  if (base_ == nullptr) {
+    throw Error("device-resident tier: cudaMalloc of " + std::to_string(capacity_bytes) +
+                " bytes on device " + std::to_string(device_) + " failed (" + why + ")");
+  }
+  device_memory_ = true;
+  fill_free_stack();
+}
+
+void BlockPool::check_sizes_and_reserve(uint64_t capacity_bytes) {
+  if (num_blocks_ == 0) {
+    throw InvalidArgument("hidden-state pool of " + std::to_string(capacity_bytes) +
+                          " bytes is smaller than one 64-byte granule");
+  }
+  if (num_blocks_ > UINT32_MAX) {
+    throw InvalidArgument("hidden-state pool of " + std::to_string(capacity_bytes) +
+                          " bytes has more than 2^32 granules of " +
+                          std::to_string(granule_bytes_) + " bytes; raise the granule");
+  }
+  free_.reserve(num_blocks_);  // before the arena: a throw here leaks nothing
+}
+
+void BlockPool::fill_free_stack() {
   // Lowest ids on top of the stack: the first entries fill the arena from its start.
   for (uint64_t i = 0; i < num_blocks_; ++i) {
     free_.push_back(static_cast<uint32_t>(num_blocks_ - 1 - i));
@@ -134,7 +158,9 @@ BlockPool::BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_p
 }
 
 BlockPool::~BlockPool() {
-  if (pinned_) {
+  if (device_memory_) {
+    device_memory_free(base_, device_);
+  } else if (pinned_) {
     pinned_host_free(base_, device_);
   } else {
     unmap_huge_pages(base_, arena_bytes_);

@@ -106,6 +106,13 @@ class BlockPool final : public GranuleHome {
   /// multiple of 64 <= kMaxGranuleBytes.
   BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, bool try_pinned, bool prefault,
             int device = -1);
+  /// Device memory of CUDA device `on_device.device` (cudaMalloc, once, now): the arena of the
+  /// device-resident tier (device_tier.hpp). hss::Error naming the device and the CUDA error when
+  /// the allocation fails; InvalidArgument for sizes as above.
+  struct OnDevice {
+    int device;
+  };
+  BlockPool(uint64_t capacity_bytes, uint64_t granule_bytes, OnDevice on_device);
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
@@ -124,7 +131,9 @@ class BlockPool final : public GranuleHome {
   /// Fills `out` with out.size() granule ids, or returns false and takes nothing. Never throws.
   [[nodiscard]] bool allocate(std::span<uint32_t> out) noexcept;
   void release(std::span<const uint32_t> blocks) noexcept override;
-  [[nodiscard]] Residency residency() const noexcept override { return Residency::kHostPool; }
+  [[nodiscard]] Residency residency() const noexcept override {
+    return device_memory_ ? Residency::kDevicePool : Residency::kHostPool;
+  }
   [[nodiscard]] std::byte* block_address(uint32_t id) const {
     return base_ + static_cast<uint64_t>(id) * granule_bytes_;
   }
@@ -138,11 +147,17 @@ class BlockPool final : public GranuleHome {
   bool restock(std::vector<uint32_t>& stash, size_t need, size_t want) noexcept;
 
  private:
+  /// The size checks and the free stack of both constructors (before the arena is allocated).
+  void check_sizes_and_reserve(uint64_t capacity_bytes);
+  /// Every granule free, the lowest ids on top (after the arena is allocated).
+  void fill_free_stack();
+
   uint64_t arena_bytes_;
   uint64_t granule_bytes_;
   uint64_t num_blocks_;
   std::byte* base_ = nullptr;
   bool pinned_ = false;
+  bool device_memory_ = false;  // cudaMalloc'd (OnDevice): freed with cudaFree
   int device_ = -1;  // the CUDA device the pinned arena was allocated (and is freed) on
   mutable std::mutex mutex_;
   std::vector<uint32_t> free_;  // a stack; capacity == num_blocks_, so pushes never allocate

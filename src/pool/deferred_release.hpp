@@ -18,7 +18,7 @@ namespace hss::detail {
 
 class DeferredRelease {
  public:
-  explicit DeferredRelease(BlockPool& pool) : pool_(pool) {}
+  explicit DeferredRelease(GranuleHome& pool) : pool_(pool) {}
   /// Waits for what is left, then returns it to the pool.
   ~DeferredRelease();
   DeferredRelease(const DeferredRelease&) = delete;
@@ -38,7 +38,7 @@ class DeferredRelease {
     BlockList blocks;
     std::shared_ptr<CopyFence> fence;
   };
-  BlockPool& pool_;
+  GranuleHome& pool_;  // the host pool, or the device tier's (device_tier.hpp)
   mutable std::mutex mutex_;
   std::vector<Item> items_;
 };

@@ -13,7 +13,8 @@ namespace hss::detail {
 
 /// The memory an entry's granules are in.
 enum class Residency : uint8_t {
-  kHostPool,  ///< the store's host pool (page-locked and device-mapped when a device was found)
+  kHostPool,    ///< the store's host pool (page-locked and device-mapped when a device was found)
+  kDevicePool,  ///< the device-resident tier (pool/device_tier.hpp): device memory of one device
 };
 
 class GranuleHome {

@@ -210,6 +210,8 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
   }
   s.remote = detail::remote_stats_of(state.tiers);
   s.tiers = state.tiers.stats();
+  // The device-resident tier is asked first (a device restore on its device reads it first).
+  if (auto device_row = state.device_tier_stats()) s.tiers.insert(s.tiers.begin(), *device_row);
   s.host_copy = state.host_copy.info;
   s.host_copy.copy_threads = state.copy_threads.threads;
   s.host_copy.copy_threads_auto = state.copy_threads.automatic;

@@ -59,9 +59,11 @@ void ReadPipeline::walk_index_locked(Walk& w, std::span<const Chunk> chunks,
       if (present > 0 && (*entry)->cols != w.pinned[s]->cols) break;
       w.any_fence = w.any_fence || (*entry)->fence != nullptr;
       w.pinned.push_back(*entry);
+      if (store_.device_tier) w.device_pins.push_back((*entry)->device_copy);
     }
     if (s != slots.size()) {
       w.pinned.resize(chunk_pins);  // the index still holds them: no entry dies under the lock
+      if (store_.device_tier) w.device_pins.resize(chunk_pins);
       break;
     }
   }
@@ -133,6 +135,28 @@ void ReadPipeline::walk_finish(Walk& w, PendingCopies pending,
     }
   }
   w.pinned.resize(hits * w.slots);
+  if (!w.device_pins.empty()) {
+    w.device_pins.resize(hits * w.slots);
+    for (size_t i = 0; i < w.device_pins.size(); ++i) {
+      if (w.device_pins[i] && w.device_pins[i]->copy_failed()) {  // never served
+        w.failed_device_copies.push_back(w.pinned[i]);
+        w.failed_device_copies.push_back(std::move(w.device_pins[i]));
+        w.device_pins[i] = nullptr;
+      }
+    }
+    // A device restore orders itself after the device copies' kernels too (they ran on the
+    // storing stream; the host entries' fences are on its copy stream).
+    if (pending == PendingCopies::kOrderOnDevice) {
+      const size_t before = w.fences.size();
+      for (const EntryRef& copy : w.device_pins) {
+        if (copy && copy->fence && !copy->fence->settled()) w.fences.push_back(copy->fence);
+      }
+      if (w.fences.size() != before) {
+        std::sort(w.fences.begin(), w.fences.end());
+        w.fences.erase(std::unique(w.fences.begin(), w.fences.end()), w.fences.end());
+      }
+    }
+  }
   w.hits = static_cast<int64_t>(hits);
   w.prefix_tokens = hits > 0 ? chunks[hits - 1].end : 0;
 }
@@ -155,6 +179,14 @@ void ReadPipeline::apply_walk_locked(const Walk& w, detail::RecordLookups* looku
   if (w.failed_copy && store_.index.erase(w.chunks[*w.failed_copy].key) > 0) {
     store_.counters.copy_failures.fetch_add(1, std::memory_order_relaxed);  // dropped, never served
   }
+  // A device copy whose kernel failed is dropped (never served; its host entry stays).
+  for (size_t i = 0; i + 1 < w.failed_device_copies.size(); i += 2) {
+    const EntryRef& host = w.failed_device_copies[i];
+    if (host->device_copy == w.failed_device_copies[i + 1]) {
+      host->device_copy.reset();
+      store_.device_tier->errors.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
   // Reverse order: chunk 0 ends most recent, so pressure evicts the suffix first.
   for (int64_t i = w.hits - 1; i >= touch_from; --i) {
     const auto chunk = static_cast<size_t>(i);
@@ -166,15 +198,21 @@ void ReadPipeline::apply_walk_locked(const Walk& w, detail::RecordLookups* looku
   }
 }
 
-void ReadPipeline::plan_restore(const Walk& w, size_t slot, int64_t row_begin,
-                                          std::vector<kernels::GatherSegment>& segments) const {
+uint64_t ReadPipeline::plan_restore(const Walk& w, size_t slot, int64_t row_begin,
+                                std::vector<kernels::GatherSegment>& segments,
+                                bool device_copies) const {
   segments.clear();
   const int64_t cols = w.cols(slot);
   const auto granule = static_cast<int64_t>(store_.pool.granule_bytes());
+  const bool from_device = device_copies && !w.device_pins.empty();
+  uint64_t device_hits = 0;
   for (int64_t i = 0; i < w.hits; ++i) {
     const Chunk& chunk = w.chunks[static_cast<size_t>(i)];
     if (chunk.end <= row_begin) continue;
-    const detail::Entry& entry = w.entry(i, slot);
+    const detail::Entry* copy =
+        from_device ? w.device_pins[static_cast<size_t>(i) * w.slots + slot].get() : nullptr;
+    device_hits += copy != nullptr ? 1 : 0;
+    const detail::Entry& entry = copy != nullptr ? *copy : w.entry(i, slot);
     const int64_t first_row = std::max<int64_t>(0, row_begin - chunk.start);
     if (entry.format.scales != detail::ScaleLayout::kNone) {
       plan_scaled_restore(entry, first_row, chunk.start * cols - row_begin * cols, segments);
@@ -185,7 +223,7 @@ void ReadPipeline::plan_restore(const Walk& w, size_t slot, int64_t row_begin,
         first_row * cols, (chunk.size() - first_row) * cols, esize, granule,
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
           const std::byte* src =
-              store_.pool.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+              store_.block_address(entry, entry.blocks[static_cast<size_t>(block)]) + byte_offset;
           const int64_t dst_elem = chunk.start * cols + first - row_begin * cols;
           // Adjacent granules (and adjacent entries) read as one run.
           if (!segments.empty()) {
@@ -200,6 +238,7 @@ void ReadPipeline::plan_restore(const Walk& w, size_t slot, int64_t row_begin,
           segments.push_back({src, dst_elem, count, entry.format.elem});
         });
   }
+  return device_hits;
 }
 
 void ReadPipeline::plan_scaled_restore(const detail::Entry& entry, int64_t first_row,
@@ -218,16 +257,23 @@ void ReadPipeline::plan_scaled_restore(const detail::Entry& entry, int64_t first
   for (int64_t r = first_row; r < entry.rows; ++r) {
     const uint64_t at = scale_offset + 4 * static_cast<uint64_t>(r);
     const auto* scale = reinterpret_cast<const float*>(
-        store_.pool.block_address(entry.blocks[static_cast<size_t>(at / granule)]) +
+        store_.block_address(entry, entry.blocks[static_cast<size_t>(at / granule)]) +
         at % granule);
     kernels::for_each_block_piece(
         r * entry.cols, entry.cols, 1, static_cast<int64_t>(granule),
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
           const std::byte* src =
-              store_.pool.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+              store_.block_address(entry, entry.blocks[static_cast<size_t>(block)]) + byte_offset;
           segments.push_back({src, dst_base + first, count, entry.format.elem, scale});
         });
   }
+}
+
+bool ReadPipeline::reads_device_copies(int device) const {
+  if (!store_.device_tier) return false;
+  // Another device reads the copies over peer access where CUDA allows it, else the pool.
+  return device == store_.device_tier->device() ||
+         store_.device_path->peer_access(device, store_.device_tier->device());
 }
 
 void ReadPipeline::check_read(const ReadCall& call) const {
@@ -430,6 +476,7 @@ void ReadPipeline::restore_walks(std::span<Walk> walks, std::span<const ReadItem
   std::vector<std::vector<kernels::GatherSegment>> segments;
   // Host outputs' segments: one buffer for every host output of the call, reused.
   std::vector<kernels::GatherSegment> host_segments;
+  uint64_t device_hits = 0;  // counted once every launch was enqueued
   for (size_t i = 0; i < reads.size(); ++i) {
     Walk& w = walks[i];
     const int64_t row_begin = reads[i].row_begin;
@@ -443,10 +490,12 @@ void ReadPipeline::restore_walks(std::span<Walk> walks, std::span<const ReadItem
       const kernels::OutputView view{out.data, w.cols(s), out.stride(),
                                      detail::to_elem_type(out.dtype)};
       if (out.device == Device::kCuda) {
-        plan_restore(w, s, row_begin, segments.emplace_back());
+        const bool device_copies =
+            !w.device_pins.empty() && reads_device_copies(out.device_index);
+        device_hits += plan_restore(w, s, row_begin, segments.emplace_back(), device_copies);
         groups.add(out.device_index, reads[i].stream, {segments.back(), view}, i);
       } else {
-        plan_restore(w, s, row_begin, host_segments);
+        (void)plan_restore(w, s, row_begin, host_segments);
         detail::host_restore(host_segments, view, store_.host_copy_context());
       }
     }
@@ -455,8 +504,18 @@ void ReadPipeline::restore_walks(std::span<Walk> walks, std::span<const ReadItem
   // outputs on several devices) or holding several walks share or copy them.
   // Pins on the heap move; pins in a batch's arena are copied out (the arena dies with the call).
   if (groups.empty()) {  // host outputs only (the common call): nothing to hand on
-    for (Walk& w : walks) w.pinned.clear();
+    for (Walk& w : walks) {
+      w.pinned.clear();
+      w.device_pins.clear();
+    }
     return;
+  }
+  // The device copies a restore reads are pinned with the entries until it has read them.
+  for (Walk& w : walks) {
+    for (EntryRef& copy : w.device_pins) {
+      if (copy) w.pinned.push_back(std::move(copy));
+    }
+    w.device_pins.clear();
   }
   std::pmr::memory_resource* const heap = std::pmr::new_delete_resource();
   std::vector<std::shared_ptr<Walk::Pins>> walk_pins(walks.size());
@@ -504,6 +563,7 @@ void ReadPipeline::restore_walks(std::span<Walk> walks, std::span<const ReadItem
     }
   }
   for (Walk& w : walks) w.pinned.clear();  // the walks' own pins drop; device restores hold theirs
+  if (device_hits != 0) store_.device_tier->hits.fetch_add(device_hits, std::memory_order_relaxed);
 }
 
 int64_t ReadPipeline::coverage(std::span<const Chunk> chunks,

@@ -127,12 +127,32 @@ TierCoverage TierReadThrough::coverage_by_tier(std::span<const Chunk> chunks,
   return out;
 }
 
+void TierReadThrough::name_device_chunks(std::span<const Chunk> chunks,
+                                         std::span<const Slot> slots,
+                                         std::vector<std::string>& chunk_tiers) const {
+  // "device" where every slot of the chunk has a device copy (a device restore there reads no
+  // pool byte of it).
+  std::lock_guard lock(store_.mutex);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const detail::KeyRecord* record = store_.index.find(chunks[i].key);
+    if (record == nullptr) continue;
+    const bool resident = std::all_of(slots.begin(), slots.end(), [&](const Slot& slot) {
+      const EntryRef* entry = record->find(slot);
+      return entry != nullptr && (*entry)->device_copy && !(*entry)->device_copy->copy_failed();
+    });
+    if (resident) chunk_tiers[i] = "device";
+  }
+}
+
 int64_t TierReadThrough::coverage_walk(std::span<const Chunk> chunks, std::span<const Slot> slots,
                                        int64_t local,
                                        std::vector<std::string>* chunk_tiers) const {
   size_t from = 0;  // the pool's prefix: every slot local
   while (from < chunks.size() && chunks[from].end <= local) ++from;
-  if (chunk_tiers != nullptr) chunk_tiers->assign(from, "host");
+  if (chunk_tiers != nullptr) {
+    chunk_tiers->assign(from, "host");
+    if (store_.device_tier) name_device_chunks(chunks.first(from), slots, *chunk_tiers);
+  }
   if (store_.tiers.empty()) return local;
   const size_t end = store_.kv_prefix_end(chunks, from);
   std::vector<detail::TierRequest> requests;

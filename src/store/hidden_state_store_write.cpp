@@ -13,6 +13,7 @@
 #include <string>
 
 #include "store/write_pipeline.hpp"
+#include "base/log.hpp"
 #include "base/nvtx.hpp"
 #include "format/dtype_codes.hpp"
 #include "datapath/launch_groups.hpp"
@@ -187,6 +188,7 @@ void WritePipeline::plan_writes_locked(const TensorView& hidden, const StoreOpti
   auto& writes = plan.writes;
   detail::RecordLookups& lookups = *context.lookups;
   size_t max_segments = 0;
+  size_t max_device_segments = 0;
   writes.reserve(chunks_to_write(chunks, opt.token_offset));
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& chunk = chunks[i];
@@ -216,9 +218,16 @@ void WritePipeline::plan_writes_locked(const TensorView& hidden, const StoreOpti
     const size_t need = store_.pool.blocks_for(*bytes);
     entry->blocks.reserve(need);
     // A scaled entry's segments stop at every row end (one scale each).
-    max_segments += need + (format.scales == detail::ScaleLayout::kNone
-                                ? 0
-                                : static_cast<size_t>(chunk.size()));
+    const size_t entry_segments =
+        need +
+        (format.scales == detail::ScaleLayout::kNone ? 0 : static_cast<size_t>(chunk.size()));
+    max_segments += entry_segments;
+    EntryRef device;
+    if (store_.keeps_device_copies(hidden.device, hidden.device_index)) {
+      device = store_.entries.make(*store_.device_tier, chunk.size(), hidden.cols, format, slot);
+      device->blocks.reserve(store_.device_tier->pool().blocks_for(*bytes));
+      max_device_segments += entry_segments;  // the same granule: the same segments
+    }
     if (record == nullptr) {
       record = &store_.index.insert_empty(chunk.key, context.slot_hint);
       record->guard = guard;
@@ -227,9 +236,10 @@ void WritePipeline::plan_writes_locked(const TensorView& hidden, const StoreOpti
       record->slots.reserve(record->slots.size() + context.slot_hint);
     }
     record->planned = guard;
-    writes.push_back({i, std::move(entry), replaces});  // capacity reserved: no throw
+    writes.push_back({i, std::move(entry), replaces, nullptr, std::move(device)});  // no throw
   }
   plan.segments.reserve(max_segments);
+  plan.device_segments.reserve(max_device_segments);
 }
 
 void WritePipeline::reserve_and_apply_locked(const TensorView& hidden,
@@ -260,6 +270,8 @@ void WritePipeline::reserve_and_apply_locked(const TensorView& hidden,
       if (w.replaces != nullptr) store_.index.detach_slot(*record, w.replaces);
       if (!store_.grant_blocks(*w.entry, guard, context.stash))
         break;  // stop here: the cached range stays contiguous
+      // No room on the device: the entry is stored without a device copy (not a failure).
+      if (w.device && !store_.grant_device_blocks(*w.device, guard)) w.device.reset();
       record = lookups.find(store_.index, i, chunk.key);
       store_.index.add_pending(*record, w.entry, guard);
       w.record = record;
@@ -328,6 +340,53 @@ void WritePipeline::copy_plans(std::span<StorePlan> plans) {
       fence = store_.device_path->store_batch(group.jobs, group.device_index, group.stream);
     }
     for (const size_t i : group.items) plans[i].fence = fence;
+    if (store_.keeps_device_copies(Device::kCuda, group.device_index)) {
+      write_device_copies(plans, group.items, group.device_index, group.stream);
+    }
+  }
+}
+
+void WritePipeline::write_device_copies(std::span<StorePlan> plans, std::span<const size_t> items,
+                                        int device_index, Stream stream) noexcept {
+  std::vector<detail::StoreJob> jobs;
+  try {
+    jobs.reserve(items.size());
+    for (const size_t i : items) {
+      StorePlan& plan = plans[i];
+      const size_t first = plan.device_segments.size();
+      for (const Write& w : plan.writes) {
+        if (!w.device) continue;
+        const Chunk& chunk = plan.chunks[w.chunk];
+        append_entry_segments(*w.device, chunk.start - plan.options->token_offset,
+                              plan.hidden->cols, plan.esize, plan.device_segments);
+      }
+      if (plan.device_segments.size() == first) continue;
+      const TensorView& hidden = *plan.hidden;
+      jobs.push_back({{hidden.data, detail::to_elem_type(hidden.dtype), hidden.cols,
+                       hidden.stride()},
+                      std::span<const kernels::WriteSegment>(plan.device_segments).subspan(first)});
+    }
+    if (jobs.empty()) return;
+    // Device memory is device-mapped: store_batch runs its one kernel straight into it, on the
+    // caller's stream (ordered after the caller's work, as the host store's gather is).
+    const detail::FenceRef fence = store_.device_path->store_batch(jobs, device_index, stream);
+    for (const size_t i : items) {
+      for (const Write& w : plans[i].writes) {
+        if (!w.device) continue;
+        w.device->fence = fence;
+        w.device->deferred = store_.device_deferred.get();
+      }
+    }
+  } catch (const std::exception& e) {
+    // The device copies are lost, the host entries stand: the tier is a cache.
+    size_t lost = 0;
+    for (const size_t i : items) {
+      for (const Write& w : plans[i].writes) lost += w.device ? 1 : 0;
+    }
+    store_.device_tier->errors.fetch_add(lost, std::memory_order_relaxed);
+    detail::log(detail::LogLevel::kWarn,
+                std::string("device-resident tier: device copies not written: ") + e.what());
+    // Their granules go back as the plan ends (no fence: nothing enqueued still writes them).
   }
 }
 
@@ -357,38 +416,42 @@ void WritePipeline::merge_host_runs(std::pmr::vector<kernels::WriteSegment>& seg
 kernels::SourceView WritePipeline::plan_segments(StorePlan& plan, const TensorView& hidden,
                                                           const StoreOptions& opt) {
   // Segments were reserved before phase 1 applied anything: building them does not allocate.
-  auto& segments = plan.segments;
-  const auto granule = static_cast<int64_t>(store_.pool.granule_bytes());
   for (const Write& w : plan.writes) {
     const Chunk& chunk = plan.chunks[w.chunk];
-    const int64_t src_row0 = chunk.start - opt.token_offset;
-    const detail::Entry& entry = *w.entry;
-    if (entry.format.scales != detail::ScaleLayout::kNone) {
-      plan_scaled_segments(entry, src_row0, segments);
-      continue;
-    }
-    kernels::for_each_block_piece(
-        0, chunk.size() * hidden.cols, plan.esize, granule,
-        [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
-          std::byte* dst =
-              store_.pool.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
-          // Granules granted in ascending order are adjacent: one copy for the run.
-          if (!segments.empty()) {
-            kernels::WriteSegment& last = segments.back();
-            if (static_cast<std::byte*>(last.dst) + last.count * plan.esize == dst &&
-                last.src_row0 == src_row0 && last.src_elem + last.count == first) {
-              last.count += count;
-              return;
-            }
-          }
-          segments.push_back({dst, src_row0, first, count, entry.format.elem});
-        });
+    append_entry_segments(*w.entry, chunk.start - opt.token_offset, hidden.cols, plan.esize,
+                          plan.segments);
   }
   return {hidden.data, detail::to_elem_type(hidden.dtype), hidden.cols, hidden.stride()};
 }
 
+void WritePipeline::append_entry_segments(const detail::Entry& entry, int64_t src_row0,
+                                          int64_t cols, int64_t esize,
+                                          std::pmr::vector<kernels::WriteSegment>& segments) const {
+  if (entry.format.scales != detail::ScaleLayout::kNone) {
+    plan_scaled_segments(entry, src_row0, segments);
+    return;
+  }
+  const auto granule = static_cast<int64_t>(store_.pool.granule_bytes());
+  kernels::for_each_block_piece(
+      0, entry.rows * cols, esize, granule,
+      [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
+        std::byte* dst =
+            store_.block_address(entry, entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+        // Granules granted in ascending order are adjacent: one copy for the run.
+        if (!segments.empty()) {
+          kernels::WriteSegment& last = segments.back();
+          if (static_cast<std::byte*>(last.dst) + last.count * esize == dst &&
+              last.src_row0 == src_row0 && last.src_elem + last.count == first) {
+            last.count += count;
+            return;
+          }
+        }
+        segments.push_back({dst, src_row0, first, count, entry.format.elem});
+      });
+}
+
 void WritePipeline::plan_scaled_segments(const detail::Entry& entry, int64_t src_row0,
-                                         std::pmr::vector<kernels::WriteSegment>& segments) {
+                                         std::pmr::vector<kernels::WriteSegment>& segments) const {
   // One segment per row and granule (ScaleLayout::kRowF32Trailing, row_format.hpp): each knows
   // its row's scale, which the segment starting the row writes.
   switch (entry.format.scales) {
@@ -402,14 +465,14 @@ void WritePipeline::plan_scaled_segments(const detail::Entry& entry, int64_t src
   for (int64_t r = 0; r < entry.rows; ++r) {
     const uint64_t at = scale_offset + 4 * static_cast<uint64_t>(r);
     auto* scale = reinterpret_cast<float*>(
-        store_.pool.block_address(
-            entry.blocks[static_cast<size_t>(at / static_cast<uint64_t>(granule))]) +
+        store_.block_address(
+            entry, entry.blocks[static_cast<size_t>(at / static_cast<uint64_t>(granule))]) +
         at % static_cast<uint64_t>(granule));
     kernels::for_each_block_piece(
         r * entry.cols, entry.cols, 1, granule,
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
           std::byte* dst =
-              store_.pool.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+              store_.block_address(entry, entry.blocks[static_cast<size_t>(block)]) + byte_offset;
           segments.push_back({dst, src_row0, first, count, entry.format.elem, scale});
         });
   }
@@ -423,6 +486,9 @@ void WritePipeline::publish_locked(StorePlan& plan) noexcept {
     // any erase since phase 1 the record found there is still the key's.
     (void)store_.index.publish(plan.chunks[w.chunk].key, *w.entry,
                          plan.epoch == store_.index.erasures() ? w.record : nullptr);
+    // The device copy joins its entry once its kernel was enqueued (it then has a fence); a
+    // published entry only (one dropped meanwhile takes no copy).
+    if (w.device && w.device->fence && w.entry->ready()) w.entry->device_copy = w.device;
   }
 }
 

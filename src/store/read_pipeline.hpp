@@ -73,7 +73,7 @@ class ReadPipeline {
     /// one allocation for the batch); restore_walks never lets an arena's pins outlive the call.
     using Pins = std::pmr::vector<EntryRef>;
     explicit Walk(std::pmr::memory_resource* memory = std::pmr::new_delete_resource())
-        : pinned(memory) {}
+        : pinned(memory), device_pins(memory), failed_device_copies(memory) {}
     Walk(Walk&&) = default;
     Walk& operator=(Walk&&) = default;
     Walk(const Walk&) = delete;  // a copy's pins would take the process-wide default resource
@@ -83,6 +83,11 @@ class ReadPipeline {
     std::span<const Chunk> chunks;
     size_t slots = 0;
     Pins pinned;
+    /// The device copies of `pinned` (same index; null where an entry has none), pinned with
+    /// them; empty when the store has no device-resident tier.
+    Pins device_pins;
+    /// Device copies whose kernel failed, each after its host entry (pairs): apply drops them.
+    Pins failed_device_copies;
     int64_t hits = 0;
     std::optional<size_t> orphan;       // KV gone here: drop the key, prefix ends here
     std::optional<size_t> failed_copy;  // a device copy into this chunk failed: drop it
@@ -167,8 +172,16 @@ class ReadPipeline {
   /// Rows [row_begin, prefix end) of slot `slot` of a walk as gather segments.
   /// Fills `segments` (cleared first: callers reuse one buffer) with the walk's pool runs of
   /// `slot` from row_begin on.
-  void plan_restore(const Walk& w, size_t slot, int64_t row_begin,
-                    std::vector<kernels::GatherSegment>& segments) const;
+  /// `device_copies`: the output is device memory whose kernels can read the device-resident
+  /// tier (its device, or a peer with access): the chunks with a device copy are read from it
+  /// (in the same gather) and the others from the pool; otherwise every chunk reads the pool.
+  /// Returns how many chunks it reads from device copies.
+  uint64_t plan_restore(const Walk& w, size_t slot, int64_t row_begin,
+                        std::vector<kernels::GatherSegment>& segments,
+                        bool device_copies = false) const;
+  /// True when a device output on `device` may read the device-resident tier's copies (there is
+  /// a tier, and it is on `device` or `device` has peer access to it). No lock held.
+  [[nodiscard]] bool reads_device_copies(int device) const;
   /// A scaled entry's part of plan_restore: rows [first_row, rows) as one segment per row and
   /// granule with the row's scale, output elements from dst_base (appended to `segments`).
   void plan_scaled_restore(const Entry& entry, int64_t first_row, int64_t dst_base,

@@ -65,6 +65,72 @@ StoreState::StoreState(const Config& given, const TokenDatabase& keys)
   // Process-wide: the recycler of restore outputs, and the log threshold when the config sets one.
   host_buffer_pool_set_limit(static_cast<size_t>(config.tuning.output_cache_bytes));
   if (config.hidden_state_log_level) set_log_level(*config.hidden_state_log_level);
+  make_device_tier();
+}
+
+void StoreState::make_device_tier() {
+  const uint64_t bytes = config.device_cache_bytes();
+  if (bytes == 0) return;
+  // Only where device stores happen: a store with no device path has nothing to keep resident.
+  const int device = device_path ? store_device(config) : -1;
+  try {
+    if (device < 0) throw Error("no CUDA device");
+    // A restore reads resident and pool chunks in one device launch: the pool must be
+    // device-mapped (a pageable pool's restores are host copies).
+    if (!pool.pinned()) throw Error("the hidden-state pool is not page-locked");
+    device_tier = std::make_unique<DeviceTier>(bytes, pool.granule_bytes(), device);
+    if (device_tier->pool().granule_bytes() != pool.granule_bytes()) {
+      throw Error("device-resident tier of " + std::to_string(bytes) +
+                  " bytes is smaller than one granule of the pool");
+    }
+    device_deferred = std::make_unique<DeferredRelease>(*device_tier);
+  } catch (const std::exception& e) {
+    // A cache, not a requirement: the store runs on the host pool alone (stats().tiers' `device`
+    // row counts the failure in errors).
+    device_tier.reset();
+    device_tier_failed = true;
+    log(LogLevel::kWarn, std::string("hidden_state_device_cache_size: the device-resident tier "
+                                     "is off for this store: ") + e.what());
+  }
+}
+
+bool StoreState::grant_device_blocks(Entry& copy, uint64_t guard) noexcept {
+  const size_t need = device_tier->pool().blocks_for(copy.payload_bytes());
+  if (need > device_tier->pool().num_blocks()) return false;
+  copy.blocks.resize(need);  // reserved by the caller: no allocation
+  if (device_tier->allocate(copy.blocks)) return true;
+  // Device-pool pressure: the device copies of the least recently used keys go (host entries
+  // stay), until the pool has room; copies still read by a restore come back when it ends.
+  for (const KeyRecord* record = index.lru_front(); record != nullptr; record = record->lru_next) {
+    if (guard != 0 && record->guard == guard) continue;
+    bool dropped = false;
+    for (const EntryRef& entry : record->slots) {
+      if (entry->device_copy) {
+        entry->device_copy.reset();  // its granules: back now, or when the last pin drops
+        device_tier->evictions.fetch_add(1, std::memory_order_relaxed);
+        dropped = true;
+      }
+    }
+    if (dropped && device_tier->allocate(copy.blocks)) return true;
+  }
+  copy.blocks.clear();
+  return false;
+}
+
+std::optional<TierStats> StoreState::device_tier_stats() const {
+  if (!device_tier && !device_tier_failed) return std::nullopt;
+  TierStats row;
+  row.name = "device";
+  if (!device_tier) {
+    row.errors = 1;  // the allocation at construction
+    return row;
+  }
+  row.hits = device_tier->hits.load(std::memory_order_relaxed);
+  row.errors = device_tier->errors.load(std::memory_order_relaxed);
+  row.evictions = device_tier->evictions.load(std::memory_order_relaxed);
+  row.entries_held = device_tier->entries();
+  row.bytes_held = device_tier->bytes_in_use();
+  return row;
 }
 
 HostCopyContext StoreState::host_copy_context() const {
@@ -154,6 +220,7 @@ void StoreState::reclaim_device_resources() noexcept {
   } catch (...) {  // a broken device: nothing to reclaim now; the next checked call reports it
   }
   (void)deferred.reclaim();
+  if (device_deferred) (void)device_deferred->reclaim();
 }
 
 void StoreState::check_pointer(const void* data, Device device, int device_index,

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "index/store_index.hpp"
 #include "pool/block_pool.hpp"
 #include "pool/deferred_release.hpp"
+#include "pool/device_tier.hpp"
 #include "tiers/tier_chain.hpp"
 
 namespace hss::detail {
@@ -74,6 +76,8 @@ class StoreState {
   StoreState& operator=(const StoreState&) = delete;
 
   // ---- rules every part applies (store_state.cpp)
+  /// The device-resident tier of hidden_state_device_cache_size, or none (logged once).
+  void make_device_tier();
   /// hss::Error once the store is closed. Caller holds mutex.
   void check_open_locked() const;
   /// Chunks passed by a caller: contiguous from 0, non-empty. InvalidArgument otherwise.
@@ -112,6 +116,25 @@ class StoreState {
   [[nodiscard]] size_t kv_prefix_end(std::span<const Chunk> chunks, size_t from,
                                      KvAnswers* kv_answers = nullptr) const;
 
+  // ---- the device-resident tier (store_state.cpp)
+  /// The address of granule `id` of `entry`'s home (the host pool or the device tier).
+  [[nodiscard]] std::byte* block_address(const Entry& entry, uint32_t id) const {
+    return entry.residency() == Residency::kDevicePool ? device_tier->block_address(id)
+                                                       : pool.block_address(id);
+  }
+  /// True when a store from a tensor on `device_index` keeps device copies (the tier is on and
+  /// lives on that device).
+  [[nodiscard]] bool keeps_device_copies(Device device, int device_index) const {
+    return device_tier && device == Device::kCuda && device_index == device_tier->device();
+  }
+  /// Grants a device copy its granules (reserved by the caller), dropping device copies of the
+  /// least recently used keys not guarded by `guard` (their host entries stay) while the device
+  /// pool is short. False (nothing taken, not an error) when it cannot make room. Caller holds
+  /// mutex. Never throws.
+  bool grant_device_blocks(Entry& copy, uint64_t guard) noexcept;
+  /// The `device` row of stats().tiers (none when the tier was not asked for).
+  [[nodiscard]] std::optional<TierStats> device_tier_stats() const;
+
   // ---- the state
   // The HSS_* debugging variables win over every source (config_env.hpp): `config` is what this
   // store runs with, so config.to_yaml() shows what is in effect.
@@ -123,6 +146,11 @@ class StoreState {
   // Granules of dropped entries whose copies were in flight: returned after the device path
   // drained and before the pool goes.
   DeferredRelease deferred{pool};
+  // The device-resident tier (hidden_state_device_cache_size; null: off, or its allocation at
+  // construction failed: device_tier_failed) and where its granules wait for in-flight kernels.
+  std::unique_ptr<DeviceTier> device_tier;
+  std::unique_ptr<DeferredRelease> device_deferred;
+  bool device_tier_failed = false;
   // Host copies: the strategy chosen for this machine (calibrated on the empty pool, once per
   // process) and the workers that split large copies (none with hidden_state_copy_threads 1).
   const HostCopy host_copy;

@@ -43,6 +43,10 @@ class TierReadThrough {
                                 int64_t local) const;
 
  private:
+  /// Names "device" the chunks of the pool's prefix `chunks` whose every slot has a device copy
+  /// (the device-resident tier). Takes the index lock.
+  void name_device_chunks(std::span<const Chunk> chunks, std::span<const Slot> slots,
+                          std::vector<std::string>& chunk_tiers) const;
   /// The one walk of both: the prefix's tokens; the tier name of each of its chunks appended to
   /// `chunk_tiers` when given (assigned: "host" for the pool's prefix first).
   int64_t coverage_walk(std::span<const Chunk> chunks, std::span<const Slot> slots, int64_t local,

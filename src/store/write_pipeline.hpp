@@ -57,10 +57,19 @@ class WritePipeline {
   /// and the caller's tensor as the kernels see it.
   kernels::SourceView plan_segments(StorePlan& plan, const TensorView& hidden,
                                     const StoreOptions& opt);
+  /// The segments of one entry (the host entry, or its device copy) appended to `segments`.
+  void append_entry_segments(const Entry& entry, int64_t src_row0, int64_t cols, int64_t esize,
+                             std::pmr::vector<kernels::WriteSegment>& segments) const;
+  /// The device-resident tier's write-through (after the host copies of the group were
+  /// enqueued): one launch of the batch store kernel on the caller's stream writes the plans'
+  /// device copies; their fence goes on each copy. A failure loses the device copies only (the
+  /// host entries stand), counted in the tier's errors.
+  void write_device_copies(std::span<StorePlan> plans, std::span<const size_t> items,
+                           int device_index, Stream stream) noexcept;
   /// The segments of a scaled entry (8-bit storage): one per row and granule, each with its
   /// row's scale address (appended to `segments`, reserved in phase 1).
   void plan_scaled_segments(const Entry& entry, int64_t src_row0,
-                            std::pmr::vector<kernels::WriteSegment>& segments);
+                            std::pmr::vector<kernels::WriteSegment>& segments) const;
   // Phase 1 of one plan, phase 3 and the withdrawal, with mutex held by the caller.
   // `context`: what the plans of one call share (the lookups of plan.chunks, the stash).
   void reserve_and_apply_locked(const TensorView& hidden, const StoreOptions& opt,
@@ -90,13 +99,14 @@ struct WritePipeline::Write {
   EntryRef entry;
   const Entry* replaces = nullptr;  // an entry of the slot with another shape
   KeyRecord* record = nullptr;      // where phase 1 put it (valid while plan.epoch holds)
+  EntryRef device;  // its device copy (the device-resident tier), granted in phase 1; or null
 };
 
 struct WritePipeline::StorePlan {
   // A batch gives every item's vectors one arena (one allocation for the batch instead of two
   // per item); a single store uses the heap.
   explicit StorePlan(std::pmr::memory_resource* memory = std::pmr::new_delete_resource())
-      : writes(memory), segments(memory) {}
+      : writes(memory), segments(memory), device_segments(memory) {}
 
   // The item: set by the caller of store_plans.
   std::span<const Chunk> chunks;
@@ -108,6 +118,7 @@ struct WritePipeline::StorePlan {
   bool allowed = false;            // the slot passed the allowlists (phase 1)
   std::pmr::vector<Write> writes;  // planned; after phase 1: the granted ones, in chunk order
   std::pmr::vector<kernels::WriteSegment> segments;
+  std::pmr::vector<kernels::WriteSegment> device_segments;  // of the writes' device copies
   FenceRef fence;
   int64_t cached = 0;
   int64_t esize = 0;

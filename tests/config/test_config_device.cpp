@@ -82,6 +82,17 @@ TEST(ConfigDevice, LaunchSlotsParseAndAreBounded) {
                   {"hidden_state_launch_slots", "5000", "line 2"});
 }
 
+TEST(ConfigDevice, DeviceCacheSizeIsOffByDefaultParsesRoundTripsAndRejectsNegatives) {
+  EXPECT_EQ(Config().hidden_state_device_cache_size, 0.0);
+  EXPECT_EQ(Config().device_cache_bytes(), 0u);
+  const Config c = Config::from_yaml("hidden_state_device_cache_size: 0.5\n");
+  EXPECT_EQ(c.hidden_state_device_cache_size, 0.5);
+  EXPECT_EQ(c.device_cache_bytes(), uint64_t{1} << 29);
+  EXPECT_EQ(Config::from_yaml(c.to_yaml()).hidden_state_device_cache_size, 0.5);
+  expect_mentions(yaml_error("hidden_state_device_cache_size: -1\n"),
+                  {"hidden_state_device_cache_size", "-1", "line 1", ">= 0"});
+}
+
 TEST(ConfigDevice, StreamThresholdAutoIsUnset) {
   for (const char* text : {"auto", "AUTO", "null", "~"}) {
     const Config c =

@@ -93,6 +93,11 @@ void clear_faults();
 /// cudaErrorInvalidDeviceFunction to the model, except the twins of hsstore's kernels.
 [[nodiscard]] const void* noop_kernel();
 
+/// Whether cudaDeviceCanAccessPeer answers 1 for distinct devices (default true; false: 0, and
+/// cudaDeviceEnablePeerAccess fails with cudaErrorPeerAccessUnsupported). Access already enabled
+/// stays until cudaDeviceReset.
+void set_peer_access_supported(bool supported);
+
 /// The device's sticky error (cudaSuccess: none) and what caused it.
 [[nodiscard]] cudaError_t sticky_error(int device);
 [[nodiscard]] std::string last_fault();

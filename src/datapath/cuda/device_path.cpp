@@ -584,6 +584,29 @@ void CudaDevicePath::flush() {
   (void)release_finished();
 }
 
+bool CudaDevicePath::peer_access(int device, int peer) {
+  if (device == peer) return true;
+  std::lock_guard lock(peer_mutex_);
+  const auto key = std::pair{device, peer};
+  if (const auto it = peers_.find(key); it != peers_.end()) return it->second;
+  const RelaxedCaptureMode relaxed;
+  int can = 0;
+  HSS_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device, peer));
+  bool enabled = false;
+  if (can != 0) {
+    // From a thread bound to `device`: its primary context (the engine's) gets the access; the
+    // caller's current device is left alone.
+    cudaError_t status = cudaSuccess;
+    run_on_device(device, [&] {
+      status = cudaDeviceEnablePeerAccess(peer, 0);
+      clear_own_error(status);
+    });
+    enabled = status == cudaSuccess || status == cudaErrorPeerAccessAlreadyEnabled;
+  }
+  peers_.emplace(key, enabled);
+  return enabled;
+}
+
 uint64_t CudaDevicePath::staging_waits() const {
   return staging_waits_.load(std::memory_order_relaxed);
 }

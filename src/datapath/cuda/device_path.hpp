@@ -45,6 +45,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -144,6 +145,7 @@ class CudaDevicePath final : public DevicePath {
   [[nodiscard]] size_t restores_in_flight() const override;
   void flush() override;
   [[nodiscard]] uint64_t staging_waits() const override;
+  [[nodiscard]] bool peer_access(int device, int peer) override;
 
   [[nodiscard]] RestoreImpl restore_impl() const { return restore_impl_; }
 
@@ -196,6 +198,8 @@ class CudaDevicePath final : public DevicePath {
   std::vector<std::unique_ptr<DeviceState>> devices_;
   std::vector<std::weak_ptr<EventFence>> outstanding_;  // fences flush() must wait for
   size_t prune_at_ = 64;
+  std::mutex peer_mutex_;  // guards peers_: (device, peer) -> peer access enabled
+  std::map<std::pair<int, int>, bool> peers_;
 };
 
 }  // namespace hss::detail::cuda

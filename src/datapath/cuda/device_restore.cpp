@@ -28,6 +28,10 @@ bool device_mapped(const void* p) {
 
 namespace {
 
+/// A segment's source is the mapped pool or the device-resident tier's device memory (UVA tells
+/// which): the copy engines infer the direction.
+constexpr cudaMemcpyKind kSegmentCopy = cudaMemcpyDefault;
+
 /// Copy engines and cub move bytes: only when no element needs converting.
 bool same_types(std::span<const GatherSegment> segments, ElemType out_type) {
   return std::all_of(segments.begin(), segments.end(),
@@ -46,7 +50,7 @@ uint64_t copy_segment(const GatherSegment& seg, const kernels::OutputView& out,
   const auto copy_1d = [&](int64_t n) {
     ++copies;
     HSS_CUDA_CHECK(cudaMemcpyAsync(kernels::output_address(out, flat), src,
-                                   static_cast<size_t>(n * esize), cudaMemcpyHostToDevice, stream));
+                                   static_cast<size_t>(n * esize), kSegmentCopy, stream));
     src += n * esize;
     flat += n;
     left -= n;
@@ -61,7 +65,7 @@ uint64_t copy_segment(const GatherSegment& seg, const kernels::OutputView& out,
     HSS_CUDA_CHECK(cudaMemcpy2DAsync(
         kernels::output_address(out, flat), static_cast<size_t>(out.row_stride * esize), src,
         static_cast<size_t>(out.cols * esize), static_cast<size_t>(out.cols * esize),
-        static_cast<size_t>(rows), cudaMemcpyHostToDevice, stream));
+        static_cast<size_t>(rows), kSegmentCopy, stream));
     src += rows * out.cols * esize;
     flat += rows * out.cols;
     left -= rows * out.cols;

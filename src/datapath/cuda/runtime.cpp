@@ -80,4 +80,29 @@ void pinned_host_free(void* ptr, int device) noexcept {
   }
 }
 
+void* device_memory_alloc(size_t bytes, int device, std::string* error) {
+  // Asked only with a device found (the store's device path exists; store_device() >= 0).
+  void* ptr = nullptr;
+  cudaError_t status = cudaSuccess;
+  cuda::run_on_device(device, [&] {
+    status = cudaMalloc(&ptr, bytes);
+    clear_own_error(status);
+  });
+  if (status != cudaSuccess) {
+    if (error != nullptr) *error = std::string(cudaGetErrorName(status)) + ": " +
+                                   cudaGetErrorString(status);
+    return nullptr;
+  }
+  return ptr;
+}
+
+void device_memory_free(void* ptr, int device) noexcept {
+  if (ptr == nullptr) return;
+  try {
+    cuda::run_on_device(device, [&] { clear_own_error(cudaFree(ptr)); });
+  } catch (...) {  // no thread, or the device is lost: free it here
+    clear_own_error(cudaFree(ptr));
+  }
+}
+
 }  // namespace hss::detail

@@ -12,5 +12,10 @@ RuntimeInfo detect_runtime() {
 int store_device(const Config&) { return -1; }
 void* pinned_host_alloc(size_t, int) { return nullptr; }
 void pinned_host_free(void*, int) noexcept {}
+void* device_memory_alloc(size_t, int, std::string* error) {
+  if (error != nullptr) *error = "built without CUDA";
+  return nullptr;
+}
+void device_memory_free(void*, int) noexcept {}
 
 }  // namespace hss::detail

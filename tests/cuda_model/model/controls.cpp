@@ -161,6 +161,8 @@ void fail_copy(uint64_t nth, cudaError_t error) {
   m.faults.copy_error = error;
 }
 
+void set_peer_access_supported(bool supported) { detail::set_peer_supported(supported); }
+
 void clear_faults() {
   Model& m = Model::get();
   std::lock_guard lock(m.mutex);

@@ -3,6 +3,9 @@
 // the device's primary context; cudaGetDeviceCount, cudaGetDeviceProperties, cudaGetDevice and
 // cudaPointerGetAttributes create none.
 
+#include <array>
+#include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -66,6 +69,55 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   return cudaSuccess;
 }
 
+namespace hss::cuda_model::detail {
+namespace {
+// Bit p of g_peer_masks[d]: kernels of device d may access device p's memory.
+std::array<std::atomic<uint32_t>, 8> g_peer_masks{};
+std::atomic<bool> g_peer_supported{true};
+}  // namespace
+
+bool peer_access_enabled(int device, int peer) {
+  if (device < 0 || device >= 8 || peer < 0 || peer >= 8) return false;
+  const uint32_t mask = g_peer_masks[static_cast<size_t>(device)].load(std::memory_order_acquire);
+  return (mask >> peer & 1U) != 0;
+}
+
+void set_peer_supported(bool supported) { g_peer_supported.store(supported); }
+void clear_peer_access(int device) {
+  g_peer_masks[static_cast<size_t>(device)].store(0, std::memory_order_release);
+}
+}  // namespace hss::cuda_model::detail
+
+// Every pair of distinct devices can access each other unless a test says otherwise
+// (cuda_model::set_peer_access_supported).
+cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+  if (const cudaError_t e = enter(); e != cudaSuccess) return result(e);
+  const Model& m = Model::get();
+  if (can == nullptr) return result(cudaErrorInvalidValue);
+  if (device < 0 || device >= m.device_count || peer < 0 || peer >= m.device_count) {
+    return result(cudaErrorInvalidDevice);
+  }
+  *can = device != peer && g_peer_supported.load() ? 1 : 0;
+  return cudaSuccess;
+}
+
+// From the current device's context (created if needed), as CUDA does.
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  if (const cudaError_t e = enter(); e != cudaSuccess) return result(e);
+  Model& m = Model::get();
+  std::unique_lock lock(m.mutex);
+  if (flags != 0) return result(cudaErrorInvalidValue);
+  if (peer < 0 || peer >= m.device_count) return result(cudaErrorInvalidDevice);
+  DeviceState& d = current_device(lock);
+  if (peer == d.index || !g_peer_supported.load()) return result(cudaErrorPeerAccessUnsupported);
+  auto& mask = g_peer_masks[static_cast<size_t>(d.index)];
+  const uint32_t bit = 1U << peer;
+  if ((mask.fetch_or(bit, std::memory_order_acq_rel) & bit) != 0) {
+    return result(cudaErrorPeerAccessAlreadyEnabled);
+  }
+  return cudaSuccess;
+}
+
 cudaError_t cudaDeviceReset() {
   if (const cudaError_t e = enter(); e != cudaSuccess) return result(e);
   Model& m = Model::get();
@@ -78,6 +130,7 @@ cudaError_t cudaDeviceReset() {
   d.sticky_what.clear();
   d.loaded.clear();
   d.context = false;
+  clear_peer_access(d.index);  // peer access belongs to the context
   return cudaSuccess;
 }
 

@@ -114,8 +114,10 @@ void check_access(KernelContext& k, const void* p, size_t bytes, size_t align, b
     why = allocation_at(p) != nullptr ? "runs past the end of its allocation"
                                       : "is not memory the device can reach (pageable host "
                                         "memory, freed, or never allocated)";
-  } else if (alloc->kind == MemKind::kDevice && alloc->device != k.device) {
-    why = "is device memory of device " + std::to_string(alloc->device);
+  } else if (alloc->kind == MemKind::kDevice && alloc->device != k.device &&
+             !peer_access_enabled(k.device, alloc->device)) {
+    why = "is device memory of device " + std::to_string(alloc->device) +
+          " (no peer access enabled from device " + std::to_string(k.device) + ")";
   } else if (alloc->kind == MemKind::kPinned && !alloc->device_mapped()) {
     why = "is page-locked host memory not mapped into the device (no cudaHostAllocMapped)";
   }

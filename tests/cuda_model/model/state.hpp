@@ -249,6 +249,15 @@ class HostOnly {
 /// Frees every allocation of `device` (cudaDeviceReset).
 void free_device_allocations(int device);
 
+// ---- peer access (devices.cpp)
+
+/// True when kernels of `device` may access device memory of `peer` (cudaDeviceEnablePeerAccess
+/// from `device`'s context; dropped by its cudaDeviceReset). Lock-free: kernel twins ask it.
+[[nodiscard]] bool peer_access_enabled(int device, int peer);
+/// cuda_model::set_peer_access_supported; cudaDeviceReset's part.
+void set_peer_supported(bool supported);
+void clear_peer_access(int device);
+
 // ---- API plumbing (state.cpp)
 
 /// Called at the top of every runtime entry point: first-use initialisation, and
