@@ -55,11 +55,11 @@ constexpr void for_each_field(Self& s, Visit&& visit) {
   visit("read_mode", s.read_mode);
 }
 
-/// What HiddenStateStore::coverage_by_tier found: the prefix coverage(..., kLocalAndRemote)
+/// What HiddenStateStore::coverage_by_tier found: the prefix coverage(..., kAllTiers)
 /// counts, and which tier holds each of its chunks. Values a tier holds are unchecked (as
 /// coverage's), so a retrieve may still stop short where one turns out corrupt.
 struct TierCoverage {
-  int64_t tokens = 0;  ///< == coverage(chunks, slots, CoverageScope::kLocalAndRemote)
+  int64_t tokens = 0;  ///< == coverage(chunks, slots, CoverageScope::kAllTiers)
   /// One per chunk of that prefix, in order: "host" when the pool holds every slot, else the name
   /// of the last tier in retrieve order that a read-through would promote one of its slots from
   /// ("disk", "remote"): the slowest read the chunk needs.

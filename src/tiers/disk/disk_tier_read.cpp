@@ -105,7 +105,7 @@ struct PlannedRead {
 /// outweigh the codes when rows are narrow; a MAC): not read at all.
 uint64_t read_limit(const TierRequest& r) {
   if (r.rows <= 0 || r.cols <= 0) return uint64_t{1} << 34;
-  return kRemoteHeaderBytes + kMacBytes +
+  return kTierHeaderBytes + kMacBytes +
          std::max(static_cast<uint64_t>(r.rows * r.cols) * 4,
                   RowFormat::of(kernels::ElemType::kFp8E4M3).payload_bytes(r.rows, r.cols));
 }
@@ -162,8 +162,8 @@ void DiskTier::fetch_each(std::span<const TierRequest> requests,
     if (!bad) {
       const std::span<const std::byte> value(buffer.data(), read.got);
       const std::string mac_name =
-          m.opts.mac ? remote_key(r.key, to_string(r.slot.kind), r.slot.layer_idx) : std::string();
-      decoded = decode_remote_value(value, r.rows, r.cols, m.opts.mac.get(), mac_name);
+          m.opts.mac ? value_key(r.key, to_string(r.slot.kind), r.slot.layer_idx) : std::string();
+      decoded = decode_tier_value(value, r.rows, r.cols, m.opts.mac.get(), mac_name);
       bad = decoded.status != DecodeStatus::kOk;
     }
     if (bad) {
