@@ -12,7 +12,7 @@
 namespace hss {
 
 struct TierStats {
-  std::string name;        ///< "disk" (local files) or "remote" (Redis/Valkey)
+  std::string name;        ///< the tier's name: "disk" (local files), "remote" (Redis/Valkey)
   uint64_t hits = 0;       ///< (chunk, slot) values fetched and checked
   uint64_t misses = 0;     ///< values asked for and not returned (absent, down, corrupt)
   uint64_t corrupt_values = 0;          ///< present but failing a check (also in misses)
