@@ -34,11 +34,13 @@ def test_prometheus_series_of_a_tier_not_declared_up_front_are_made_when_first_r
     # The declared tiers are there from the start, at zero.
     assert registry.get_sample_value("hsstore:disk_hits_total", labels) == 0
     assert registry.get_sample_value("hsstore:device_hits_total", labels) is None
-    prom.observe({"counters": {"device_hits": 2, "rows_restored": 4, "not_a_metric": 1},
+    prom.observe({"counters": {"device_hits": 2, "rows_restored": 4, "not_a_metric": 1,
+                               "bad-name_hits": 1},
                   "gauges": {"w0": {"device_queue_bytes": 7}}})
     assert registry.get_sample_value("hsstore:device_hits_total", labels) == 2
     assert registry.get_sample_value("hsstore:device_queue_bytes", labels) == 7
     assert registry.get_sample_value("hsstore:rows_restored_total", labels) == 4
     assert registry.get_sample_value("hsstore:not_a_metric_total", labels) is None
+    assert registry.get_sample_value("hsstore:bad-name_hits_total", labels) is None
     prom.observe({"counters": {"device_hits": 1}, "gauges": {}})
     assert registry.get_sample_value("hsstore:device_hits_total", labels) == 3

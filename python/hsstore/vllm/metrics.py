@@ -22,6 +22,7 @@ whichever asks first reports their growth, so nothing is counted twice.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from typing import Any, Dict, Optional
@@ -100,10 +101,11 @@ TIER_NAMES = ("disk", "remote")
 
 def tier_metric(name: str, tier_keys: Dict[str, str]) -> Optional[tuple]:
     """(tier, what it counts) when ``name`` is ``<tier>_<key>`` of a key of ``tier_keys``
-    (:data:`TIER_COUNTERS` or :data:`TIER_GAUGES`), else None."""
+    (:data:`TIER_COUNTERS` or :data:`TIER_GAUGES`) and makes a Prometheus name, else None."""
     for key, doc in tier_keys.items():
-        if name.endswith("_" + key) and len(name) > len(key) + 1:
-            return name[: -len(key) - 1], doc
+        tier = name[: -len(key) - 1]
+        if name.endswith("_" + key) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", tier):
+            return tier, doc
     return None
 
 
