@@ -120,7 +120,9 @@ struct HiddenStateStats {
   /// Kernel launches and copy calls the device path enqueued (a batch: one per device and stream)
   uint64_t device_launches = 0;
   std::array<KindStats, kNumActivationKinds> per_kind{};  ///< indexed by ActivationKind
-  RemoteStats remote;  ///< the shared remote tier (all zero when hidden_state_remote_url is unset)
+  /// The Redis tier's own fields, filled by that tier (all zero when hidden_state_remote_url is
+  /// unset); kept for its older readers: `tiers` is every tier's view in one shape.
+  RemoteStats remote;
   /// The backing tiers in the order a retrieve asks them, one shape for every tier (empty when
   /// none is configured); `remote` keeps the Redis tier's own fields.
   std::vector<TierStats> tiers;
