@@ -120,7 +120,9 @@ struct HiddenStateStats {
   /// Kernel launches and copy calls the device path enqueued (a batch: one per device and stream)
   uint64_t device_launches = 0;
   std::array<KindStats, kNumActivationKinds> per_kind{};  ///< indexed by ActivationKind
-  RemoteStats remote;  ///< the shared remote tier (all zero when hidden_state_remote_url is unset)
+  /// The Redis tier's own fields, filled by that tier (all zero when hidden_state_remote_url is
+  /// unset); kept for its older readers: `tiers` is every tier's view in one shape.
+  RemoteStats remote;
   /// The backing tiers in the order a retrieve asks them, one shape for every tier (empty when
   /// none is configured); `remote` keeps the Redis tier's own fields.
   std::vector<TierStats> tiers;
@@ -163,8 +165,13 @@ constexpr void for_each_field(Self& s, Visit&& visit) {
   visit("host_copy", s.host_copy);
 }
 
-/// What coverage() counts: the local pool only, or the local pool and the remote tier.
-enum class CoverageScope { kLocal, kLocalAndRemote };
+/// What coverage() counts: the local pool only, or the local pool and every backing tier.
+enum class CoverageScope {
+  kLocal,
+  kAllTiers,  ///< the pool, then each backing tier in retrieve order for what is not local
+  kLocalAndRemote [[deprecated("use CoverageScope::kAllTiers (it counts every tier)")]] =
+      kAllTiers,
+};
 /// One store of a batch: the arguments of store_hidden_states. Items passing the same ids (the
 /// same data pointer, size and width: a request's layers) share one key pass.
 struct StoreItem {
@@ -283,14 +290,16 @@ class HiddenStateStore {
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks,
                                  std::span<const int64_t> layer_idxs) const;
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks, std::span<const Slot> slots) const;
-  /// The same, counting a (chunk, slot) held by the remote tier as present when `scope` says so
-  /// (one pipelined EXISTS round trip per server for what is not local; values unchecked, so a
-  /// corrupt one still counts). kLocalAndRemote waits on the network (docs/design.md's table).
+  /// The same, counting a (chunk, slot) a backing tier holds as present when `scope` is
+  /// kAllTiers: what is not local is asked of the tiers in retrieve order, each asked only what
+  /// the ones before it lack (values unchecked, so a corrupt one still counts). kAllTiers blocks
+  /// on each tier's contains(), which its own header documents (the Redis tier waits on the
+  /// network; docs/design.md's table).
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks, std::span<const int64_t> layer_idxs,
                                  CoverageScope scope) const;
   [[nodiscard]] int64_t coverage(std::span<const Chunk> chunks, std::span<const Slot> slots,
                                  CoverageScope scope) const;
-  /// coverage(chunks, slots, kLocalAndRemote) and which tier holds each chunk of that prefix
+  /// coverage(chunks, slots, kAllTiers) and which tier holds each chunk of that prefix
   /// ("host", "disk", "remote": hss/tier_stats.hpp). Waits on the tiers as that call does.
   [[nodiscard]] TierCoverage coverage_by_tier(std::span<const Chunk> chunks,
                                               std::span<const Slot> slots) const;

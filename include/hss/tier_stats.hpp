@@ -12,7 +12,7 @@
 namespace hss {
 
 struct TierStats {
-  std::string name;  ///< "device" (device-resident tier), "disk" (local files), "remote" (Redis)
+  std::string name;  ///< the tier's name: "device" (device-resident tier), "disk" (local files), "remote" (Redis/Valkey)
   uint64_t hits = 0;       ///< (chunk, slot) values fetched and checked
   uint64_t misses = 0;     ///< values asked for and not returned (absent, down, corrupt)
   uint64_t corrupt_values = 0;          ///< present but failing a check (also in misses)
@@ -59,11 +59,11 @@ constexpr void for_each_field(Self& s, Visit&& visit) {
   visit("evictions", s.evictions);
 }
 
-/// What HiddenStateStore::coverage_by_tier found: the prefix coverage(..., kLocalAndRemote)
+/// What HiddenStateStore::coverage_by_tier found: the prefix coverage(..., kAllTiers)
 /// counts, and which tier holds each of its chunks. Values a tier holds are unchecked (as
 /// coverage's), so a retrieve may still stop short where one turns out corrupt.
 struct TierCoverage {
-  int64_t tokens = 0;  ///< == coverage(chunks, slots, CoverageScope::kLocalAndRemote)
+  int64_t tokens = 0;  ///< == coverage(chunks, slots, CoverageScope::kAllTiers)
   /// One per chunk of that prefix, in order: "device" when every slot has a device copy (the
   /// device-resident tier), "host" when the pool holds every slot, else the name
   /// of the last tier in retrieve order that a read-through would promote one of its slots from

@@ -203,11 +203,17 @@ hss::Stream as_stream(void* stream) { return static_cast<hss::Stream>(stream); }
 }  // namespace
 
 void bind_store(nb::module_& m) {
-  nb::enum_<hss::CoverageScope>(m, "CoverageScope",
-                                "What coverage() counts: the local pool, or the pool and the "
-                                "remote tier.")
-      .value("local", hss::CoverageScope::kLocal)
-      .value("local_and_remote", hss::CoverageScope::kLocalAndRemote);
+  auto coverage_scope =
+      nb::enum_<hss::CoverageScope>(m, "CoverageScope",
+                                    "What coverage() counts: the local pool, or the pool and "
+                                    "every backing tier.")
+          .value("local", hss::CoverageScope::kLocal)
+          .value("all_tiers", hss::CoverageScope::kAllTiers);
+  // The older name, deprecated: an alias of all_tiers the way Python's enum makes one (the same
+  // member, listed in __members__), so code that passes it keeps working.
+  const nb::object all_tiers = coverage_scope.attr("all_tiers");
+  nb::setattr(coverage_scope, "local_and_remote", all_tiers);
+  coverage_scope.attr("_member_map_")["local_and_remote"] = all_tiers;
 
   nb::enum_<hss::ActivationKind>(m, "ActivationKind",
                                  "What a cached activation is; kind= also takes the name.")
@@ -415,8 +421,8 @@ void bind_store(nb::module_& m) {
           nb::arg("token_ids").none(), nb::arg("layer_idxs") = std::vector<int64_t>{0},
           nb::kw_only(), nb::arg("scope") = hss::CoverageScope::kLocal,
           "Tokens of the prefix retrieve_layers would return (token ids or (start, end, key) "
-          "chunks). scope=CoverageScope.local_and_remote also counts the remote tier (one round "
-          "trip per server). Changes nothing.")
+          "chunks). scope=CoverageScope.all_tiers also counts what the backing tiers hold (each "
+          "asked in retrieve order, for what the ones before it lack). Changes nothing.")
       .def(
           "coverage_by_tier",
           [](PyHiddenStateStore& s, nb::handle tokens_or_chunks, nb::handle layer_idxs) {
@@ -430,7 +436,7 @@ void bind_store(nb::module_& m) {
             return nb::make_tuple(found.tokens, found.chunk_tiers);
           },
           nb::arg("token_ids").none(), nb::arg("layer_idxs") = std::vector<int64_t>{0},
-          "(tokens, tiers): coverage(..., scope=CoverageScope.local_and_remote) and, per chunk of "
+          "(tokens, tiers): coverage(..., scope=CoverageScope.all_tiers) and, per chunk of "
           "that prefix, the tier a retrieve reads it from: 'host' (the pool holds every slot), "
           "else the slowest tier it promotes a slot from ('disk', 'remote'). Changes nothing.")
       .def(

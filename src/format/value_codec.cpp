@@ -41,7 +41,7 @@ Int get_le(const std::byte* in) {
 std::optional<size_t> checked_payload_bytes(RowFormat format, int64_t rows, int64_t cols) {
   if (rows < 0 || cols < 0 || !wire_code(format)) return std::nullopt;
   const std::optional<uint64_t> bytes = format.checked_payload_bytes(rows, cols);
-  constexpr uint64_t kMax = std::numeric_limits<size_t>::max() - kRemoteHeaderBytes - kMacBytes;
+  constexpr uint64_t kMax = std::numeric_limits<size_t>::max() - kTierHeaderBytes - kMacBytes;
   if (!bytes || *bytes > kMax) return std::nullopt;
   return static_cast<size_t>(*bytes);
 }
@@ -75,8 +75,8 @@ std::string row_format_name(RowFormat format) {
   return name;
 }
 
-std::string remote_key(const CacheEngineKey& key, std::string_view kind, int64_t layer) {
-  std::string out(kRemoteKeyPrefix);
+std::string value_key(const CacheEngineKey& key, std::string_view kind, int64_t layer) {
+  std::string out(kValueKeyPrefix);
   out += key.to_string();
   out += ':';
   out += kind;
@@ -85,11 +85,11 @@ std::string remote_key(const CacheEngineKey& key, std::string_view kind, int64_t
   return out;
 }
 
-size_t remote_payload_bytes(DType dtype, int64_t rows, int64_t cols) {
-  return remote_payload_bytes(to_row_format(dtype), rows, cols);
+size_t tier_payload_bytes(DType dtype, int64_t rows, int64_t cols) {
+  return tier_payload_bytes(to_row_format(dtype), rows, cols);
 }
 
-size_t remote_payload_bytes(RowFormat format, int64_t rows, int64_t cols) {
+size_t tier_payload_bytes(RowFormat format, int64_t rows, int64_t cols) {
   const auto bytes = checked_payload_bytes(format, rows, cols);
   if (!bytes) {
     throw InvalidArgument("remote value shape rows = " + std::to_string(rows) +
@@ -110,10 +110,10 @@ uint64_t hash_pieces(std::span<const std::span<const std::byte>> pieces) {
   return XXH3_64bits_digest(state.get());
 }
 
-void encode_remote_header(const RemoteHeader& header,
-                          std::span<std::byte, kRemoteHeaderBytes> out) {
+void encode_tier_header(const TierHeader& header,
+                          std::span<std::byte, kTierHeaderBytes> out) {
   std::memcpy(out.data(), kMagic.data(), kMagic.size());
-  put_le<uint16_t>(out.data() + 4, kRemoteFormatVersion);
+  put_le<uint16_t>(out.data() + 4, kTierFormatVersion);
   const std::optional<uint8_t> code = wire_code(header.format);
   if (!code) {
     throw InvalidArgument("row format " + row_format_name(header.format) + " has no wire code");
@@ -125,21 +125,21 @@ void encode_remote_header(const RemoteHeader& header,
   put_le<uint64_t>(out.data() + 24, header.payload_hash);
 }
 
-std::optional<RemoteHeader> decode_remote_header(std::span<const std::byte> bytes) {
-  if (bytes.size() < kRemoteHeaderBytes ||
+std::optional<TierHeader> decode_tier_header(std::span<const std::byte> bytes) {
+  if (bytes.size() < kTierHeaderBytes ||
       std::memcmp(bytes.data(), kMagic.data(), kMagic.size()) != 0 ||
-      get_le<uint16_t>(bytes.data() + 4) != kRemoteFormatVersion) {
+      get_le<uint16_t>(bytes.data() + 4) != kTierFormatVersion) {
     return std::nullopt;
   }
   const auto format_code = static_cast<uint8_t>(bytes[6]);
   const auto flags = static_cast<uint8_t>(bytes[7]);
-  RemoteHeader header;
+  TierHeader header;
   header.rows = get_le<int64_t>(bytes.data() + 8);
   header.cols = get_le<int64_t>(bytes.data() + 16);
   header.payload_hash = get_le<uint64_t>(bytes.data() + 24);
   header.flags = flags;
   const std::optional<RowFormat> format = row_format_from_wire(format_code);
-  if (!format || (flags & ~kRemoteFlagMac) != 0) return std::nullopt;
+  if (!format || (flags & ~kTierFlagMac) != 0) return std::nullopt;
   header.format = *format;
   if (!checked_payload_bytes(header.format, header.rows, header.cols) || header.cols == 0) {
     return std::nullopt;
@@ -147,16 +147,16 @@ std::optional<RemoteHeader> decode_remote_header(std::span<const std::byte> byte
   return header;
 }
 
-std::string encode_remote_value(DType dtype, int64_t rows, int64_t cols,
+std::string encode_tier_value(DType dtype, int64_t rows, int64_t cols,
                                 std::span<const std::span<const std::byte>> pieces,
                                 const ValueMac* mac, std::string_view name) {
-  return encode_remote_value(to_row_format(dtype), rows, cols, pieces, mac, name);
+  return encode_tier_value(to_row_format(dtype), rows, cols, pieces, mac, name);
 }
 
-std::string encode_remote_value(RowFormat format, int64_t rows, int64_t cols,
+std::string encode_tier_value(RowFormat format, int64_t rows, int64_t cols,
                                 std::span<const std::span<const std::byte>> pieces,
                                 const ValueMac* mac, std::string_view name) {
-  const size_t payload = remote_payload_bytes(format, rows, cols);
+  const size_t payload = tier_payload_bytes(format, rows, cols);
   size_t given = 0;
   for (const auto piece : pieces) given += piece.size();
   if (given != payload) {
@@ -164,7 +164,7 @@ std::string encode_remote_value(RowFormat format, int64_t rows, int64_t cols,
                           std::to_string(rows) + ", cols = " + std::to_string(cols) + " of " +
                           row_format_name(format) + " need " + std::to_string(payload));
   }
-  const size_t body_at = kRemoteHeaderBytes + (mac != nullptr ? kMacBytes : 0);
+  const size_t body_at = kTierHeaderBytes + (mac != nullptr ? kMacBytes : 0);
   std::string value(body_at + payload, '\0');
   auto* bytes = reinterpret_cast<std::byte*>(value.data());
   size_t at = body_at;
@@ -172,14 +172,14 @@ std::string encode_remote_value(RowFormat format, int64_t rows, int64_t cols,
     if (!piece.empty()) std::memcpy(bytes + at, piece.data(), piece.size());
     at += piece.size();
   }
-  const RemoteHeader header{format, rows, cols, XXH3_64bits(bytes + body_at, payload),
-                            mac != nullptr ? kRemoteFlagMac : uint8_t{0}};
-  encode_remote_header(header, std::span<std::byte, kRemoteHeaderBytes>(bytes, kRemoteHeaderBytes));
+  const TierHeader header{format, rows, cols, XXH3_64bits(bytes + body_at, payload),
+                            mac != nullptr ? kTierFlagMac : uint8_t{0}};
+  encode_tier_header(header, std::span<std::byte, kTierHeaderBytes>(bytes, kTierHeaderBytes));
   if (mac != nullptr) {
     const std::span<const std::byte> body(bytes + body_at, payload);
-    const Mac tag = mac->compute(name, std::span<const std::byte>(bytes, kRemoteHeaderBytes),
+    const Mac tag = mac->compute(name, std::span<const std::byte>(bytes, kTierHeaderBytes),
                                  std::span<const std::span<const std::byte>>(&body, 1));
-    std::memcpy(bytes + kRemoteHeaderBytes, tag.data(), tag.size());
+    std::memcpy(bytes + kTierHeaderBytes, tag.data(), tag.size());
   }
   return value;
 }
@@ -208,16 +208,16 @@ std::string_view to_string(DecodeStatus status) {
   return "unknown";
 }
 
-DecodedValue decode_remote_value(std::span<const std::byte> value, int64_t expected_rows,
+DecodedValue decode_tier_value(std::span<const std::byte> value, int64_t expected_rows,
                                  int64_t expected_cols, const ValueMac* mac,
                                  std::string_view name) {
   DecodedValue out;
-  if (value.size() < kRemoteHeaderBytes ||
+  if (value.size() < kTierHeaderBytes ||
       std::memcmp(value.data(), kMagic.data(), kMagic.size()) != 0) {
     out.status = DecodeStatus::kForeign;
     return out;
   }
-  if (get_le<uint16_t>(value.data() + 4) != kRemoteFormatVersion) {
+  if (get_le<uint16_t>(value.data() + 4) != kTierFormatVersion) {
     out.status = DecodeStatus::kUnsupportedVersion;
     return out;
   }
@@ -228,7 +228,7 @@ DecodedValue decode_remote_value(std::span<const std::byte> value, int64_t expec
   const auto flags = static_cast<uint8_t>(value[7]);
   out.header.flags = flags;
   const std::optional<RowFormat> format = row_format_from_wire(format_code);
-  if (!format || (flags & ~kRemoteFlagMac) != 0) {
+  if (!format || (flags & ~kTierFlagMac) != 0) {
     out.status = DecodeStatus::kBadHeader;
     return out;
   }
@@ -243,8 +243,8 @@ DecodedValue decode_remote_value(std::span<const std::byte> value, int64_t expec
     out.status = DecodeStatus::kWrongShape;
     return out;
   }
-  const bool has_mac = (flags & kRemoteFlagMac) != 0;
-  const size_t body_at = kRemoteHeaderBytes + (has_mac ? kMacBytes : 0);
+  const bool has_mac = (flags & kTierFlagMac) != 0;
+  const size_t body_at = kTierHeaderBytes + (has_mac ? kMacBytes : 0);
   if (value.size() < body_at) {
     out.status = DecodeStatus::kTruncated;
     return out;
@@ -265,8 +265,8 @@ DecodedValue decode_remote_value(std::span<const std::byte> value, int64_t expec
   }
   if (mac != nullptr) {
     Mac tag{};
-    if (has_mac) std::memcpy(tag.data(), value.data() + kRemoteHeaderBytes, tag.size());
-    if (!has_mac || !mac->verify(name, value.first(kRemoteHeaderBytes),
+    if (has_mac) std::memcpy(tag.data(), value.data() + kTierHeaderBytes, tag.size());
+    if (!has_mac || !mac->verify(name, value.first(kTierHeaderBytes),
                                  std::span<const std::span<const std::byte>>(&body, 1), tag)) {
       out.status = DecodeStatus::kUnauthenticated;
       return out;

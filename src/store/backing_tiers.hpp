@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "hss/config.hpp"
-#include "hss/remote_stats.hpp"
+#include "hss/hidden_state_store.hpp"
 #include "tiers/backing_tier.hpp"
 #include "tiers/tier_chain.hpp"
 
@@ -26,8 +26,9 @@ using ExtraTiersForTesting =
     std::function<std::vector<std::unique_ptr<BackingTier>>(const Config& config)>;
 void set_extra_tiers_for_testing(ExtraTiersForTesting make);
 
-/// HiddenStateStats::remote: the Redis tier's own counters, read_through_chunks its promotions
-/// (all zero without one).
-[[nodiscard]] RemoteStats remote_stats_of(const TierChain& chain);
+/// What each tier shows in HiddenStateStats besides HiddenStateStats::tiers, filled by the tier
+/// (BackingTier::add_store_view: HiddenStateStats::remote from the Redis tier, all zero without
+/// one).
+void add_tier_views(const TierChain& chain, HiddenStateStats& stats);
 
 }  // namespace hss::detail

@@ -208,7 +208,7 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
   for (size_t k = 0; k < s.per_kind.size(); ++k) {
     s.per_kind[k].chunks_written = state.counters.kind_chunks_written[k].load();
   }
-  s.remote = detail::remote_stats_of(state.tiers);
+  detail::add_tier_views(state.tiers, s);
   s.tiers = state.tiers.stats();
   // The device-resident tier is asked first (a device restore on its device reads it first).
   if (auto device_row = state.device_tier_stats()) s.tiers.insert(s.tiers.begin(), *device_row);

@@ -35,7 +35,7 @@ class TierReadThrough {
   size_t read_through(std::span<const Chunk> chunks, std::span<const Slot> slots,
                       KvAnswers* kv_answers = nullptr, std::span<const int64_t> widths = {});
   /// `local` (the pool's coverage of these chunks and slots) extended by the values some tier
-  /// holds (CoverageScope::kLocalAndRemote). Builds no tier names.
+  /// holds (CoverageScope::kAllTiers). Builds no tier names.
   int64_t coverage_with_tiers(std::span<const Chunk> chunks, std::span<const Slot> slots,
                               int64_t local) const;
   /// The same prefix, with the tier each of its chunks is read from (hss/tier_stats.hpp).

@@ -1,14 +1,18 @@
 #pragma once
 // The tier seam: what a backing tier implements. A backing tier keeps encoded hidden-state
-// values (one per (chunk key, slot)) behind the pool: the Redis/Valkey tier (tiers/remote/) now,
-// a local disk tier next. The store never talks to a tier directly; it talks to the TierChain
-// (tiers/tier_chain.hpp), which asks the tiers in order.
+// values (one per (chunk key, slot)) behind the pool: the local disk tier (tiers/disk/) and the
+// Redis/Valkey tier (tiers/remote/) now. The store never talks to a tier directly; it talks to
+// the TierChain (tiers/tier_chain.hpp), which asks the tiers in order.
 //
 // A new tier:
-//   adds     tiers/<name>/ (a class implementing BackingTier, its tests in tests/tiers/);
-//   touches  store/backing_tiers.cpp (the one place a config becomes the ordered list of tiers),
-//            config/config_keys.cpp (its keys, one row each), src/CMakeLists.txt (its folder);
-//   never    the store's write or read pipeline, the index or the pool.
+//   adds     tiers/<name>/ (a class implementing BackingTier whose enqueue_write hands its
+//            values to the shared write-behind queue, tiers/write_behind.hpp, and supplies the
+//            I/O; its tests in tests/tiers/);
+//   touches  store/backing_tiers.cpp (one row of kTierMakers: the one place a config becomes
+//            the ordered list of tiers), config/config_keys.cpp (its keys, one row each),
+//            src/CMakeLists.txt (its folder, one row of the layers);
+//   never    the store's write or read pipeline, the index, the pool, or the store's stats (its
+//            TierStats row is stats(); anything more it shows itself: add_store_view).
 //
 // What the chain guarantees a tier:
 //   * enqueue_write is called after the entry was published, with the entry's bytes borrowed
@@ -21,8 +25,9 @@
 //     KV is gone is never read; discard tells a tier it may drop one).
 //
 // Thread safety: every method may be called from many threads at once, except close(), which
-// the store calls once, after its last write (docs/design.md, "What may run concurrently and
-// what may block the host": a row per tier).
+// the store calls once, after its last write. What blocks, per tier: docs/design.md, "Tier
+// machinery: the shared write-behind queue and the seam" (and its blocking table, "What may run
+// concurrently and what may block the host").
 
 #include <cstddef>
 #include <cstdint>
@@ -37,6 +42,10 @@
 #include "hss/tensor.hpp"
 #include "hss/tier_stats.hpp"
 #include "format/row_format.hpp"
+
+namespace hss {
+struct HiddenStateStats;
+}  // namespace hss
 
 namespace hss::detail {
 
@@ -74,7 +83,8 @@ class BackingTier {
  public:
   virtual ~BackingTier() = default;
 
-  /// The tier's name in stats and logs ("remote", "disk").
+  /// The tier's name in stats, logs and metrics ("disk", "remote"): its HiddenStateStats::tiers
+  /// row and the Python metrics' "<name>_<counter>" series take it as it is.
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;
 
   /// Queues one value (write-behind). `pieces` (in order) make up the payload, whose size must
@@ -112,6 +122,14 @@ class BackingTier {
 
   /// The tier's counters in the one shape (TierStats::promotions stays 0: the chain counts it).
   [[nodiscard]] virtual TierStats stats() const = 0;
+  /// What the tier shows in the store's stats besides its TierStats row (HiddenStateStats::
+  /// tiers), filled by the tier itself: the Redis tier fills HiddenStateStats::remote, the view
+  /// kept for its older readers. `promotions`: the chain's count of this tier's promotions. The
+  /// store starts from zeros and asks every tier in retrieve order; most tiers add nothing.
+  virtual void add_store_view(HiddenStateStats& stats, uint64_t promotions) const {
+    (void)stats;
+    (void)promotions;
+  }
 };
 
 }  // namespace hss::detail

@@ -248,7 +248,7 @@ TEST(Fp8RemoteTier, FreshStoresReadTheRedisValuesAsTheWritersHostPoolHit) {
   {
     HiddenStateStore reader(config, db);
     reader.bind_storage_manager(&kv);
-    EXPECT_EQ(reader.coverage(chunks, std::vector<int64_t>{0}, CoverageScope::kLocalAndRemote),
+    EXPECT_EQ(reader.coverage(chunks, std::vector<int64_t>{0}, CoverageScope::kAllTiers),
               4 * kChunk);
     expect_host_hits(reader, tokens, expected);
     EXPECT_EQ(reader.stats().tiers.at(0).promotions, 4U);

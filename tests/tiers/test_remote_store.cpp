@@ -115,7 +115,7 @@ TEST(RemoteStore, TwoProcessesShareAMultiLayerPrefixBitIdentically) {
   b.bind_storage_manager(&kv);
   const auto chunks = db.process_tokens(tokens);
   EXPECT_EQ(b.coverage(chunks, kLayers), 0);
-  EXPECT_EQ(b.coverage(chunks, kLayers, CoverageScope::kLocalAndRemote), kChunk * kChunks);
+  EXPECT_EQ(b.coverage(chunks, kLayers, CoverageScope::kAllTiers), kChunk * kChunks);
   expect_layers(b.retrieve_layers(tokens, kLayers), tokens, kChunk * kChunks);
   const HiddenStateStats s = b.stats();
   EXPECT_EQ(s.remote.hits, entries);
@@ -154,7 +154,7 @@ TEST(RemoteStore, ReadThroughContinuesALocalPrefixAndStopsAtTheFirstChunkMissing
   const std::vector<int32_t> head(tokens.begin(), tokens.begin() + 2 * kChunk);
   store_layers(b, head);  // chunks 0-1 local
   b.flush();
-  EXPECT_EQ(b.coverage(chunks, kLayers, CoverageScope::kLocalAndRemote), 5 * kChunk);
+  EXPECT_EQ(b.coverage(chunks, kLayers, CoverageScope::kAllTiers), 5 * kChunk);
   const auto got = b.retrieve_layers(tokens, kLayers);
   expect_layers(got, tokens, 5 * kChunk);
   // Chunks 2-7 were asked for in one round trip and all but (5, layer 0) inserted; the prefix
@@ -179,7 +179,7 @@ TEST(RemoteStore, ReadThroughOnlyWhereKvIsPresent) {
   FakeKv kv;
   kv.evict(chunks[3].key);
   b.bind_storage_manager(&kv);
-  EXPECT_EQ(b.coverage(chunks, kLayers, CoverageScope::kLocalAndRemote), 3 * kChunk);
+  EXPECT_EQ(b.coverage(chunks, kLayers, CoverageScope::kAllTiers), 3 * kChunk);
   expect_layers(b.retrieve_layers(tokens, kLayers), tokens, 3 * kChunk);
   const auto s = b.stats().remote;
   EXPECT_EQ(s.hits, 3 * kLayers.size());  // chunks past the KV gap were never asked for

@@ -317,7 +317,7 @@ TEST(TierChain, ReadThroughAsksTheTiersInOrderAndPromotesFromTheFirstThatHolds) 
   const auto chunks = db.process_tokens(std::span<const int32_t>(tokens));
   const std::vector<int64_t> layer0 = {0};
   EXPECT_EQ(reader.coverage(chunks, layer0), 0);
-  EXPECT_EQ(reader.coverage(chunks, layer0, CoverageScope::kLocalAndRemote), 4 * kChunk);
+  EXPECT_EQ(reader.coverage(chunks, layer0, CoverageScope::kAllTiers), 4 * kChunk);
   EXPECT_EQ(near.contains_asked_, 4U);
   EXPECT_EQ(far.contains_asked_, 4U);  // asked what the near tier did not hold
 

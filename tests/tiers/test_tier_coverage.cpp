@@ -1,4 +1,4 @@
-// HiddenStateStore::coverage_by_tier: the prefix coverage(..., kLocalAndRemote) counts and which
+// HiddenStateStore::coverage_by_tier: the prefix coverage(..., kAllTiers) counts and which
 // tier holds each of its chunks ("host", "disk", "remote"), with the same rules (KV's end, the
 // first (chunk, slot) no tier holds).
 
@@ -67,7 +67,7 @@ TEST(TierCoverage, EachChunkIsNamedByTheTierItIsReadFrom) {
   EXPECT_EQ(store.coverage(p_chunks, kLayer0), 0);
   c = store.coverage_by_tier(p_chunks, kLayer0);
   EXPECT_EQ(c.tokens, 4 * kChunk);
-  EXPECT_EQ(c.tokens, store.coverage(p_chunks, kLayer0, CoverageScope::kLocalAndRemote));
+  EXPECT_EQ(c.tokens, store.coverage(p_chunks, kLayer0, CoverageScope::kAllTiers));
   EXPECT_EQ(c.chunk_tiers, (Tiers{"disk", "disk", "host", "host"}));
   EXPECT_EQ(store.coverage_by_tier(q_chunks, kLayer0).chunk_tiers, Tiers(2, "host"));
 

@@ -22,6 +22,7 @@ whichever asks first reports their growth, so nothing is counted twice.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from typing import Any, Dict, Optional
@@ -38,7 +39,8 @@ __all__ = ["COUNTERS", "GAUGES", "REPORT_INTERVAL_S", "HiddenStateKVStats",
 REPORT_INTERVAL_S = 1.0
 
 #: Counters: name -> what it counts. A name is its key in ``stats()`` (the capture's and the
-#: connector's), ``store_<key>`` for the store's, ``<tier>_<key>`` for a tier's (disk, remote).
+#: connector's), ``store_<key>`` for the store's, ``<tier>_<key>`` for a tier's (each row of the
+#: store's ``stats()["tiers"]``, by its name: disk, remote, any other).
 COUNTERS: Dict[str, str] = {
     "requests": "prompts the capture saw",
     "prompts_completed": "prompts whose every row was restored or computed",
@@ -92,7 +94,19 @@ GAUGES: Dict[str, str] = {
     "store_pool_capacity_bytes": "usable pool bytes",
 }
 TIER_GAUGES: Dict[str, str] = {"queue_bytes": "bytes waiting to be written now"}
+#: The tiers whose series /metrics shows from the start (at zero); a row of another name in
+#: ``stats()["tiers"]`` gets its series when it is first reported (:func:`tier_metric`).
 TIER_NAMES = ("disk", "remote")
+
+
+def tier_metric(name: str, tier_keys: Dict[str, str]) -> Optional[tuple]:
+    """(tier, what it counts) when ``name`` is ``<tier>_<key>`` of a key of ``tier_keys``
+    (:data:`TIER_COUNTERS` or :data:`TIER_GAUGES`) and makes a Prometheus name, else None."""
+    for key, doc in tier_keys.items():
+        tier = name[: -len(key) - 1]
+        if name.endswith("_" + key) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", tier):
+            return tier, doc
+    return None
 
 
 def flatten(stats: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
@@ -114,8 +128,8 @@ def flatten(stats: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
         source, key = (store, name[6:]) if name.startswith("store_") else (stats, name)
         take(source, key, name, gauges)
     for tier in store.get("tiers") or []:
-        tier_name = tier.get("name")
-        if tier_name not in TIER_NAMES:
+        tier_name = tier.get("name") if isinstance(tier, dict) else None
+        if not isinstance(tier_name, str) or not tier_name:
             continue
         for key in TIER_COUNTERS:
             take(tier, key, f"{tier_name}_{key}", counters)
@@ -228,8 +242,20 @@ class HiddenStatePromMetrics(KVConnectorPromMetrics):
     def observe(self, transfer_stats_data: Dict[str, Any], engine_idx: int = 0) -> None:
         stats = HiddenStateKVStats(data=dict(transfer_stats_data))
         for name, value in stats.data.get("counters", {}).items():
-            if name in self.counters and value > 0:
+            if self._series(self.counters, self._counter_cls, TIER_COUNTERS, name) and value > 0:
                 self.counters[name][engine_idx].inc(value)
         for name, value in stats.gauge_totals().items():
-            if name in self.gauges:
+            if self._series(self.gauges, self._gauge_cls, TIER_GAUGES, name):
                 self.gauges[name][engine_idx].set(value)
+
+    def _series(self, series: Dict[str, Dict[int, Any]], cls: type, tier_keys: Dict[str, str],
+                name: str) -> bool:
+        """Whether ``name`` has a series, making it for a tier not declared up front (the
+        metric classes and label names are those KVConnectorPromMetrics keeps)."""
+        if name not in series:
+            found = tier_metric(name, tier_keys)
+            if found is None:
+                return False
+            tier, doc = found
+            series[name] = self._per_engine(cls, name, f"{tier} tier: {doc}", self._labelnames)
+        return True

@@ -41,11 +41,9 @@ namespace {
 
 constexpr std::string_view kSuffix = ".hsv";
 using disk_tier_parts::kTempMark;
-using disk_tier_parts::PendingWrite;
 constexpr size_t kHashHex = 32;
 constexpr uint64_t kMinQueueBytes = 16ULL << 20;
 constexpr uint64_t kMaxQueueBytes = 256ULL << 20;
-constexpr int kWriterNice = 10;
 
 std::string chunk_prefix(const CacheEngineKey& key) {
   const std::string text = key.to_string();
@@ -202,7 +200,7 @@ bool DiskTier::Impl::scan() {
     if (!is_value_name(name)) continue;  // not ours: left alone
     struct stat st{};
     if (::fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
-    if (static_cast<uint64_t>(st.st_size) < kRemoteHeaderBytes) {
+    if (static_cast<uint64_t>(st.st_size) < kTierHeaderBytes) {
       if (::unlinkat(fd, e->d_name, 0) == 0) ++removed;  // empty or short after a power loss
       continue;
     }
@@ -268,49 +266,6 @@ void DiskTier::Impl::forget(const std::string& name, uint64_t generation) {
   (void)opts.io.unlink(path(name).c_str());  // ENOENT, EACCES: forgotten anyway
 }
 
-void DiskTier::Impl::run(WriterRole role) {
-  // The write-behind must not slow the thread that stores (issue 32: <= 5%). An idle writer asks
-  // for SCHED_IDLE (any thread may; it runs when a CPU has nothing else to run); where that is
-  // refused, and for the other roles, nice 10 (a tenth of a normal thread's share of a busy CPU).
-  bool idle = false;
-  if (role == WriterRole::kIdle) {
-    const sched_param param{};
-    idle = ::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &param) == 0;
-  }
-  if (!idle) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
-  const bool waits_for_pressure = role == WriterRole::kPressure;
-  auto has_write = [&] { return !queue.empty() && (!waits_for_pressure || under_pressure_locked()); };
-  std::unique_lock lock(queue_mutex);
-  while (true) {
-    if (!to_unlink.empty()) {
-      std::vector<std::string> names;
-      names.swap(to_unlink);
-      ++in_flight;
-      lock.unlock();
-      unlink_discarded(std::move(names));
-      lock.lock();
-      --in_flight;
-      continue;
-    }
-    if (!has_write()) {
-      if (queue.empty()) idle_cv.notify_all();
-      if (stopping && queue.empty()) break;
-      work_cv.wait(lock, [&] { return stopping || has_write() || !to_unlink.empty(); });
-      continue;
-    }
-    {
-      PendingWrite w = std::move(queue.front());
-      queue.pop_front();
-      queue_bytes -= w.bytes;
-      ++in_flight;
-      lock.unlock();
-      write_one(w);
-    }  // the owner (lent pool granules) is released outside the lock
-    lock.lock();
-    --in_flight;
-  }
-}
-
 void DiskTier::Impl::unlink_discarded(std::vector<std::string> names) {
   {
     std::lock_guard lock(index_mutex);
@@ -319,20 +274,23 @@ void DiskTier::Impl::unlink_discarded(std::vector<std::string> names) {
   unlink_files(names);
 }
 
-void DiskTier::Impl::write_one(PendingWrite& w) {
+void DiskTier::Impl::write_one(QueuedWrite& w) noexcept {
   if (w.ready && !w.ready()) {
-    dropped.fetch_add(1, std::memory_order_relaxed);
+    queue.count_dropped(1);
     return;
   }
-  std::vector<std::span<const std::byte>> payload = w.borrowed;
-  if (!w.owner) payload = {std::span<const std::byte>(w.copied)};
-  RemoteHeader header = w.header;
-  header.payload_hash = hash_pieces(payload);
-  header.flags = opts.mac ? kRemoteFlagMac : 0;
-  std::array<std::byte, kRemoteHeaderBytes> header_bytes{};
-  encode_remote_header(header, header_bytes);
+  const std::string name = file_name(w.write.key, w.write.slot);
+  const std::span<const std::span<const std::byte>> payload = w.payload();
+  const TierHeader header{w.write.format, w.write.rows, w.write.cols, hash_pieces(payload),
+                          opts.mac ? kTierFlagMac : uint8_t{0}};
+  std::array<std::byte, kTierHeaderBytes> header_bytes{};
+  encode_tier_header(header, header_bytes);
   Mac tag{};
-  if (opts.mac) tag = opts.mac->compute(w.mac_name, header_bytes, payload);
+  if (opts.mac) {  // bound to the value's key, as every tier's MAC (format/value_codec.hpp)
+    const std::string mac_name =
+        value_key(w.write.key, to_string(w.write.slot.kind), w.write.slot.layer_idx);
+    tag = opts.mac->compute(mac_name, header_bytes, payload);
+  }
   std::vector<iovec> iov;
   iov.reserve(payload.size() + 2);
   iov.push_back({header_bytes.data(), header_bytes.size()});
@@ -340,7 +298,7 @@ void DiskTier::Impl::write_one(PendingWrite& w) {
   for (const auto piece : payload) {
     iov.push_back({const_cast<std::byte*>(piece.data()), piece.size()});
   }
-  const uint64_t file_bytes = kRemoteHeaderBytes + (opts.mac ? kMacBytes : 0) + w.bytes;
+  const uint64_t file_bytes = kTierHeaderBytes + (opts.mac ? kMacBytes : 0) + w.bytes;
 
   {  // room first, so the directory stays within the budget (but for one temp file)
     std::vector<std::string> evicted;
@@ -350,7 +308,7 @@ void DiskTier::Impl::write_one(PendingWrite& w) {
     }
     unlink_files(evicted);
   }
-  const std::string temp = path(w.name) + std::string(kTempMark) + std::to_string(::getpid()) +
+  const std::string temp = path(name) + std::string(kTempMark) + std::to_string(::getpid()) +
                            "." + std::to_string(temp_serial.fetch_add(1));
   constexpr int kFlags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   int fd = opts.io.open(temp.c_str(), kFlags, 0600);
@@ -373,7 +331,7 @@ void DiskTier::Impl::write_one(PendingWrite& w) {
   // Renamed outside the index lock (a hung file system must not block contains()): a reader
   // that finds the old entry meanwhile reads the old value or the new one, each whole, and the
   // size check of its read turns a new value of another size into a miss.
-  if (opts.io.rename(temp.c_str(), path(w.name).c_str()) != 0) {
+  if (opts.io.rename(temp.c_str(), path(name).c_str()) != 0) {
     const int err = errno;
     (void)opts.io.unlink(temp.c_str());
     write_failed("rename", err);
@@ -382,11 +340,11 @@ void DiskTier::Impl::write_one(PendingWrite& w) {
   std::vector<std::string> evicted;
   {
     std::lock_guard lock(index_mutex);
-    const auto it = files.find(w.name);
+    const auto it = files.find(name);
     if (it != files.end()) erase_locked(it);  // the rename replaced it
     evicted = evict_locked(file_bytes);
-    lru.push_back(w.name);
-    files.emplace(w.name, FileInfo{file_bytes, next_generation++, std::prev(lru.end())});
+    lru.push_back(name);
+    files.emplace(name, FileInfo{file_bytes, next_generation++, std::prev(lru.end())});
     bytes_held += file_bytes;
   }
   unlink_files(evicted);
@@ -430,61 +388,19 @@ std::string DiskTier::file_name(const CacheEngineKey& key, Slot slot) {
 bool DiskTier::enqueue_write(const TierWrite& write,
                              std::span<const std::span<const std::byte>> pieces,
                              std::shared_ptr<const void> owner, std::function<bool()> ready) {
-  const size_t bytes = remote_payload_bytes(write.format, write.rows, write.cols);
-  size_t given = 0;
-  for (const auto piece : pieces) given += piece.size();
-  if (given != bytes || write.rows <= 0 || write.cols <= 0) {
-    throw InvalidArgument("disk write of " + std::to_string(given) + " bytes for rows = " +
-                          std::to_string(write.rows) + ", cols = " + std::to_string(write.cols) +
-                          " of " + row_format_name(write.format) + " (needs " +
-                          std::to_string(bytes) + ", rows and cols > 0)");
-  }
+  const size_t bytes = WriteBehind::payload_bytes(name(), write, pieces);
   Impl& m = *impl_;
-  const uint64_t file_bytes = kRemoteHeaderBytes + (m.opts.mac ? kMacBytes : 0) + bytes;
-  if (!m.enabled || m.closed.load(std::memory_order_acquire) || bytes > m.opts.queue_bytes ||
-      file_bytes > m.opts.budget_bytes) {
-    m.dropped.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t file_bytes = kTierHeaderBytes + (m.opts.mac ? kMacBytes : 0) + bytes;
+  if (!m.enabled || file_bytes > m.opts.budget_bytes) {
+    m.queue.count_dropped(1);
     return false;
   }
-  PendingWrite w;
-  w.name = file_name(write.key, write.slot);
-  if (m.opts.mac) {
-    w.mac_name = remote_key(write.key, to_string(write.slot.kind), write.slot.layer_idx);
-  }
-  w.header = RemoteHeader{write.format, write.rows, write.cols, 0};
-  w.bytes = bytes;
-  if (owner) {
-    w.borrowed.assign(pieces.begin(), pieces.end());
-    w.owner = std::move(owner);
-  } else {
-    w.copied.resize(bytes);
-    size_t at = 0;
-    for (const auto piece : pieces) {
-      std::memcpy(w.copied.data() + at, piece.data(), piece.size());
-      at += piece.size();
-    }
-  }
-  w.ready = std::move(ready);
-
-  std::deque<PendingWrite> dropped;  // released after the lock: owners may free pool blocks
-  {
-    std::lock_guard lock(m.queue_mutex);
-    while (!m.queue.empty() && m.queue_bytes + bytes > m.opts.queue_bytes) {
-      m.queue_bytes -= m.queue.front().bytes;
-      dropped.push_back(std::move(m.queue.front()));
-      m.queue.pop_front();
-    }
-    m.queue_bytes += bytes;
-    m.queue.push_back(std::move(w));
-  }
-  m.dropped.fetch_add(dropped.size(), std::memory_order_relaxed);
-  m.enqueued.fetch_add(1, std::memory_order_relaxed);
-  m.work_cv.notify_all();  // every role: a writer that is not to write now waits again
-  return true;
+  if (!m.queue.admits(bytes)) return false;  // over the queue's budget, or closed: counted
+  return m.queue.enqueue(write, bytes, pieces, std::move(owner), std::move(ready));
 }
 
 void DiskTier::count_dropped(uint64_t writes) noexcept {
-  impl_->dropped.fetch_add(writes, std::memory_order_relaxed);
+  impl_->queue.count_dropped(writes);
 }
 
 void DiskTier::discard(std::span<const CacheEngineKey> keys) noexcept {
@@ -505,30 +421,17 @@ void DiskTier::discard(std::span<const CacheEngineKey> keys) noexcept {
       }
     }
     if (names.empty()) return;
-    {
-      std::lock_guard lock(m.queue_mutex);
-      m.to_unlink.insert(m.to_unlink.end(), names.begin(), names.end());
-    }
-    m.work_cv.notify_all();
+    m.queue.post([&m, names = std::move(names)]() mutable { m.unlink_discarded(std::move(names)); });
   } catch (...) {
     // Out of memory: the files stay until the budget evicts them; a KV-gone value is never
     // asked for, so nothing wrong is served.
   }
 }
 
-void DiskTier::flush() {
-  Impl& m = *impl_;
-  std::unique_lock lock(m.queue_mutex);
-  ++m.flushers;  // the pressure writer writes until the queue is empty
-  m.work_cv.notify_all();
-  m.idle_cv.wait(lock,
-                 [&] { return m.queue.empty() && m.to_unlink.empty() && m.in_flight == 0; });
-  --m.flushers;
-}
+void DiskTier::flush() { impl_->queue.flush(); }  // writes and discard's deletions
 
 void DiskTier::close() {
-  impl_->closed.store(true, std::memory_order_release);
-  flush();
+  impl_->queue.close();
   // A closed tier writes nothing more (its queue is done above, later writes are dropped): the
   // directory is free for the next store now, not when this one is destroyed (a Python store
   // closed and then collected later must not keep the next engine off its directory). Reads
@@ -545,16 +448,13 @@ TierStats DiskTier::stats() const {
   s.corrupt_values = m.corrupt.load();
   s.unauthenticated_values = m.unauthenticated.load();
   s.bytes_read = m.bytes_read.load();
-  s.writes_enqueued = m.enqueued.load();
+  s.writes_enqueued = m.queue.writes_enqueued();
   s.writes_done = m.done.load();
   s.bytes_written = m.bytes_written.load();
-  s.dropped_writes = m.dropped.load();
+  s.dropped_writes = m.queue.dropped_writes();
   s.errors = m.errors.load();
   s.read_mode = direct_reads() ? "direct" : "buffered";
-  {
-    std::lock_guard lock(m.queue_mutex);
-    s.queue_bytes = m.queue_bytes;
-  }
+  s.queue_bytes = m.queue.queue_bytes();
   std::lock_guard lock(m.index_mutex);
   s.entries_held = m.files.size();
   s.bytes_held = m.bytes_held;

@@ -6,22 +6,19 @@
 // * Files. One value per (chunk key, kind, layer), named
 //   "<xxHash3-128 of CacheEngineKey::to_string(), 32 hex>.<kind>.<layer>.hsv" (every slot of a
 //   chunk shares the prefix, so discard finds them without reading), holding the value codec's
-//   encoding (format/value_codec.hpp: 32-byte header with xxHash3 of the payload [+ MAC over the
-//   value's remote_key when a MAC key is set] + payload). Nothing else on disk: the directory is
-//   the index.
-// * Write-behind. enqueue_write queues (bytes budget: a quarter of the disk budget, clamped to
-//   16..256 MiB; the oldest pending writes are dropped beyond it, counted) and returns; the
-//   writer threads each write a value with pwritev into "<name>.tmp.<pid>.<n>" in the same
-//   directory, then rename() it over the final name: a reader sees the old complete value or the
-//   new one, never a torn one. No fsync (docs/design.md, "Local disk tier": after a power loss a
-//   file may be missing, empty or short; its checksum makes that a clean miss).
-//   Writer roles, so that the write-behind does not slow the thread that stores (its hashing and
-//   copies into the page cache take CPU; at nice 10 they cost a 2-CPU store ~12%, docs/perf.md):
-//   with writer_threads = N >= 2, N - 1 idle writers (SCHED_IDLE: they write whenever the queue
-//   has work, on CPU time nothing else wants; nice 10 where SCHED_IDLE is refused) and one
-//   pressure writer (nice 10) that writes only while the queue holds 3/4 of its budget, a flush()
-//   waits, or the tier stops, so that a machine busy at every moment still drains the queue
-//   before it drops. With writer_threads = 1, that one writer at nice 10, always.
+//   encoding (format/value_codec.hpp: 32-byte TierHeader with xxHash3 of the payload [+ MAC
+//   over the value's value_key when a MAC key is set] + payload). Nothing else on disk: the
+//   directory is the index.
+// * Write-behind: the shared queue of tiers/write_behind.hpp (validation, borrowed or copied
+//   pieces, drop-oldest, counters, writer threads and their roles); this tier supplies the file
+//   writes. Its budget: a quarter of the disk budget, clamped to 16..256 MiB. Each writer writes
+//   a value with pwritev into "<name>.tmp.<pid>.<n>" in the same directory, then rename() it
+//   over the final name: a reader sees the old complete value or the new one, never a torn one.
+//   No fsync (docs/design.md, "Local disk tier": after a power loss a file may be missing, empty
+//   or short; its checksum makes that a clean miss). The writer roles (writer_threads = 2 by
+//   default: one idle writer, one pressure writer) are why the write-behind does not slow the
+//   thread that stores: its hashing and copies into the page cache take CPU, and at nice 10 they
+//   cost a 2-CPU store ~12% (docs/perf.md).
 // * Read. contains() is the in-memory index (no I/O). fetch_each finds the files in the index
 //   under one lock, then reads them; each value is decoded and checked (shape, checksum, MAC,
 //   truncated) and handed over on the caller's thread, in request order: a value that fails a

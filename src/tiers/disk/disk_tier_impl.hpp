@@ -1,7 +1,8 @@
 #pragma once
 // DiskTier's state (tiers/disk/disk_tier.hpp), shared by its two sources: disk_tier.cpp (the
-// directory, the index, the write-behind and its writer threads) and disk_tier_read.cpp (reads:
-// contains, fetch_each and the read pipeline). Private to tiers/disk/.
+// directory, the index, and the files the shared write-behind queue's writers write:
+// tiers/write_behind.hpp) and disk_tier_read.cpp (reads: contains, fetch_each and the read
+// pipeline). Private to tiers/disk/.
 
 #include <sys/resource.h>
 #include <sys/types.h>
@@ -30,33 +31,13 @@
 #include "format/value_codec.hpp"
 #include "tiers/disk/disk_io.hpp"
 #include "tiers/disk/disk_tier.hpp"
+#include "tiers/write_behind.hpp"
 
 namespace hss::detail {
 namespace disk_tier_parts {
 
 /// Temporary files: "<name>.tmp.<pid>.<n>" (writes), ".direct-probe.tmp.<pid>" (the probe).
 inline constexpr std::string_view kTempMark = ".tmp.";
-/// The queue's fill (of DiskTierOptions::queue_bytes) from which the pressure writer writes too.
-constexpr uint64_t kPressureNumerator = 3, kPressureDenominator = 4;
-
-/// Writer roles (see "Write-behind" in disk_tier.hpp).
-enum class WriterRole {
-  kIdle,      ///< SCHED_IDLE: writes whenever the queue has work, on CPU time nobody else wants
-  kPressure,  ///< nice 10: writes only while the queue is 3/4 full, a flush waits, or it stops
-  kOnly,      ///< writer_threads == 1: nice 10, always
-};
-
-struct PendingWrite {
-  std::string name;
-  std::string mac_name;  // remote_key: what the MAC binds the value to
-  RemoteHeader header;
-  uint64_t bytes = 0;
-  std::vector<std::byte> copied;
-  std::vector<std::span<const std::byte>> borrowed;
-  std::shared_ptr<const void> owner;
-  std::function<bool()> ready;
-};
-
 struct FileInfo {
   uint64_t bytes = 0;
   uint64_t generation = 0;  // changes when the file is replaced: a reader deletes only what it read
@@ -65,27 +46,19 @@ struct FileInfo {
 
 }  // namespace disk_tier_parts
 
-struct DiskTier::Impl {
+struct DiskTier::Impl final : WriteBehindIo {
   using FileInfo = disk_tier_parts::FileInfo;
-  using PendingWrite = disk_tier_parts::PendingWrite;
-  using WriterRole = disk_tier_parts::WriterRole;
 
-  explicit Impl(DiskTierOptions o) : opts(std::move(o)) {
+  explicit Impl(DiskTierOptions o)
+      : opts(std::move(o)),
+        queue(WriteBehindOptions{.budget_bytes = opts.queue_bytes,
+                                 .writer_threads = std::max(opts.writer_threads, 1)},
+              *this) {
     if (opts.writer_threads < 1) opts.writer_threads = 1;
     enabled = scan();
-    try {
-      for (int t = 0; t < opts.writer_threads; ++t) {
-        const WriterRole role = opts.writer_threads == 1          ? WriterRole::kOnly
-                                : t + 1 == opts.writer_threads ? WriterRole::kPressure
-                                                               : WriterRole::kIdle;
-        threads.emplace_back([this, role] { run(role); });
-      }
-    } catch (...) {
-      stop();  // the threads already started, before the error leaves the constructor
-      throw;
-    }
+    queue.start();
   }
-  ~Impl() {
+  ~Impl() override {
     stop();
     release_directory();
   }
@@ -94,15 +67,8 @@ struct DiskTier::Impl {
     if (lock_fd >= 0) (void)::close(lock_fd);  // the directory is free for the next store
     lock_fd = -1;
   }
-  void stop() {
-    {
-      std::lock_guard lock(queue_mutex);
-      stopping = true;
-    }
-    work_cv.notify_all();
-    for (std::thread& t : threads) t.join();
-    threads.clear();
-  }
+  /// Writes what is queued and joins the writers (before the state they use goes).
+  void stop() { queue.stop(); }
 
   [[nodiscard]] std::string path(std::string_view name) const {
     std::string p = opts.dir;
@@ -123,7 +89,7 @@ struct DiskTier::Impl {
   }
   void write_failed(std::string_view op, int err) {
     errors.fetch_add(1, std::memory_order_relaxed);
-    dropped.fetch_add(1, std::memory_order_relaxed);
+    queue.count_dropped(1);
     log_once(op, err, "such writes are dropped");
   }
 
@@ -148,14 +114,11 @@ struct DiskTier::Impl {
   /// Called from any thread.
   FileRead read_file(const std::string& name, uint64_t expected, uint64_t limit,
                      AlignedBuffer& buffer, int opened);
-  void run(WriterRole role);
-  /// Whether the pressure writer writes now. Queue lock held.
-  [[nodiscard]] bool under_pressure_locked() const {
-    return stopping || flushers > 0 ||
-           queue_bytes >= opts.queue_bytes / disk_tier_parts::kPressureDenominator *
-                              disk_tier_parts::kPressureNumerator;
+  /// WriteBehindIo: the writers' batches, one value each (a file written, then renamed).
+  void write_batch(std::span<QueuedWrite> batch) noexcept override {
+    for (QueuedWrite& w : batch) write_one(w);
   }
-  void write_one(PendingWrite& w);
+  void write_one(QueuedWrite& w) noexcept;
   void unlink_discarded(std::vector<std::string> names);
   /// Forgets least recently used files until `need` more bytes fit; their names, for
   /// unlink_files after the lock. Index lock held.
@@ -175,16 +138,6 @@ struct DiskTier::Impl {
   /// Read buffers between fetches: one pipeline's ring (read_threads + 1) and the serial path's.
   AlignedBufferCache read_buffers{static_cast<size_t>(std::max(opts.read_threads, 1)) + 2};
 
-  // write-behind queue
-  mutable std::mutex queue_mutex;
-  std::condition_variable work_cv, idle_cv;
-  std::deque<PendingWrite> queue;
-  uint64_t queue_bytes = 0;
-  int in_flight = 0;
-  int flushers = 0;  // flush() calls waiting: the pressure writer helps them
-  std::vector<std::string> to_unlink;  // discarded files, deleted by a writer thread
-  bool stopping = false;
-  std::atomic<bool> closed{false};
   std::atomic<uint64_t> temp_serial{0};
 
   // index: the files in the directory, least recently used first
@@ -198,8 +151,10 @@ struct DiskTier::Impl {
   std::set<std::pair<std::string, int>> logged;
 
   std::atomic<uint64_t> hits{0}, misses{0}, corrupt{0}, unauthenticated{0}, bytes_read{0},
-      enqueued{0}, done{0}, bytes_written{0}, dropped{0}, errors{0};
-  std::vector<std::thread> threads;
+      done{0}, bytes_written{0}, errors{0};
+  // The write-behind (its writers write files and delete discarded ones: post). Last: its
+  // writers stop before the state above goes.
+  WriteBehind queue;
 };
 
 }  // namespace hss::detail

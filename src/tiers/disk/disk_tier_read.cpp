@@ -104,7 +104,7 @@ struct PlannedRead {
 /// Larger than any value of the asked shape can be (float32 rows, or FP8 rows whose scales
 /// outweigh the codes when rows are narrow; a MAC), or than the asker can take: not read at all.
 uint64_t read_limit(const TierRequest& r) {
-  const uint64_t framing = kRemoteHeaderBytes + kMacBytes;
+  const uint64_t framing = kTierHeaderBytes + kMacBytes;
   uint64_t limit = uint64_t{1} << 34;
   if (r.rows > 0 && r.cols > 0) {
     const RowFormat fp8 = RowFormat::of(kernels::ElemType::kFp8E4M3);
@@ -167,8 +167,8 @@ void DiskTier::fetch_each(std::span<const TierRequest> requests,
     if (!bad) {
       const std::span<const std::byte> value(buffer.data(), read.got);
       const std::string mac_name =
-          m.opts.mac ? remote_key(r.key, to_string(r.slot.kind), r.slot.layer_idx) : std::string();
-      decoded = decode_remote_value(value, r.rows, r.cols, m.opts.mac.get(), mac_name);
+          m.opts.mac ? value_key(r.key, to_string(r.slot.kind), r.slot.layer_idx) : std::string();
+      decoded = decode_tier_value(value, r.rows, r.cols, m.opts.mac.get(), mac_name);
       bad = decoded.status != DecodeStatus::kOk;
     }
     if (bad) {

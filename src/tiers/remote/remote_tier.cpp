@@ -2,6 +2,7 @@
 
 #include "config/redis_url.hpp"
 #include "hss/error.hpp"
+#include "hss/hidden_state_store.hpp"
 
 namespace hss::detail {
 
@@ -24,27 +25,27 @@ TierStats RemoteTier::stats() const {
   return s;  // entries_held, bytes_held: a shared server's contents are not ours to count
 }
 
+void RemoteTier::add_store_view(HiddenStateStats& stats, uint64_t promotions) const {
+  stats.remote = remote_stats();
+  stats.remote.read_through_chunks = promotions;
+}
+
 }  // namespace hss::detail
 
 #if HSS_HAVE_REMOTE
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <mutex>
-#include <thread>
 
 #include "base/log.hpp"
 #include "format/value_codec.hpp"
 #include "format/value_mac.hpp"
 #include "tiers/remote/redis_connection.hpp"
 #include "tiers/remote/remote_shard.hpp"
+#include "tiers/write_behind.hpp"
 
 namespace hss::detail {
 namespace {
@@ -57,18 +58,10 @@ constexpr milliseconds kBackoffMax{2000};
 // One pipelined batch of the writer: bounded so a drop-oldest can still act on most of a burst.
 constexpr size_t kMaxBatchWrites = 256;
 constexpr uint64_t kMaxBatchBytes = 32ULL << 20;
-constexpr int kWriterNice = 10;
 
-struct PendingWrite {
-  std::string key;
-  size_t shard = 0;
-  RemoteHeader header;
-  uint64_t bytes = 0;
-  std::string copied;                                // the payload, when it was copied at enqueue
-  std::vector<std::span<const std::byte>> borrowed;  // the payload, when `owner` keeps it alive
-  std::shared_ptr<const void> owner;
-  std::function<bool()> ready;
-};
+std::string key_of(const TierWrite& w) {
+  return remote_key(w.key, to_string(w.slot.kind), w.slot.layer_idx);
+}
 
 struct Shard {
   Shard(RedisEndpoint ep, milliseconds timeout)
@@ -90,29 +83,28 @@ struct Shard {
   bool outage_logged = false;
 };
 
-class RedisRemoteTier final : public RemoteTier {
+class RedisRemoteTier final : public RemoteTier, private WriteBehindIo {
  public:
   explicit RedisRemoteTier(const Config& config)
       : ttl_s_(config.hidden_state_remote_ttl_s),
         timeout_(config.hidden_state_remote_timeout_ms),
-        queue_budget_(static_cast<uint64_t>(config.hidden_state_remote_queue_bytes)),
         sharding_(server_ids(config)),
-        mac_(ValueMac::from_config(config)) {
+        mac_(ValueMac::from_config(config)),
+        queue_(WriteBehindOptions{
+                   .budget_bytes = static_cast<uint64_t>(config.hidden_state_remote_queue_bytes),
+                   .writer_threads = 1,
+                   .max_batch_writes = kMaxBatchWrites,
+                   .max_batch_bytes = kMaxBatchBytes,
+                   .maintains = true},
+               *this) {
     for (RedisEndpoint& ep : parse_redis_urls(config.hidden_state_remote_url)) {
       shards_.push_back(std::make_unique<Shard>(std::move(ep), timeout_));
     }
     (void)maintain_connections(/*initial=*/true, /*force=*/true);
-    thread_ = std::thread([this] { run(); });
+    queue_.start();
   }
 
-  ~RedisRemoteTier() override {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    work_cv_.notify_all();
-    thread_.join();
-  }
+  ~RedisRemoteTier() override { queue_.stop(); }
 
   bool enqueue_write(const RemoteWrite& write, std::span<const std::span<const std::byte>> pieces,
                      std::shared_ptr<const void> owner, std::function<bool()> ready) override;
@@ -120,26 +112,15 @@ class RedisRemoteTier final : public RemoteTier {
   std::vector<std::optional<RemoteValue>> fetch(std::span<const RemoteRequest> requests) override;
   void fetch_each(std::span<const RemoteRequest> requests,
                   const std::function<void(size_t, const RemoteValue&)>& on_value) override;
-  void count_dropped(uint64_t writes) noexcept override {
-    counters_.dropped.fetch_add(writes, std::memory_order_relaxed);
-  }
-  void flush() override {
-    std::unique_lock lock(mutex_);
-    idle_cv_.wait(lock, [&] { return queue_.empty() && !in_flight_; });
-  }
-  void close() override;
+  void count_dropped(uint64_t writes) noexcept override { queue_.count_dropped(writes); }
+  void flush() override { queue_.flush(); }
+  void close() override { queue_.close(); }
   RemoteStats remote_stats() const override;
   std::string last_error() const override {
     std::lock_guard lock(error_mutex_);
     return last_error_;
   }
-  void reconnect_now() override {
-    {
-      std::lock_guard lock(mutex_);
-      force_reconnect_ = true;
-    }
-    work_cv_.notify_all();
-  }
+  void reconnect_now() override { queue_.wake(/*force=*/true); }
   size_t shard_of(const CacheEngineKey& key) const override {
     return sharding_.shard_of(key.to_string());
   }
@@ -157,52 +138,36 @@ class RedisRemoteTier final : public RemoteTier {
     std::lock_guard lock(error_mutex_);
     last_error_ = std::move(text);
   }
-  void wake() {
-    {
-      std::lock_guard lock(mutex_);
-      wake_ = true;
-    }
-    work_cv_.notify_all();
-  }
 
   /// Connects what is down and due. Returns the earliest time a down server is due again.
   std::optional<Clock::time_point> maintain_connections(bool initial, bool force);
-  void run();
-  void send(std::vector<PendingWrite>& batch);
+  // WriteBehindIo: the writer thread's reconnects, and its batches as pipelined SETs.
+  std::optional<Clock::time_point> maintain(bool force) override {
+    return maintain_connections(/*initial=*/false, force);
+  }
+  void write_batch(std::span<QueuedWrite> batch) noexcept override;
   /// One `verb key` command per request on the reader of its server, pipelined per server;
   /// on_reply(request index, reply) for each reply received. A server that is down or fails
   /// answers nothing for its requests.
   void on_readers(std::span<const RemoteRequest> requests, std::string_view verb,
                   const std::function<void(size_t, const RedisReply&)>& on_reply);
-  void send_to(Shard& shard, std::vector<PendingWrite*>& writes);
+  void send_to(Shard& shard, std::vector<QueuedWrite*>& writes);
 
   const int64_t ttl_s_;
   const milliseconds timeout_;
-  const uint64_t queue_budget_;
   const RendezvousSharding sharding_;
   const std::shared_ptr<const ValueMac> mac_;  // null: values unauthenticated (xxHash3 only)
   std::vector<std::unique_ptr<Shard>> shards_;
-
-  mutable std::mutex mutex_;  // guards the queue and the flags below
-  std::condition_variable work_cv_;
-  std::condition_variable idle_cv_;
-  std::deque<PendingWrite> queue_;
-  uint64_t queue_bytes_ = 0;
-  bool in_flight_ = false;
-  bool stopping_ = false;
-  std::atomic<bool> closed_{false};  // close(): later writes are dropped
-  bool wake_ = false;
-  bool force_reconnect_ = false;
 
   mutable std::mutex error_mutex_;
   std::string last_error_;
 
   struct Counters {
-    std::atomic<uint64_t> hits{0}, misses{0}, corrupt{0}, bytes_read{0}, enqueued{0}, sent{0},
-        bytes_written{0}, dropped{0}, reconnects{0}, errors{0}, unauthenticated{0}, denied{0};
+    std::atomic<uint64_t> hits{0}, misses{0}, corrupt{0}, bytes_read{0}, sent{0},
+        bytes_written{0}, reconnects{0}, errors{0}, unauthenticated{0}, denied{0};
   };
   Counters counters_;
-  std::thread thread_;
+  WriteBehind queue_;  // last: its writer stops before the shards go
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -264,150 +229,60 @@ bool RedisRemoteTier::enqueue_write(const RemoteWrite& write,
                                     std::span<const std::span<const std::byte>> pieces,
                                     std::shared_ptr<const void> owner,
                                     std::function<bool()> ready) {
-  const size_t bytes = remote_payload_bytes(write.format, write.rows, write.cols);
-  size_t given = 0;
-  for (const auto piece : pieces) given += piece.size();
-  if (given != bytes || write.rows <= 0 || write.cols <= 0) {
-    throw InvalidArgument("remote write of " + std::to_string(given) + " bytes for rows = " +
-                          std::to_string(write.rows) + ", cols = " + std::to_string(write.cols) +
-                          " of " + row_format_name(write.format) + " (needs " +
-                          std::to_string(bytes) + ", rows and cols > 0)");
-  }
-  if (bytes > queue_budget_ || closed_.load(std::memory_order_acquire)) {
-    counters_.dropped.fetch_add(1, std::memory_order_relaxed);
-    return false;
-  }
-  PendingWrite pending;
-  pending.shard = sharding_.shard_of(write.key.to_string());
-  if (shards_[pending.shard]->writes_denied.load(std::memory_order_relaxed)) {
+  const size_t bytes = WriteBehind::payload_bytes(name(), write, pieces);
+  if (!queue_.admits(bytes)) return false;  // over the budget, or closed: counted
+  const size_t shard = sharding_.shard_of(write.key.to_string());
+  if (shards_[shard]->writes_denied.load(std::memory_order_relaxed)) {
     counters_.denied.fetch_add(1, std::memory_order_relaxed);
     return false;  // a read-only ACL user: nothing queued, nothing pinned
   }
-  pending.key = remote_key(write.key, to_string(write.slot.kind), write.slot.layer_idx);
-  pending.header = RemoteHeader{write.format, write.rows, write.cols, 0};
-  pending.bytes = bytes;
-  if (owner) {
-    pending.borrowed.assign(pieces.begin(), pieces.end());
-    pending.owner = std::move(owner);
-  } else {
-    pending.copied.reserve(bytes);
-    for (const auto piece : pieces) {
-      pending.copied.append(reinterpret_cast<const char*>(piece.data()), piece.size());
-    }
-  }
-  pending.ready = std::move(ready);
-
-  std::vector<PendingWrite> dropped;  // released after the lock: owners may free pool blocks
-  bool writer_idle = false;
-  {
-    std::lock_guard lock(mutex_);
-    // A busy writer finds this write when its batch is done: waking it per write would only
-    // make it contend with the storing thread.
-    writer_idle = queue_.empty() && !in_flight_;
-    while (!queue_.empty() && queue_bytes_ + bytes > queue_budget_) {
-      queue_bytes_ -= queue_.front().bytes;
-      dropped.push_back(std::move(queue_.front()));
-      queue_.pop_front();
-    }
-    queue_bytes_ += bytes;
-    queue_.push_back(std::move(pending));
-  }
-  counters_.dropped.fetch_add(dropped.size(), std::memory_order_relaxed);
-  counters_.enqueued.fetch_add(1, std::memory_order_relaxed);
-  if (writer_idle) work_cv_.notify_one();
-  return true;
+  return queue_.enqueue(write, bytes, pieces, std::move(owner), std::move(ready), shard);
 }
 
-void RedisRemoteTier::close() {
-  closed_.store(true, std::memory_order_release);
-  flush();
-}
-
-void RedisRemoteTier::run() {
-  // Background work: on a busy machine it yields the CPU to the threads that store and
-  // retrieve (Linux applies a nice value per thread). Failure only loses that preference.
-  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
-  std::unique_lock lock(mutex_);
-  while (true) {
-    const bool force = std::exchange(force_reconnect_, false);
-    wake_ = false;
-    const bool stopping = stopping_;
-    lock.unlock();
-    std::optional<Clock::time_point> due;
-    if (!stopping) due = maintain_connections(/*initial=*/false, force);
-    lock.lock();
-    if (queue_.empty()) {
-      idle_cv_.notify_all();
-      if (stopping_) break;
-      const auto woken = [&] { return stopping_ || wake_ || force_reconnect_ || !queue_.empty(); };
-      if (due) {
-        work_cv_.wait_until(lock, *due, woken);
-      } else {
-        work_cv_.wait(lock, woken);
-      }
-      continue;
-    }
-    std::vector<PendingWrite> batch;
-    uint64_t batch_bytes = 0;
-    while (!queue_.empty() && batch.size() < kMaxBatchWrites &&
-           (batch.empty() || batch_bytes + queue_.front().bytes <= kMaxBatchBytes)) {
-      batch_bytes += queue_.front().bytes;
-      queue_bytes_ -= queue_.front().bytes;
-      batch.push_back(std::move(queue_.front()));
-      queue_.pop_front();
-    }
-    in_flight_ = true;
-    lock.unlock();
-    send(batch);
-    batch.clear();  // owners released outside the lock
-    lock.lock();
-    in_flight_ = false;
-  }
-}
-
-void RedisRemoteTier::send(std::vector<PendingWrite>& batch) {
-  std::vector<std::vector<PendingWrite*>> by_shard(shards_.size());
-  for (PendingWrite& w : batch) by_shard[w.shard].push_back(&w);
+void RedisRemoteTier::write_batch(std::span<QueuedWrite> batch) noexcept {
+  std::vector<std::vector<QueuedWrite*>> by_shard(shards_.size());
+  for (QueuedWrite& w : batch) by_shard[w.lane].push_back(&w);
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (!by_shard[s].empty()) send_to(*shards_[s], by_shard[s]);
   }
 }
 
-void RedisRemoteTier::send_to(Shard& shard, std::vector<PendingWrite*>& writes) {
+void RedisRemoteTier::send_to(Shard& shard, std::vector<QueuedWrite*>& writes) {
   if (shard.writes_denied.load(std::memory_order_relaxed)) {
     counters_.denied.fetch_add(writes.size(), std::memory_order_relaxed);
     return;
   }
   if (!shard.writer.connected()) {
-    counters_.dropped.fetch_add(writes.size(), std::memory_order_relaxed);
+    queue_.count_dropped(writes.size());
     return;
   }
   std::vector<RespCommand> commands;
-  std::vector<const PendingWrite*> sent;
+  std::vector<const QueuedWrite*> sent;
+  std::vector<std::string> keys;  // alive until the pipeline is sent
+  keys.reserve(writes.size());
   commands.reserve(writes.size());
   const std::string ttl = std::to_string(ttl_s_);
-  for (PendingWrite* w : writes) {
+  for (QueuedWrite* w : writes) {
     if (w->ready && !w->ready()) {
-      counters_.dropped.fetch_add(1, std::memory_order_relaxed);
+      queue_.count_dropped(1);
       continue;
     }
-    std::vector<std::span<const std::byte>> payload = w->borrowed;
-    if (!w->owner) payload = {std::as_bytes(std::span(w->copied.data(), w->copied.size()))};
-    RemoteHeader header = w->header;
-    header.payload_hash = hash_pieces(payload);
-    header.flags = mac_ ? kRemoteFlagMac : 0;
-    std::array<std::byte, kRemoteHeaderBytes> header_bytes{};
-    encode_remote_header(header, header_bytes);
+    const std::span<const std::span<const std::byte>> payload = w->payload();
+    const std::string& key = keys.emplace_back(key_of(w->write));
+    TierHeader header{w->write.format, w->write.rows, w->write.cols, hash_pieces(payload),
+                      mac_ ? kTierFlagMac : uint8_t{0}};
+    std::array<std::byte, kTierHeaderBytes> header_bytes{};
+    encode_tier_header(header, header_bytes);
     Mac tag{};
-    if (mac_) tag = mac_->compute(w->key, header_bytes, payload);
+    if (mac_) tag = mac_->compute(key, header_bytes, payload);
     std::vector<std::span<const std::byte>> value;
     value.reserve(payload.size() + 2);
     value.emplace_back(header_bytes);
     if (mac_) value.emplace_back(tag);
     value.insert(value.end(), payload.begin(), payload.end());
     RespCommand& command =
-        commands.emplace_back(ttl_s_ > 0 ? 5 : 3, w->bytes + w->key.size() + kMacBytes);
-    command.arg("SET").arg(w->key).arg(value);
+        commands.emplace_back(ttl_s_ > 0 ? 5 : 3, w->bytes + key.size() + kMacBytes);
+    command.arg("SET").arg(key).arg(value);
     if (ttl_s_ > 0) command.arg("EX").arg(ttl);
     sent.push_back(w);
   }
@@ -430,14 +305,14 @@ void RedisRemoteTier::send_to(Shard& shard, std::vector<PendingWrite*>& writes) 
       }
     } else {
       counters_.errors.fetch_add(1, std::memory_order_relaxed);
-      counters_.dropped.fetch_add(1, std::memory_order_relaxed);
+      queue_.count_dropped(1);
       set_error("SET on " + shard.endpoint.display() + ": " +
                 std::string(result.replies[i].text()));
     }
   }
   if (!result.error.empty()) {
     counters_.errors.fetch_add(1, std::memory_order_relaxed);
-    counters_.dropped.fetch_add(commands.size() - result.replies.size(), std::memory_order_relaxed);
+    queue_.count_dropped(commands.size() - result.replies.size());
     set_error("write to " + shard.endpoint.display() + ": " + result.error);
     if (!shard.outage_logged) {
       log(LogLevel::kWarn, "remote tier: lost " + shard.endpoint.display() + " (" + result.error +
@@ -497,7 +372,7 @@ void RedisRemoteTier::on_readers(std::span<const RemoteRequest> requests, std::s
       set_error("read from " + shard.endpoint.display() + ": " + result.error);
       log(LogLevel::kWarn, "remote tier: read from " + shard.endpoint.display() + " failed (" +
                                result.error + "); its chunks miss until it is back");
-      wake();
+      queue_.wake();
     }
   }
 }
@@ -558,18 +433,15 @@ RemoteStats RedisRemoteTier::remote_stats() const {
   s.misses = counters_.misses.load();
   s.corrupt_values = counters_.corrupt.load();
   s.bytes_read = counters_.bytes_read.load();
-  s.writes_enqueued = counters_.enqueued.load();
+  s.writes_enqueued = queue_.writes_enqueued();
   s.writes_sent = counters_.sent.load();
   s.bytes_written = counters_.bytes_written.load();
-  s.dropped_writes = counters_.dropped.load();
+  s.dropped_writes = queue_.dropped_writes();
   s.reconnects = counters_.reconnects.load();
   s.errors = counters_.errors.load();
   s.unauthenticated_values = counters_.unauthenticated.load();
   s.writes_denied = counters_.denied.load();
-  {
-    std::lock_guard lock(mutex_);
-    s.queue_bytes = queue_bytes_;
-  }
+  s.queue_bytes = queue_.queue_bytes();
   return s;
 }
 

@@ -3,8 +3,9 @@
 // more Redis/Valkey servers (hidden_state_remote_url), sharded client-side by rendezvous hashing
 // of the chunk key.
 //
-// * Write-behind: enqueue_write() puts a chunk on a bounded queue and returns at once; one
-//   background thread sends the queue with pipelined SETs (SET .. EX ttl when a TTL is set).
+// * Write-behind: enqueue_write() puts a chunk on the shared bounded queue (tiers/write_behind.hpp,
+//   one writer thread) and returns at once; the writer sends it in batches of pipelined SETs
+//   (SET .. EX ttl when a TTL is set) and reconnects between batches.
 //   When the byte budget is exceeded the oldest pending writes are dropped and counted; a write
 //   for a server that is down is dropped and counted too. Writes are best effort.
 // * Read-through: fetch() asks every server for its share of a request list with one pipelined
@@ -68,6 +69,8 @@ class RemoteTier : public BackingTier {
   [[nodiscard]] virtual RemoteStats remote_stats() const = 0;
   /// The one shape, from remote_stats.
   [[nodiscard]] TierStats stats() const final;
+  /// HiddenStateStats::remote: remote_stats, read_through_chunks the chain's promotions.
+  void add_store_view(HiddenStateStats& stats, uint64_t promotions) const final;
   /// The last connection or authentication error (empty when none), password-free.
   [[nodiscard]] virtual std::string last_error() const = 0;
   /// Asks the background thread to retry down servers now instead of after the backoff.
