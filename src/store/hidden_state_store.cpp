@@ -28,13 +28,13 @@ HiddenStateStore::Impl::~Impl() {
 }
 
 size_t HiddenStateStore::Impl::num_cached_chunks() const {
-  std::lock_guard lock(state.mutex);
-  return state.index.ready_keys();
+  const auto lock = state.lock_index();
+  return state.index(lock).ready_keys();
 }
 
 size_t HiddenStateStore::Impl::num_entries() const {
-  std::lock_guard lock(state.mutex);
-  return state.index.ready_entries();
+  const auto lock = state.lock_index();
+  return state.index(lock).ready_entries();
 }
 
 bool HiddenStateStore::Impl::has_chunk(const CacheEngineKey& key, Slot slot) const {
@@ -42,8 +42,8 @@ bool HiddenStateStore::Impl::has_chunk(const CacheEngineKey& key, Slot slot) con
     throw InvalidArgument("kind has an unknown value " +
                           std::to_string(static_cast<int>(slot.kind)));
   }
-  std::lock_guard lock(state.mutex);
-  const detail::KeyRecord* record = state.index.find(key);
+  const auto lock = state.lock_index();
+  const detail::KeyRecord* record = state.index(lock).find(key);
   if (record == nullptr) return false;
   const EntryRef* entry = record->find(slot);
   // A failed device copy (the cached flag) is as good as absent: its rows never land.
@@ -51,26 +51,26 @@ bool HiddenStateStore::Impl::has_chunk(const CacheEngineKey& key, Slot slot) con
 }
 
 bool HiddenStateStore::Impl::drop_key(const CacheEngineKey& key) {
-  std::lock_guard lock(state.mutex);
-  state.check_open_locked();
-  return state.index.erase(key) > 0;
+  const auto lock = state.lock_index();
+  state.check_open(lock);
+  return state.index(lock).erase(key) > 0;
 }
 
 std::vector<CacheEngineKey> HiddenStateStore::Impl::lru_keys() const {
   std::vector<CacheEngineKey> keys;
-  std::lock_guard lock(state.mutex);
-  keys.reserve(state.index.keys());
-  state.index.for_each_lru(
+  const auto lock = state.lock_index();
+  keys.reserve(state.index(lock).keys());
+  state.index(lock).for_each_lru(
       [&](const CacheEngineKey& key, const detail::KeyRecord&) { keys.push_back(key); });
   return keys;
 }
 
 bool HiddenStateStore::Impl::evict_one_lru() {
-  std::lock_guard lock(state.mutex);
-  state.check_open_locked();
-  const CacheEngineKey* victim = state.index.eviction_candidate(0, /*freeable_only=*/false);
+  const auto lock = state.lock_index();
+  state.check_open(lock);
+  const CacheEngineKey* victim = state.index(lock).eviction_candidate(0, /*freeable_only=*/false);
   if (victim == nullptr) return false;
-  (void)state.index.erase(*victim);
+  (void)state.index(lock).erase(*victim);
   state.counters.hs_evictions.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -85,7 +85,7 @@ void HiddenStateStore::Impl::flush() {
 
 void HiddenStateStore::Impl::close() {
   {
-    std::lock_guard lock(state.mutex);
+    const auto lock = state.lock_index();
     if (state.closed) return;
     // Under the lock: a store that already passed its checks either published before this point
     // or finds the store closed when it publishes (its entries then stay detached).
@@ -94,14 +94,14 @@ void HiddenStateStore::Impl::close() {
   flush();
   state.tiers.close();   // the tiers take no more writes (a closed store stores nothing anyway)
   state.leases.clear();  // a closed store exports nothing: its consumers' releases answer false
-  std::lock_guard lock(state.mutex);
-  state.index.clear();
+  const auto lock = state.lock_index();
+  state.index(lock).clear();
 }
 
 void HiddenStateStore::Impl::check_invariants() const {
   auto fail = [](const std::string& what) { throw Error("check_invariants: " + what); };
   std::vector<uint32_t> free_ids;
-  std::lock_guard lock(state.mutex);
+  const auto lock = state.lock_index();
   // The free list under the index lock (lock order index -> pool): every grant happens under
   // it, so no granule granted since the snapshot shows up as both free and held. Releases may
   // still come (a detached entry's last reader), but only of granules the index no longer holds.
@@ -114,7 +114,7 @@ void HiddenStateStore::Impl::check_invariants() const {
   uint64_t ready = 0, bytes = 0, blocks = 0, lru_count = 0, ready_keys = 0;
   std::array<detail::StoreIndex::KindTotals, kNumActivationKinds> kinds{};
   uint64_t entries = 0;
-  state.index.for_each_lru([&](const CacheEngineKey& key, const detail::KeyRecord& record) {
+  state.index(lock).for_each_lru([&](const CacheEngineKey& key, const detail::KeyRecord& record) {
     ++lru_count;
     entries += record.slots.size();
     if (record.key != &key) fail("LRU record of key " + key.to_string() + " points elsewhere");
@@ -152,20 +152,22 @@ void HiddenStateStore::Impl::check_invariants() const {
       }
     }
   });
-  if (lru_count != state.index.keys()) fail("LRU list and map disagree on the number of keys");
-  if (lru_count != state.index.lru_size()) fail("LRU list and its length disagree");
+  if (lru_count != state.index(lock).keys())
+    fail("LRU list and map disagree on the number of keys");
+  if (lru_count != state.index(lock).lru_size()) fail("LRU list and its length disagree");
   // Every entry of the index lives in a node of the entry pool (entry_pool.hpp).
   if (entries > state.entries.nodes_in_use()) {
     fail(std::to_string(entries) + " entries in the index but " +
          std::to_string(state.entries.nodes_in_use()) + " entry nodes in use");
   }
-  if (ready_keys != state.index.ready_keys()) fail("count of cached keys disagrees with the index");
-  if (ready != state.index.ready_entries() || bytes != state.index.bytes_held() ||
-      blocks != state.index.blocks_held()) {
+  if (ready_keys != state.index(lock).ready_keys())
+    fail("count of cached keys disagrees with the index");
+  if (ready != state.index(lock).ready_entries() || bytes != state.index(lock).bytes_held() ||
+      blocks != state.index(lock).blocks_held()) {
     fail("accounting of READY entries disagrees with the index");
   }
   for (size_t k = 0; k < kinds.size(); ++k) {
-    const auto& totals = state.index.kind_totals(static_cast<ActivationKind>(k));
+    const auto& totals = state.index(lock).kind_totals(static_cast<ActivationKind>(k));
     if (kinds[k].entries != totals.entries || kinds[k].bytes != totals.bytes) {
       fail("per-kind accounting of " + std::string(to_string(static_cast<ActivationKind>(k))) +
            " disagrees");
@@ -176,14 +178,14 @@ void HiddenStateStore::Impl::check_invariants() const {
 HiddenStateStats HiddenStateStore::Impl::stats() const {
   HiddenStateStats s;
   {
-    std::lock_guard lock(state.mutex);
-    s.entries_held = state.index.ready_entries();
-    s.keys_held = state.index.ready_keys();
-    s.bytes_held = state.index.bytes_held();
-    s.blocks_held = state.index.blocks_held();
+    const auto lock = state.lock_index();
+    s.entries_held = state.index(lock).ready_entries();
+    s.keys_held = state.index(lock).ready_keys();
+    s.bytes_held = state.index(lock).bytes_held();
+    s.blocks_held = state.index(lock).blocks_held();
     s.closed = state.closed;
     for (size_t k = 0; k < s.per_kind.size(); ++k) {
-      const auto& totals = state.index.kind_totals(static_cast<ActivationKind>(k));
+      const auto& totals = state.index(lock).kind_totals(static_cast<ActivationKind>(k));
       s.per_kind[k].entries_held = totals.entries;
       s.per_kind[k].bytes_held = totals.bytes;
     }

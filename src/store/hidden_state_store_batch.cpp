@@ -226,7 +226,7 @@ std::vector<int64_t> ReadPipeline::retrieve_batch_into(
                 list_of[i]};
   }
   // Host items' pins in one arena for the batch (a walk pins at most min(chunks, 4096) entries
-  // per slot: walk_index_locked's reserve); device items' pins go with their launch, so on the
+  // per slot: walk_index's reserve); device items' pins go with their launch, so on the
   // heap. Declared before the walks: it outlives their pins.
   size_t pin_bytes = 0;
   for (size_t i = 0; i < items.size(); ++i) {

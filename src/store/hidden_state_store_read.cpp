@@ -11,13 +11,14 @@
 #include <memory>
 #include <string>
 
-#include "store/read_pipeline.hpp"
-#include "store/tier_read_through.hpp"
 #include "base/log.hpp"
 #include "base/nvtx.hpp"
-#include "format/dtype_codes.hpp"
 #include "datapath/launch_groups.hpp"
+#include "format/dtype_codes.hpp"
 #include "hss/error.hpp"
+#include "store/read_pipeline.hpp"
+#include "store/scaled_rows.hpp"
+#include "store/tier_read_through.hpp"
 
 #include "store/store_validation.hpp"
 
@@ -29,25 +30,25 @@ ReadPipeline::Walk ReadPipeline::plan_walk(std::span<const Chunk> chunks,
   HSS_RANGE("retrieve/walk");
   Walk w;
   {
-    std::lock_guard lock(store_.mutex);
-    store_.check_open_locked();
-    walk_index_locked(w, chunks, slots);
+    const auto lock = store_.lock_index();
+    store_.check_open(lock);
+    walk_index(lock, w, chunks, slots);
   }
   walk_finish(w, pending);
   return w;
 }
 
-void ReadPipeline::walk_index_locked(Walk& w, std::span<const Chunk> chunks,
-                                               std::span<const Slot> slots,
-                                               detail::RecordLookups* lookups) const {
+void ReadPipeline::walk_index(const IndexLock& lock, Walk& w, std::span<const Chunk> chunks,
+                              std::span<const Slot> slots, detail::RecordLookups* lookups) const {
   w.chunks = chunks;
   w.slots = slots.size();
   size_t present = 0;  // chunks whose every slot is held, READY and of a consistent shape
   w.pinned.reserve(std::min<size_t>(chunks.size(), 4096) * slots.size());
   for (; present < chunks.size(); ++present) {
     const Chunk& chunk = chunks[present];
-    const detail::KeyRecord* record =
-        lookups ? lookups->find(store_.index, present, chunk.key) : store_.index.find(chunk.key);
+    const detail::KeyRecord* record = lookups
+                                          ? lookups->find(store_.index(lock), present, chunk.key)
+                                          : store_.index(lock).find(chunk.key);
     if (record == nullptr) break;
     // Each slot is found once and pinned; a chunk that misses any slot unpins its slots again.
     const size_t chunk_pins = w.pinned.size();
@@ -167,16 +168,16 @@ void ReadPipeline::discard_orphan(const Walk& w) noexcept {
   }
 }
 
-void ReadPipeline::apply_walk_locked(const Walk& w, detail::RecordLookups* lookups,
-                                               int64_t touch_from) noexcept {
+void ReadPipeline::apply_walk(const IndexLock& lock, const Walk& w, detail::RecordLookups* lookups,
+                              int64_t touch_from) noexcept {
   if (w.orphan) {
     // KV evicted => hidden states evicted (every slot of the key).
-    if (store_.index.find(w.chunks[*w.orphan].key) != nullptr) {
-      (void)store_.index.erase(w.chunks[*w.orphan].key);
+    if (store_.index(lock).find(w.chunks[*w.orphan].key) != nullptr) {
+      (void)store_.index(lock).erase(w.chunks[*w.orphan].key);
       store_.counters.coupled_evictions.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  if (w.failed_copy && store_.index.erase(w.chunks[*w.failed_copy].key) > 0) {
+  if (w.failed_copy && store_.index(lock).erase(w.chunks[*w.failed_copy].key) > 0) {
     store_.counters.copy_failures.fetch_add(1, std::memory_order_relaxed);  // dropped, never served
   }
   // A device copy whose kernel failed is dropped (never served; its host entry stays).
@@ -191,9 +192,9 @@ void ReadPipeline::apply_walk_locked(const Walk& w, detail::RecordLookups* looku
   for (int64_t i = w.hits - 1; i >= touch_from; --i) {
     const auto chunk = static_cast<size_t>(i);
     const CacheEngineKey& key = w.chunks[chunk].key;
-    if (detail::KeyRecord* record =
-            lookups ? lookups->find(store_.index, chunk, key) : store_.index.find(key)) {
-      store_.index.touch(*record);
+    if (detail::KeyRecord* record = lookups ? lookups->find(store_.index(lock), chunk, key)
+                                            : store_.index(lock).find(key)) {
+      store_.index(lock).touch(*record);
     }
   }
 }
@@ -244,29 +245,13 @@ uint64_t ReadPipeline::plan_restore(const Walk& w, size_t slot, int64_t row_begi
 void ReadPipeline::plan_scaled_restore(const detail::Entry& entry, int64_t first_row,
                                        int64_t dst_base,
                                        std::vector<kernels::GatherSegment>& segments) const {
-  // One segment per row and granule (ScaleLayout::kRowF32Trailing, row_format.hpp), each with
-  // its row's scale; never merged across rows.
-  switch (entry.format.scales) {
-    case detail::ScaleLayout::kRowF32Trailing:
-      break;
-    case detail::ScaleLayout::kNone:
-      return;
-  }
-  const auto granule = static_cast<uint64_t>(store_.pool.granule_bytes());
-  const uint64_t scale_offset = detail::RowFormat::scale_offset(entry.rows, entry.cols);
-  for (int64_t r = first_row; r < entry.rows; ++r) {
-    const uint64_t at = scale_offset + 4 * static_cast<uint64_t>(r);
-    const auto* scale = reinterpret_cast<const float*>(
-        store_.block_address(entry, entry.blocks[static_cast<size_t>(at / granule)]) +
-        at % granule);
-    kernels::for_each_block_piece(
-        r * entry.cols, entry.cols, 1, static_cast<int64_t>(granule),
-        [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
-          const std::byte* src =
-              store_.block_address(entry, entry.blocks[static_cast<size_t>(block)]) + byte_offset;
-          segments.push_back({src, dst_base + first, count, entry.format.elem, scale});
-        });
-  }
+  // One segment per row and granule, each with its row's scale; never merged across rows.
+  detail::for_each_scaled_piece(
+      store_, entry, first_row,
+      [&](const std::byte* scale, const std::byte* codes, int64_t first, int64_t count) {
+        segments.push_back({codes, dst_base + first, count, entry.format.elem,
+                            reinterpret_cast<const float*>(scale)});
+      });
 }
 
 bool ReadPipeline::reads_device_copies(int device) const {
@@ -385,10 +370,10 @@ void ReadPipeline::retrieve_reads(std::span<const ReadItem> reads, std::span<Wal
   // One lock for every walk's index part; KV checks and fence waits outside it.
   {
     HSS_RANGE("retrieve/walk");
-    std::lock_guard lock(store_.mutex);
-    store_.check_open_locked();
+    const auto lock = store_.lock_index();
+    store_.check_open(lock);
     for (size_t i = 0; i < reads.size(); ++i) {
-      walk_index_locked(walks[i], reads[i].chunks, reads[i].slots, reads[i].lookups);
+      walk_index(lock, walks[i], reads[i].chunks, reads[i].slots, reads[i].lookups);
     }
   }
   for (size_t i = 0; i < reads.size(); ++i) {
@@ -425,9 +410,9 @@ void ReadPipeline::retrieve_reads(std::span<const ReadItem> reads, std::span<Wal
   }
   {
     // The lookups of the walks stay valid unless a key was erased meanwhile (they look again).
-    std::lock_guard lock(store_.mutex);
+    const auto lock = store_.lock_index();
     for (size_t i = 0; i < reads.size(); ++i) {
-      apply_walk_locked(walks[i], reads[i].lookups, touch_from.empty() ? 0 : touch_from[i]);
+      apply_walk(lock, walks[i], reads[i].lookups, touch_from.empty() ? 0 : touch_from[i]);
     }
   }
   if (!store_.tiers.empty()) {

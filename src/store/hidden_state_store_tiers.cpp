@@ -55,11 +55,11 @@ size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
   size_t from = chunks.size();  // where the walk would stop locally
   uint64_t guard = 0;
   {
-    std::lock_guard lock(store_.mutex);
-    store_.check_open_locked();
+    const auto lock = store_.lock_index();
+    store_.check_open(lock);
     guard = ++store_.next_guard;  // this prefix's keys are off limits to its own inserts' evictions
     for (size_t i = 0; i < chunks.size(); ++i) {
-      detail::KeyRecord* record = store_.index.find(chunks[i].key);
+      detail::KeyRecord* record = store_.index(lock).find(chunks[i].key);
       if (record != nullptr) record->guard = guard;
       for (size_t s = 0; s < slots.size(); ++s) {
         const Slot& slot = slots[s];
@@ -102,16 +102,16 @@ TierReadThrough::InsertResult TierReadThrough::insert_fetched(
   auto entry = store_.entries.make(store_.pool, value.rows, value.cols, value.format, slot);
   entry->blocks.reserve(store_.pool.blocks_for(entry->payload_bytes()));
   {
-    std::lock_guard lock(store_.mutex);
+    const auto lock = store_.lock_index();
     if (store_.closed) return InsertResult::kNoRoom;
-    const detail::KeyRecord* record = store_.index.find(chunk.key);
+    const detail::KeyRecord* record = store_.index(lock).find(chunk.key);
     if (record != nullptr && record->find(slot) != nullptr) return InsertResult::kPresent;
     // PENDING: invisible and not evictable while its bytes are copied in below.
-    if (!store_.add_one_pending_locked(chunk.key, entry, guard, nullptr)) return InsertResult::kNoRoom;
+    if (!store_.reserve_entry(lock, chunk.key, entry, guard, nullptr)) return InsertResult::kNoRoom;
   }
   detail::fill_entry(*entry, store_.pool, value.payload);  // no lock: a copy
-  std::lock_guard lock(store_.mutex);
-  (void)store_.index.publish(chunk.key, *entry);  // unless dropped meanwhile (close, drop_key)
+  const auto lock = store_.lock_index();
+  (void)store_.commit_entry(lock, chunk.key, *entry);  // unless dropped meanwhile (close, drop_key)
   return InsertResult::kInserted;
 }
 
@@ -132,9 +132,9 @@ void TierReadThrough::name_device_chunks(std::span<const Chunk> chunks,
                                          std::vector<std::string>& chunk_tiers) const {
   // "device" where every slot of the chunk has a device copy (a device restore there reads no
   // pool byte of it).
-  std::lock_guard lock(store_.mutex);
+  const auto lock = store_.lock_index();
   for (size_t i = 0; i < chunks.size(); ++i) {
-    const detail::KeyRecord* record = store_.index.find(chunks[i].key);
+    const detail::KeyRecord* record = store_.index(lock).find(chunks[i].key);
     if (record == nullptr) continue;
     const bool resident = std::all_of(slots.begin(), slots.end(), [&](const Slot& slot) {
       const EntryRef* entry = record->find(slot);
@@ -158,9 +158,9 @@ int64_t TierReadThrough::coverage_walk(std::span<const Chunk> chunks, std::span<
   std::vector<detail::TierRequest> requests;
   std::vector<size_t> chunk_of;
   {
-    std::lock_guard lock(store_.mutex);
+    const auto lock = store_.lock_index();
     for (size_t i = from; i < end; ++i) {
-      const detail::KeyRecord* record = store_.index.find(chunks[i].key);
+      const detail::KeyRecord* record = store_.index(lock).find(chunks[i].key);
       for (const Slot& slot : slots) {
         if (record != nullptr && record->holds_ready(slot, chunks[i].size())) continue;
         requests.push_back({chunks[i].key, slot, chunks[i].size(), 0});

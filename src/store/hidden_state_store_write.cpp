@@ -12,13 +12,14 @@
 #include <optional>
 #include <string>
 
-#include "store/write_pipeline.hpp"
 #include "base/log.hpp"
 #include "base/nvtx.hpp"
-#include "format/dtype_codes.hpp"
 #include "datapath/launch_groups.hpp"
+#include "format/dtype_codes.hpp"
 #include "hss/detail/checked.hpp"
 #include "hss/error.hpp"
+#include "store/scaled_rows.hpp"
+#include "store/write_pipeline.hpp"
 
 #include "store/store_validation.hpp"
 
@@ -81,13 +82,13 @@ void WritePipeline::store_plans(std::span<StorePlan> plans, size_t new_keys,
   const bool several = plans.size() > 1;
   {
     HSS_RANGE("store/alloc");
-    std::lock_guard lock(store_.mutex);
-    store_.check_open_locked();
+    const auto lock = store_.lock_index();
+    store_.check_open(lock);
     PlanContext context;
     std::optional<detail::GranuleStash> stash;  // gives its ids back before the lock ends
     // At most one new key per chunk of each distinct list: the map is sized once for a batch,
     // so no item rehashes it (a single store's insert rehashes when it must).
-    if (several) store_.index.reserve_keys(new_keys);
+    if (several) store_.index(lock).reserve_keys(new_keys);
     if (granules > 0) {
       // The batch's granules from the pool in one lock (GranuleStash: the same grants, fewer
       // pool locks; an estimate too large only holds ids until the locked section ends).
@@ -104,12 +105,12 @@ void WritePipeline::store_plans(std::span<StorePlan> plans, size_t new_keys,
         plan.esize = static_cast<int64_t>(kernels::elem_bytes(storage));
         context.lookups = plan.lookups;
         context.slot_hint = plan.slot_hint;
-        reserve_and_apply_locked(*plan.hidden, opt, storage, plan, context);
+        reserve_and_apply(lock, *plan.hidden, opt, storage, plan, context);
       }
     } catch (...) {
       // Out of memory planning plan i (nothing of it applied): the plans before it withdraw
       // their pending entries, so none stays unpublished. Their evictions and touches stand.
-      for (size_t j = 0; j < i; ++j) withdraw_locked(plans[j]);
+      for (size_t j = 0; j < i; ++j) abort_plan(lock, plans[j]);
       throw;
     }
   }
@@ -120,7 +121,7 @@ void WritePipeline::store_plans(std::span<StorePlan> plans, size_t new_keys,
   try {
     copy_plans(plans);
   } catch (...) {
-    std::lock_guard lock(store_.mutex);
+    const auto lock = store_.lock_index();
     for (StorePlan& plan : plans) {
       // Groups enqueued before the failure may still be writing these granules: the entries
       // carry their fence, so withdrawing defers the granules' return until it landed.
@@ -130,15 +131,15 @@ void WritePipeline::store_plans(std::span<StorePlan> plans, size_t new_keys,
           w.entry->deferred = &store_.deferred;
         }
       }
-      withdraw_locked(plan);
+      abort_plan(lock, plan);
     }
     throw;
   }
 
   // 3. One lock to publish.
   {
-    std::lock_guard lock(store_.mutex);
-    for (StorePlan& plan : plans) publish_locked(plan);
+    const auto lock = store_.lock_index();
+    for (StorePlan& plan : plans) commit_plan(lock, plan);
   }
   // Write-behind: the backing tiers borrow each written entry (its fence included) and never
   // make this call wait for their I/O.
@@ -178,9 +179,9 @@ ElemType WritePipeline::storage_for(const TensorView& hidden) const {
   return ElemType::kFloat32;  // a Config is validated before a store uses it
 }
 
-void WritePipeline::plan_writes_locked(const TensorView& hidden, const StoreOptions& opt,
-                                                ElemType storage, StorePlan& plan,
-                                                PlanContext& context, uint64_t guard) {
+void WritePipeline::plan_writes(const IndexLock& lock, const TensorView& hidden,
+                                const StoreOptions& opt, ElemType storage, StorePlan& plan,
+                                PlanContext& context, uint64_t guard) {
   // Which chunks need writing, and everything their writes need. Allocation is fine here:
   // nothing visible changes (a new key's record goes into the map empty and outside the LRU).
   const std::span<const Chunk> chunks = plan.chunks;
@@ -192,7 +193,7 @@ void WritePipeline::plan_writes_locked(const TensorView& hidden, const StoreOpti
   writes.reserve(chunks_to_write(chunks, opt.token_offset));
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& chunk = chunks[i];
-    detail::KeyRecord* record = lookups.find(store_.index, i, chunk.key);
+    detail::KeyRecord* record = lookups.find(store_.index(lock), i, chunk.key);
     // Every key of the caller's token list is off limits to this call's evictions, the chunks
     // before token_offset included: they are the prefix this call extends.
     if (record) record->guard = guard;
@@ -229,9 +230,9 @@ void WritePipeline::plan_writes_locked(const TensorView& hidden, const StoreOpti
       max_device_segments += entry_segments;  // the same granule: the same segments
     }
     if (record == nullptr) {
-      record = &store_.index.insert_empty(chunk.key, context.slot_hint);
+      record = &store_.index(lock).insert_empty(chunk.key, context.slot_hint);
       record->guard = guard;
-      lookups.remember(store_.index, i, *record);
+      lookups.remember(store_.index(lock), i, *record);
     } else if (record->slots.size() == record->slots.capacity()) {
       record->slots.reserve(record->slots.size() + context.slot_hint);
     }
@@ -242,17 +243,17 @@ void WritePipeline::plan_writes_locked(const TensorView& hidden, const StoreOpti
   plan.device_segments.reserve(max_device_segments);
 }
 
-void WritePipeline::reserve_and_apply_locked(const TensorView& hidden,
-                                                      const StoreOptions& opt, ElemType storage,
-                                                      StorePlan& plan, PlanContext& context) {
+void WritePipeline::reserve_and_apply(const IndexLock& lock, const TensorView& hidden,
+                                      const StoreOptions& opt, ElemType storage, StorePlan& plan,
+                                      PlanContext& context) {
   const std::span<const Chunk> chunks = plan.chunks;
   auto& writes = plan.writes;
   detail::RecordLookups& lookups = *context.lookups;
   const uint64_t guard = ++store_.next_guard;
   try {
-    plan_writes_locked(hidden, opt, storage, plan, context, guard);
+    plan_writes(lock, hidden, opt, storage, plan, context, guard);
   } catch (...) {
-    drop_empty_records_locked(plan, lookups, 0);  // the new keys' records go again
+    drop_empty_records(lock, plan, lookups, 0);  // the new keys' records go again
     throw;
   }
 
@@ -266,37 +267,37 @@ void WritePipeline::reserve_and_apply_locked(const TensorView& hidden,
       Write& w = writes[next_write];
       // Every write's record is in the map (found or inserted above) and guarded: evictions
       // never take it, but any erase makes the lookups look again.
-      detail::KeyRecord* record = lookups.find(store_.index, i, chunk.key);
-      if (w.replaces != nullptr) store_.index.detach_slot(*record, w.replaces);
-      if (!store_.grant_blocks(*w.entry, guard, context.stash))
+      detail::KeyRecord* record = lookups.find(store_.index(lock), i, chunk.key);
+      if (w.replaces != nullptr) store_.index(lock).detach_slot(*record, w.replaces);
+      if (!store_.grant_blocks(lock, *w.entry, guard, context.stash))
         break;  // stop here: the cached range stays contiguous
       // No room on the device: the entry is stored without a device copy (not a failure).
-      if (w.device && !store_.grant_device_blocks(*w.device, guard)) w.device.reset();
-      record = lookups.find(store_.index, i, chunk.key);
-      store_.index.add_pending(*record, w.entry, guard);
+      if (w.device && !store_.grant_device_blocks(lock, *w.device, guard)) w.device.reset();
+      record = lookups.find(store_.index(lock), i, chunk.key);
+      store_.add_pending_entry(lock, *record, w.entry, guard);
       w.record = record;
       ++next_write;
       ++granted;
       ++plan.cached;
-    } else if (detail::KeyRecord* record = lookups.find(store_.index, i, chunk.key)) {
-      store_.index.touch(*record);  // already cached for the slot with this shape
+    } else if (detail::KeyRecord* record = lookups.find(store_.index(lock), i, chunk.key)) {
+      store_.index(lock).touch(*record);  // already cached for the slot with this shape
       ++plan.cached;
     }
   }
   // The writes not granted: a record they would have filled (new, or emptied by a replacement)
   // goes again.
-  drop_empty_records_locked(plan, lookups, granted);
+  drop_empty_records(lock, plan, lookups, granted);
   writes.erase(writes.begin() + static_cast<ptrdiff_t>(granted), writes.end());
-  plan.epoch = store_.index.erasures();
+  plan.epoch = store_.index(lock).erasures();
 }
 
-void WritePipeline::drop_empty_records_locked(StorePlan& plan,
-                                                       detail::RecordLookups& lookups,
-                                                       size_t from) noexcept {
+void WritePipeline::drop_empty_records(const IndexLock& lock, StorePlan& plan,
+                                       detail::RecordLookups& lookups, size_t from) noexcept {
   for (size_t k = from; k < plan.writes.size(); ++k) {
     const size_t chunk = plan.writes[k].chunk;
-    if (detail::KeyRecord* record = lookups.find(store_.index, chunk, plan.chunks[chunk].key)) {
-      store_.index.erase_if_empty(*record);
+    if (detail::KeyRecord* record =
+            lookups.find(store_.index(lock), chunk, plan.chunks[chunk].key)) {
+      store_.index(lock).erase_if_empty(*record);
     }
   }
 }
@@ -452,48 +453,31 @@ void WritePipeline::append_entry_segments(const detail::Entry& entry, int64_t sr
 
 void WritePipeline::plan_scaled_segments(const detail::Entry& entry, int64_t src_row0,
                                          std::pmr::vector<kernels::WriteSegment>& segments) const {
-  // One segment per row and granule (ScaleLayout::kRowF32Trailing, row_format.hpp): each knows
-  // its row's scale, which the segment starting the row writes.
-  switch (entry.format.scales) {
-    case detail::ScaleLayout::kRowF32Trailing:
-      break;
-    case detail::ScaleLayout::kNone:
-      return;
-  }
-  const auto granule = static_cast<int64_t>(store_.pool.granule_bytes());
-  const uint64_t scale_offset = detail::RowFormat::scale_offset(entry.rows, entry.cols);
-  for (int64_t r = 0; r < entry.rows; ++r) {
-    const uint64_t at = scale_offset + 4 * static_cast<uint64_t>(r);
-    auto* scale = reinterpret_cast<float*>(
-        store_.block_address(
-            entry, entry.blocks[static_cast<size_t>(at / static_cast<uint64_t>(granule))]) +
-        at % static_cast<uint64_t>(granule));
-    kernels::for_each_block_piece(
-        r * entry.cols, entry.cols, 1, granule,
-        [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
-          std::byte* dst =
-              store_.block_address(entry, entry.blocks[static_cast<size_t>(block)]) + byte_offset;
-          segments.push_back({dst, src_row0, first, count, entry.format.elem, scale});
-        });
-  }
+  // One segment per row and granule: each knows its row's scale, which the segment starting the
+  // row writes.
+  detail::for_each_scaled_piece(
+      store_, entry, 0, [&](std::byte* scale, std::byte* codes, int64_t first, int64_t count) {
+        segments.push_back(
+            {codes, src_row0, first, count, entry.format.elem, reinterpret_cast<float*>(scale)});
+      });
 }
 
-void WritePipeline::publish_locked(StorePlan& plan) noexcept {
+void WritePipeline::commit_plan(const IndexLock& lock, StorePlan& plan) noexcept {
   for (Write& w : plan.writes) {
     w.entry->fence = plan.fence;
     if (plan.fence) w.entry->deferred = &store_.deferred;
     // An entry dropped meanwhile (drop_key, close, a coupled eviction) stays detached. Without
     // any erase since phase 1 the record found there is still the key's.
-    (void)store_.index.publish(plan.chunks[w.chunk].key, *w.entry,
-                         plan.epoch == store_.index.erasures() ? w.record : nullptr);
+    (void)store_.commit_entry(lock, plan.chunks[w.chunk].key, *w.entry,
+                              plan.epoch == store_.index(lock).erasures() ? w.record : nullptr);
     // The device copy joins its entry once its kernel was enqueued (it then has a fence); a
     // published entry only (one dropped meanwhile takes no copy).
     if (w.device && w.device->fence && w.entry->ready()) w.entry->device_copy = w.device;
   }
 }
 
-void WritePipeline::withdraw_locked(StorePlan& plan) noexcept {
-  for (const Write& w : plan.writes) store_.index.withdraw(plan.chunks[w.chunk].key, *w.entry);
+void WritePipeline::abort_plan(const IndexLock& lock, StorePlan& plan) noexcept {
+  for (const Write& w : plan.writes) store_.abort_entry(lock, plan.chunks[w.chunk].key, *w.entry);
 }
 
 template StoreResult WritePipeline::store_tokens(std::span<const int32_t>,

@@ -1,6 +1,6 @@
 #pragma once
 // What a Reservation holds (hss/pool_transfer.hpp): the PENDING entries reserved for an import,
-// with what publish() checks them against. Used by store_transfer.cpp and
+// with what publish(lock) checks them against. Used by store_transfer.cpp and
 // transfer/pool_transfer.cpp only.
 
 #include <optional>

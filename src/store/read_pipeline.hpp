@@ -115,16 +115,16 @@ class ReadPipeline {
   /// chunks, touches the prefix in reverse order. Never throws. (retrieve_reads counts.)
   /// `touch_from`: the chunks before it are touched again later in the same locked section (a
   /// batch's later item of the same list), so touching them here would not change the order.
-  void apply_walk_locked(const Walk& w, RecordLookups* lookups = nullptr,
-                         int64_t touch_from = 0) noexcept;
+  void apply_walk(const IndexLock& lock, const Walk& w, RecordLookups* lookups = nullptr,
+                  int64_t touch_from = 0) noexcept;
   /// After a walk was applied (no lock held): the backing tiers may drop the orphan's values
   /// (its KV is gone; tiers/backing_tier.hpp, discard).
   void discard_orphan(const Walk& w) noexcept;
  private:
   /// plan_walk in two parts: the index part (caller holds mutex), then KV and fences (no lock).
   /// `lookups` (optional): the chunk list's record lookups, shared by the items of a batch.
-  void walk_index_locked(Walk& w, std::span<const Chunk> chunks, std::span<const Slot> slots,
-                         RecordLookups* lookups = nullptr) const;
+  void walk_index(const IndexLock& lock, Walk& w, std::span<const Chunk> chunks,
+                  std::span<const Slot> slots, RecordLookups* lookups = nullptr) const;
   /// `kv_answers` (optional): the chunk list's KV answers, shared by the items of a batch.
   void walk_finish(Walk& w, PendingCopies pending, KvAnswers* kv_answers = nullptr) const;
   /// The checks of `outs` against what the walk found (InvalidArgument, nothing changed).

@@ -94,14 +94,15 @@ void StoreState::make_device_tier() {
   }
 }
 
-bool StoreState::grant_device_blocks(Entry& copy, uint64_t guard) noexcept {
+bool StoreState::grant_device_blocks(const IndexLock& lock, Entry& copy, uint64_t guard) noexcept {
   const size_t need = device_tier->pool().blocks_for(copy.payload_bytes());
   if (need > device_tier->pool().num_blocks()) return false;
   copy.blocks.resize(need);  // reserved by the caller: no allocation
   if (device_tier->allocate(copy.blocks)) return true;
   // Device-pool pressure: the device copies of the least recently used keys go (host entries
   // stay), until the pool has room; copies still read by a restore come back when it ends.
-  for (const KeyRecord* record = index.lru_front(); record != nullptr; record = record->lru_next) {
+  for (const KeyRecord* record = index(lock).lru_front(); record != nullptr;
+       record = record->lru_next) {
     if (guard != 0 && record->guard == guard) continue;
     bool dropped = false;
     for (const EntryRef& entry : record->slots) {
@@ -152,15 +153,15 @@ size_t StoreState::kv_prefix_end(std::span<const Chunk> chunks, size_t from,
   return chunks.size();
 }
 
-bool StoreState::grant_blocks(detail::Entry& entry, uint64_t guard,
-                                          detail::GranuleStash* stash) noexcept {
+bool StoreState::grant_blocks(const IndexLock& lock, detail::Entry& entry, uint64_t guard,
+                              detail::GranuleStash* stash) noexcept {
   const size_t need = pool.blocks_for(entry.payload_bytes());
   entry.blocks.resize(need);  // within the capacity the caller reserved: no allocation
   const auto allocate = [&] {
     return stash != nullptr ? stash->allocate(entry.blocks) : pool.allocate(entry.blocks);
   };
   bool ok = need <= pool.num_blocks() && allocate();
-  while (!ok && need <= pool.num_blocks() && evict_for_space(guard)) ok = allocate();
+  while (!ok && need <= pool.num_blocks() && evict_for_space(lock, guard)) ok = allocate();
   if (!ok) {
     entry.blocks.clear();
     counters.allocation_failures.fetch_add(1, std::memory_order_relaxed);
@@ -168,47 +169,47 @@ bool StoreState::grant_blocks(detail::Entry& entry, uint64_t guard,
   return ok;
 }
 
-bool StoreState::add_one_pending_locked(const CacheEngineKey& key,
-                                                    const detail::EntryRef& entry, uint64_t guard,
-                                                    const detail::Entry* replaces) {
+bool StoreState::reserve_entry(const IndexLock& lock, const CacheEngineKey& key,
+                               const detail::EntryRef& entry, uint64_t guard,
+                               const detail::Entry* replaces) {
   // Everything that may allocate first (a new key's record goes in empty, outside the LRU, so no
   // eviction takes it); the grant's evictions are the first change.
-  detail::KeyRecord* record = index.find(key);
+  detail::KeyRecord* record = index(lock).find(key);
   if (record != nullptr) {
     record->slots.reserve(record->slots.size() + 1);
   } else {
-    record = &index.insert_empty(key, 1);
+    record = &index(lock).insert_empty(key, 1);
   }
-  const uint64_t epoch = index.erasures();
-  const bool granted = grant_blocks(*entry, guard);
+  const uint64_t epoch = index(lock).erasures();
+  const bool granted = grant_blocks(lock, *entry, guard);
   // An eviction above may have removed the key's record (one that was already there).
-  if (index.erasures() != epoch) record = index.find(key);
+  if (index(lock).erasures() != epoch) record = index(lock).find(key);
   if (!granted) {
-    if (record != nullptr) index.erase_if_empty(*record);
+    if (record != nullptr) index(lock).erase_if_empty(*record);
     return false;
   }
   if (record == nullptr) {
     try {
-      record = &index.insert_empty(key, 1);
+      record = &index(lock).insert_empty(key, 1);
     } catch (...) {
       pool.release(entry->blocks);
       entry->blocks.clear();
       throw;
     }
   } else if (replaces != nullptr) {
-    index.detach_slot(*record, replaces);
+    index(lock).detach_slot(*record, replaces);
   }
-  index.add_pending(*record, entry, guard);
+  add_pending_entry(lock, *record, entry, guard);
   return true;
 }
 
-bool StoreState::evict_for_space(uint64_t guard) noexcept {
+bool StoreState::evict_for_space(const IndexLock& lock, uint64_t guard) noexcept {
   HSS_RANGE("evict");
   // Only keys nobody pins give their granules back now; evicting a pinned one would lose its
   // data without making room for this allocation.
-  const CacheEngineKey* victim = index.eviction_candidate(guard, /*freeable_only=*/true);
+  const CacheEngineKey* victim = index(lock).eviction_candidate(guard, /*freeable_only=*/true);
   if (victim == nullptr) return false;
-  (void)index.erase(*victim);
+  (void)index(lock).erase(*victim);
   counters.hs_evictions.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -234,7 +235,8 @@ void StoreState::check_stream(Device device, Stream stream) const {
   if (device_path && device == Device::kCuda) device_path->check_stream(stream);
 }
 
-void StoreState::check_open_locked() const {
+void StoreState::check_open(const IndexLock& lock) const {
+  (void)lock;  // `closed` is guarded by the index mutex
   if (closed) throw Error("HiddenStateStore is closed");
 }
 

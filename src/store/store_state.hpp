@@ -4,6 +4,11 @@
 // tiers, the counters, and the few rules every part applies the same way (the store is open,
 // a grant of granules with eviction for room, a new PENDING entry, KV's end).
 //
+// The index mutex is private: lock_index() takes it and answers the token (index_lock.hpp) that
+// the index and every function needing the lock ask for. Every writer's entry goes through the
+// one write transaction below (reserve, fill outside the lock, commit or abort; drawn in
+// docs/design.md, "The index lock and the write transaction").
+//
 // Lock order: the index mutex, then the pool's free-stack mutex. Never the reverse, never a KV
 // backend's lock or a copy under the index mutex.
 //
@@ -30,6 +35,7 @@
 #include "pool/block_pool.hpp"
 #include "pool/deferred_release.hpp"
 #include "pool/device_tier.hpp"
+#include "store/index_lock.hpp"
 #include "tiers/tier_chain.hpp"
 
 namespace hss::detail {
@@ -78,8 +84,8 @@ class StoreState {
   // ---- rules every part applies (store_state.cpp)
   /// The device-resident tier of hidden_state_device_cache_size, or none (logged once).
   void make_device_tier();
-  /// hss::Error once the store is closed. Caller holds mutex.
-  void check_open_locked() const;
+  /// hss::Error once the store is closed. Takes the lock's token.
+  void check_open(const IndexLock& lock) const;
   /// Chunks passed by a caller: contiguous from 0, non-empty. InvalidArgument otherwise.
   static void check_chunks(std::span<const Chunk> chunks);
   /// Pointer checks of the device path (device memory of device_index, or not device memory).
@@ -92,22 +98,46 @@ class StoreState {
   /// restores' pins and granules whose copies landed (none of it waits).
   void reclaim_device_resources() noexcept;
   /// Evicts one LRU key for pool pressure, skipping keys guarded by store call `guard`. False
-  /// when nothing can be evicted. Caller holds mutex.
-  bool evict_for_space(uint64_t guard) noexcept;
+  /// when nothing can be evicted. Takes the lock's token.
+  bool evict_for_space(const IndexLock& lock, uint64_t guard) noexcept;
   /// Grants `entry` its granules (blocks_for(payload_bytes()); the caller reserved them in
   /// `blocks`, so nothing allocates), evicting LRU keys not guarded by `guard` while the pool is
   /// short. False, nothing taken and counted as an allocation failure, when the pool cannot make
-  /// room. From `stash` when given (a batch: the same outcome, fewer pool locks). Caller holds
-  /// mutex.
-  bool grant_blocks(Entry& entry, uint64_t guard, GranuleStash* stash = nullptr) noexcept;
+  /// room. From `stash` when given (a batch: the same outcome, fewer pool locks). Takes the
+  /// lock's token.
+  bool grant_blocks(const IndexLock& lock, Entry& entry, uint64_t guard,
+                    GranuleStash* stash = nullptr) noexcept;
   /// One entry of `key` made PENDING outside the store pipeline (the tiers' read-through, an
   /// import): room in the key's record or a new empty one, the granules (grant_blocks), then
   /// `replaces` (the slot's entry of another shape, or nullptr) removed and the entry added.
   /// False when the pool had no room (only evictions happened). std::bad_alloc before anything
   /// changed, or, rarely, after the grant (an eviction removed the key's record and inserting it
-  /// again failed: the granules go back, only evictions happened). Caller holds mutex.
-  bool add_one_pending_locked(const CacheEngineKey& key, const EntryRef& entry, uint64_t guard,
-                              const Entry* replaces);
+  /// again failed: the granules go back, only evictions happened). Takes the lock's token.
+  bool reserve_entry(const IndexLock& lock, const CacheEngineKey& key, const EntryRef& entry,
+                     uint64_t guard, const Entry* replaces);
+  /// PENDING -> READY (StoreIndex::publish): `entry`, filled outside the lock, becomes visible
+  /// to walks, unless it was dropped meanwhile (close, drop_key, a coupled eviction: false).
+  bool commit_entry(const IndexLock& lock, const CacheEngineKey& key, Entry& entry,
+                    KeyRecord* hint = nullptr) noexcept {
+    (void)lock;
+    return index_.publish(key, entry, hint);
+  }
+  /// PENDING -> DETACHED (StoreIndex::withdraw): a fill that failed or was refused; the granules
+  /// go back with the entry's last reference.
+  void abort_entry(const IndexLock& lock, const CacheEngineKey& key, Entry& entry) noexcept {
+    (void)lock;
+    index_.withdraw(key, entry);
+  }
+  /// (made) -> PENDING for a record the caller found since the last erasure or inserted empty
+  /// (StoreIndex::add_pending); the batch form of reserve_entry, whose granules were granted by
+  /// grant_blocks.
+  void add_pending_entry(const IndexLock& lock, KeyRecord& record, EntryRef entry,
+                         uint64_t guard) noexcept {
+    (void)lock;
+    index_.add_pending(record, std::move(entry), guard);
+  }
+  /// Takes the index mutex: the only way to (the token every function above asks for).
+  [[nodiscard]] IndexLock lock_index() const { return IndexLock(mutex_); }
   /// Ends the export leases past their deadline (no lock held by the caller).
   void expire_leases() noexcept { leases.expire(LeaseTable::Clock::now()); }
   /// The first chunk at or after `from` whose KV is gone (chunks.size() when none is, or when no
@@ -129,9 +159,9 @@ class StoreState {
   }
   /// Grants a device copy its granules (reserved by the caller), dropping device copies of the
   /// least recently used keys not guarded by `guard` (their host entries stay) while the device
-  /// pool is short. False (nothing taken, not an error) when it cannot make room. Caller holds
-  /// mutex. Never throws.
-  bool grant_device_blocks(Entry& copy, uint64_t guard) noexcept;
+  /// pool is short. False (nothing taken, not an error) when it cannot make room. Takes the
+  /// lock's token. Never throws.
+  bool grant_device_blocks(const IndexLock& lock, Entry& copy, uint64_t guard) noexcept;
   /// The `device` row of stats().tiers (none when the tier was not asked for).
   [[nodiscard]] std::optional<TierStats> device_tier_stats() const;
 
@@ -159,8 +189,23 @@ class StoreState {
   std::unique_ptr<DevicePath> device_path;
   std::atomic<const StorageManager*> storage_manager{nullptr};
 
-  mutable std::mutex mutex;  // guards index, Entry::state, closed, next_guard
-  StoreIndex index;
+ private:
+  // Guards index, Entry::state, closed, next_guard. Private: taken through lock_index() only,
+  // whose IndexLock every function that needs the lock asks for.
+  mutable std::mutex mutex_;
+  StoreIndex index_;
+
+ public:
+  /// The index, for a holder of the lock only (its token): no walk, publish or erase compiles
+  /// without it.
+  [[nodiscard]] StoreIndex& index(const IndexLock& lock) {
+    (void)lock;
+    return index_;
+  }
+  [[nodiscard]] const StoreIndex& index(const IndexLock& lock) const {
+    (void)lock;
+    return index_;
+  }
   bool closed = false;
   uint64_t next_guard = 0;
 

@@ -129,8 +129,8 @@ ChunkExport StoreTransfer::export_chunks(std::span<const Chunk> chunks,
   store_.expire_leases();
   ReadPipeline::Walk w = read_.plan_walk(chunks, slots, ReadPipeline::PendingCopies::kWaitOnHost);
   {
-    std::lock_guard lock(store_.mutex);
-    read_.apply_walk_locked(w);  // drops an orphan (KV gone here), touches the prefix; no retrieve
+    const auto lock = store_.lock_index();
+    read_.apply_walk(lock, w);  // drops an orphan (KV gone here), touches the prefix; no retrieve
   }
   read_.discard_orphan(w);
   ChunkExport out;
@@ -202,10 +202,10 @@ std::pair<size_t, size_t> StoreTransfer::missing_range(std::span<const Chunk> ch
   detail::check_slots(slots);
   size_t from = chunks.size();
   {
-    std::lock_guard lock(store_.mutex);
-    store_.check_open_locked();
+    const auto lock = store_.lock_index();
+    store_.check_open(lock);
     for (size_t i = 0; i < chunks.size() && from == chunks.size(); ++i) {
-      const detail::KeyRecord* record = store_.index.find(chunks[i].key);
+      const detail::KeyRecord* record = store_.index(lock).find(chunks[i].key);
       for (const Slot& slot : slots) {
         if (record == nullptr || !record->holds_ready(slot, chunks[i].size())) {
           from = i;
@@ -283,18 +283,18 @@ void StoreTransfer::reserve_import(std::span<const Chunk> chunks,
 
   size_t granted = 0;
   {
-    std::lock_guard lock(store_.mutex);
-    store_.check_open_locked();
+    const auto lock = store_.lock_index();
+    store_.check_open(lock);
     const uint64_t guard = ++store_.next_guard;  // the keys of this chunk list are off limits
     for (const Chunk& chunk : chunks) {
-      if (detail::KeyRecord* record = store_.index.find(chunk.key)) record->guard = guard;
+      if (detail::KeyRecord* record = store_.index(lock).find(chunk.key)) record->guard = guard;
     }
     try {
       for (; granted < items.size(); ++granted) {
         Reservation::State::Item& item = items[granted];
         const Chunk& chunk = chunks[item.chunk];
         const detail::Entry& entry = *item.entry;
-        const detail::KeyRecord* record = store_.index.find(chunk.key);
+        const detail::KeyRecord* record = store_.index(lock).find(chunk.key);
         const detail::Entry* replaces = nullptr;  // the slot's entry of another shape
         if (const EntryRef* held = record ? record->find(entry.slot) : nullptr) {
           if (!(*held)->ready() || ((*held)->rows == entry.rows && (*held)->cols == entry.cols &&
@@ -305,13 +305,13 @@ void StoreTransfer::reserve_import(std::span<const Chunk> chunks,
           replaces = held->get();
         }
         // The key's guard keeps it (and so `replaces`) out of the grant's evictions.
-        if (!store_.add_one_pending_locked(chunk.key, item.entry, guard, replaces)) {
+        if (!store_.reserve_entry(lock, chunk.key, item.entry, guard, replaces)) {
           break;  // prefix-strict: nothing after the first miss
         }
       }
     } catch (...) {
       for (size_t i = 0; i < granted; ++i) {
-        if (!skipped[i]) store_.index.withdraw(chunks[items[i].chunk].key, *items[i].entry);
+        if (!skipped[i]) store_.abort_entry(lock, chunks[items[i].chunk].key, *items[i].entry);
       }
       throw;
     }
@@ -366,18 +366,18 @@ ImportResult StoreTransfer::publish_import(Reservation::State& state) {
     unauthenticated[i] = state.items[i].check == Check::kUnauthenticated ? 1 : 0;
   }
   {
-    std::lock_guard lock(store_.mutex);
+    const auto lock = store_.lock_index();
     for (size_t i = 0; i < state.items.size(); ++i) {
       Reservation::State::Item& item = state.items[i];
       const CacheEngineKey& key = state.chunks[item.chunk].key;
       // An entry dropped meanwhile (close, drop_key) is DETACHED: neither published nor counted.
       if (pass[i] != 0) {
-        if (store_.index.publish(key, *item.entry)) {
+        if (store_.commit_entry(lock, key, *item.entry)) {
           ++result.published;
           result.bytes += item.entry->payload_bytes();
         }
       } else {
-        store_.index.withdraw(key, *item.entry);
+        store_.abort_entry(lock, key, *item.entry);
       }
     }
   }
@@ -410,9 +410,9 @@ std::optional<std::array<std::byte, kEntryMacBytes>> StoreTransfer::handshake_ta
 void StoreTransfer::abandon_import(Reservation::State& state) noexcept {
   if (state.items.empty()) return;
   {
-    std::lock_guard lock(store_.mutex);
+    const auto lock = store_.lock_index();
     for (const Reservation::State::Item& item : state.items) {
-      store_.index.withdraw(state.chunks[item.chunk].key, *item.entry);
+      store_.abort_entry(lock, state.chunks[item.chunk].key, *item.entry);
     }
   }
   store_.transfer_counters.abandoned.fetch_add(state.items.size(), std::memory_order_relaxed);

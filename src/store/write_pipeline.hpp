@@ -72,19 +72,19 @@ class WritePipeline {
                             std::pmr::vector<kernels::WriteSegment>& segments) const;
   // Phase 1 of one plan, phase 3 and the withdrawal, with mutex held by the caller.
   // `context`: what the plans of one call share (the lookups of plan.chunks, the stash).
-  void reserve_and_apply_locked(const TensorView& hidden, const StoreOptions& opt,
-                                kernels::ElemType storage, StorePlan& plan, PlanContext& context);
+  void reserve_and_apply(const IndexLock& lock, const TensorView& hidden, const StoreOptions& opt,
+                         kernels::ElemType storage, StorePlan& plan, PlanContext& context);
   /// Its planning part: plan.writes (one per chunk to write, records found or inserted empty)
   /// and the room everything after it needs. May throw; then the caller drops the empty records.
-  void plan_writes_locked(const TensorView& hidden, const StoreOptions& opt,
-                          kernels::ElemType storage, StorePlan& plan, PlanContext& context,
-                          uint64_t guard);
+  void plan_writes(const IndexLock& lock, const TensorView& hidden, const StoreOptions& opt,
+                   kernels::ElemType storage, StorePlan& plan, PlanContext& context,
+                   uint64_t guard);
   /// Erases the records of plan.writes[from..] that have no slot (inserted empty by the plan,
   /// or emptied by a replacement, and not filled): a plan that throws or stops early.
-  void drop_empty_records_locked(StorePlan& plan, RecordLookups& lookups,
-                                 size_t from) noexcept;
-  void publish_locked(StorePlan& plan) noexcept;
-  void withdraw_locked(StorePlan& plan) noexcept;
+  void drop_empty_records(const IndexLock& lock, StorePlan& plan, RecordLookups& lookups,
+                          size_t from) noexcept;
+  void commit_plan(const IndexLock& lock, StorePlan& plan) noexcept;
+  void abort_plan(const IndexLock& lock, StorePlan& plan) noexcept;
   /// The chunks a store with `token_offset` may write (those starting at or after it).
   [[nodiscard]] static size_t chunks_to_write(std::span<const Chunk> chunks, int64_t token_offset);
   /// The storage type of a store of `hidden` under this config.

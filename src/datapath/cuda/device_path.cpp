@@ -463,19 +463,8 @@ FenceRef CudaDevicePath::store_batch(std::span<const StoreJob> jobs, int device_
   }
   return fenced(stream, [&] {
     HSS_RANGE("store/batch");
-    TileCursor cursor;
-    while (tiles_left(jobs, cursor)) {
-      auto lease = acquire_launch_slot(dev);
-      auto* table = static_cast<kernels::BatchStoreTile*>((**lease).table.host());
-      // The slot's previous launch has finished (acquire saw its event): the table is free.
-      const size_t n = fill_store_tiles(jobs, cursor, std::span(table, kBatchTilesPerTable));
-      lease->touch(stream);
-      kernels::launch_store_batch(
-          static_cast<const kernels::BatchStoreTile*>((**lease).table.device()),
-          static_cast<int64_t>(n), stream);
-      count_launches();
-      lease->record(stream);
-    }
+    launch_tile_tables<kernels::BatchStoreTile>(dev, jobs, stream, fill_store_tiles,
+                                                kernels::launch_store_batch, nullptr);
   });
 }
 

@@ -52,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "datapath/batch_tiles.hpp"
 #include "datapath/cuda/copy_streams.hpp"
 #include "datapath/cuda/cuda_raii.hpp"
 #include "datapath/cuda/slot_pool.hpp"
@@ -186,6 +187,15 @@ class CudaDevicePath final : public DevicePath {
   std::unique_ptr<SlotPool<RestoreSlot>::Lease> acquire_launch_slot(DeviceState& dev);
   /// Keeps `keep_alive` in the slot until its launch finished (release_finished drops it).
   void hold_until_done(RestoreSlot& slot, std::shared_ptr<const void> keep_alive);
+  /// The batched launch loop of store_batch and restore_batch, once: while `jobs` have tiles
+  /// left, leases a launch slot (its previous launch finished: the table is free), fills the
+  /// slot's pinned table with `fill(jobs, cursor, table)`, launches `launch(device_table, n,
+  /// stream)` on `stream`, records the slot there and keeps `keep_alive` (may be null) until
+  /// that launch finished.
+  template <typename Tile, typename Job, typename Fill, typename Launch>
+  void launch_tile_tables(DeviceState& dev, std::span<const Job> jobs, cudaStream_t stream,
+                          Fill&& fill, Launch&& launch,
+                          const std::shared_ptr<const void>& keep_alive);
 
   const RestoreImpl restore_impl_;
   const size_t staging_bytes_;
@@ -201,5 +211,22 @@ class CudaDevicePath final : public DevicePath {
   std::mutex peer_mutex_;  // guards peers_: (device, peer) -> peer access enabled
   std::map<std::pair<int, int>, bool> peers_;
 };
+
+template <typename Tile, typename Job, typename Fill, typename Launch>
+void CudaDevicePath::launch_tile_tables(DeviceState& dev, std::span<const Job> jobs,
+                                        cudaStream_t stream, Fill&& fill, Launch&& launch,
+                                        const std::shared_ptr<const void>& keep_alive) {
+  TileCursor cursor;
+  while (tiles_left(jobs, cursor)) {
+    auto lease = acquire_launch_slot(dev);
+    auto* table = static_cast<Tile*>((**lease).table.host());
+    const size_t n = fill(jobs, cursor, std::span<Tile>(table, kBatchTilesPerTable));
+    lease->touch(stream);
+    launch(static_cast<const Tile*>((**lease).table.device()), static_cast<int64_t>(n), stream);
+    count_launches();
+    lease->record(stream);
+    hold_until_done(**lease, keep_alive);
+  }
+}
 
 }  // namespace hss::detail::cuda

@@ -140,19 +140,8 @@ void CudaDevicePath::restore_batch(std::span<const RestoreJob> jobs, int device_
     return;
   }
   HSS_RANGE("restore/batch");
-  TileCursor cursor;
-  while (tiles_left(jobs, cursor)) {
-    auto lease = acquire_launch_slot(dev);
-    auto* table = static_cast<kernels::BatchRestoreTile*>((**lease).table.host());
-    const size_t n = fill_restore_tiles(jobs, cursor, std::span(table, kBatchTilesPerTable));
-    lease->touch(stream);
-    kernels::launch_restore_batch(
-        static_cast<const kernels::BatchRestoreTile*>((**lease).table.device()),
-        static_cast<int64_t>(n), stream);
-    count_launches();
-    lease->record(stream);
-    hold_until_done(**lease, keep_alive);
-  }
+  launch_tile_tables<kernels::BatchRestoreTile>(dev, jobs, stream, fill_restore_tiles,
+                                                kernels::launch_restore_batch, keep_alive);
 }
 
 void CudaDevicePath::restore_launch(RestoreSlot& slot, std::span<const GatherSegment> segments,
