@@ -86,10 +86,10 @@ void HiddenStateStore::Impl::flush() {
 void HiddenStateStore::Impl::close() {
   {
     const auto lock = state.lock_index();
-    if (state.closed) return;
+    if (state.is_closed(lock)) return;
     // Under the lock: a store that already passed its checks either published before this point
     // or finds the store closed when it publishes (its entries then stay detached).
-    state.closed = true;
+    state.mark_closed(lock);
   }
   flush();
   state.tiers.close();   // the tiers take no more writes (a closed store stores nothing anyway)
@@ -183,7 +183,7 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
     s.keys_held = state.index(lock).ready_keys();
     s.bytes_held = state.index(lock).bytes_held();
     s.blocks_held = state.index(lock).blocks_held();
-    s.closed = state.closed;
+    s.closed = state.is_closed(lock);
     for (size_t k = 0; k < s.per_kind.size(); ++k) {
       const auto& totals = state.index(lock).kind_totals(static_cast<ActivationKind>(k));
       s.per_kind[k].entries_held = totals.entries;

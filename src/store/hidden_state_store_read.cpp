@@ -220,11 +220,12 @@ uint64_t ReadPipeline::plan_restore(const Walk& w, size_t slot, int64_t row_begi
       continue;
     }
     const auto esize = static_cast<int64_t>(kernels::elem_bytes(entry.format.elem));
+    const detail::BlockPool& home = store_.home_pool(entry);
     kernels::for_each_block_piece(
         first_row * cols, (chunk.size() - first_row) * cols, esize, granule,
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
           const std::byte* src =
-              store_.block_address(entry, entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+              home.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
           const int64_t dst_elem = chunk.start * cols + first - row_begin * cols;
           // Adjacent granules (and adjacent entries) read as one run.
           if (!segments.empty()) {

@@ -57,7 +57,7 @@ size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
   {
     const auto lock = store_.lock_index();
     store_.check_open(lock);
-    guard = ++store_.next_guard;  // this prefix's keys are off limits to its own inserts' evictions
+    guard = store_.new_guard(lock);  // this prefix's keys are off limits to its own inserts' evictions
     for (size_t i = 0; i < chunks.size(); ++i) {
       detail::KeyRecord* record = store_.index(lock).find(chunks[i].key);
       if (record != nullptr) record->guard = guard;
@@ -103,7 +103,7 @@ TierReadThrough::InsertResult TierReadThrough::insert_fetched(
   entry->blocks.reserve(store_.pool.blocks_for(entry->payload_bytes()));
   {
     const auto lock = store_.lock_index();
-    if (store_.closed) return InsertResult::kNoRoom;
+    if (store_.is_closed(lock)) return InsertResult::kNoRoom;
     const detail::KeyRecord* record = store_.index(lock).find(chunk.key);
     if (record != nullptr && record->find(slot) != nullptr) return InsertResult::kPresent;
     // PENDING: invisible and not evictable while its bytes are copied in below.

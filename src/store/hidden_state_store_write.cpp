@@ -249,7 +249,7 @@ void WritePipeline::reserve_and_apply(const IndexLock& lock, const TensorView& h
   const std::span<const Chunk> chunks = plan.chunks;
   auto& writes = plan.writes;
   detail::RecordLookups& lookups = *context.lookups;
-  const uint64_t guard = ++store_.next_guard;
+  const uint64_t guard = store_.new_guard(lock);
   try {
     plan_writes(lock, hidden, opt, storage, plan, context, guard);
   } catch (...) {
@@ -433,11 +433,11 @@ void WritePipeline::append_entry_segments(const detail::Entry& entry, int64_t sr
     return;
   }
   const auto granule = static_cast<int64_t>(store_.pool.granule_bytes());
+  const detail::BlockPool& home = store_.home_pool(entry);
   kernels::for_each_block_piece(
       0, entry.rows * cols, esize, granule,
       [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
-        std::byte* dst =
-            store_.block_address(entry, entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+        std::byte* dst = home.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
         // Granules granted in ascending order are adjacent: one copy for the run.
         if (!segments.empty()) {
           kernels::WriteSegment& last = segments.back();

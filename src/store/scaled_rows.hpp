@@ -29,15 +29,16 @@ void for_each_scaled_piece(const StoreState& store, const Entry& entry, int64_t 
   }
   const auto granule = static_cast<uint64_t>(store.pool.granule_bytes());
   const uint64_t scale_offset = RowFormat::scale_offset(entry.rows, entry.cols);
+  const BlockPool& home = store.home_pool(entry);
   for (int64_t r = first_row; r < entry.rows; ++r) {
     const uint64_t at = scale_offset + 4 * static_cast<uint64_t>(r);
     std::byte* scale =
-        store.block_address(entry, entry.blocks[static_cast<size_t>(at / granule)]) + at % granule;
+        home.block_address(entry.blocks[static_cast<size_t>(at / granule)]) + at % granule;
     kernels::for_each_block_piece(
         r * entry.cols, entry.cols, 1, static_cast<int64_t>(granule),
         [&](int64_t block, int64_t byte_offset, int64_t first, int64_t count) {
           std::byte* codes =
-              store.block_address(entry, entry.blocks[static_cast<size_t>(block)]) + byte_offset;
+              home.block_address(entry.blocks[static_cast<size_t>(block)]) + byte_offset;
           visit(scale, codes, first, count);
         });
   }

@@ -236,8 +236,7 @@ void StoreState::check_stream(Device device, Stream stream) const {
 }
 
 void StoreState::check_open(const IndexLock& lock) const {
-  (void)lock;  // `closed` is guarded by the index mutex
-  if (closed) throw Error("HiddenStateStore is closed");
+  if (is_closed(lock)) throw Error("HiddenStateStore is closed");
 }
 
 void StoreState::check_chunks(std::span<const Chunk> chunks) {

@@ -149,8 +149,13 @@ class StoreState {
   // ---- the device-resident tier (store_state.cpp)
   /// The address of granule `id` of `entry`'s home (the host pool or the device tier).
   [[nodiscard]] std::byte* block_address(const Entry& entry, uint32_t id) const {
-    return entry.residency() == Residency::kDevicePool ? device_tier->block_address(id)
-                                                       : pool.block_address(id);
+    return home_pool(entry).block_address(id);
+  }
+  /// The pool `entry`'s granules are in. Asked once per entry in the planners' loops, not once
+  /// per granule: without a device tier it is the host pool with no virtual call (the residency
+  /// is the home's, behind GranuleHome).
+  [[nodiscard]] const BlockPool& home_pool(const Entry& entry) const {
+    return device_tier && entry.residency() == Residency::kDevicePool ? device_tier->pool() : pool;
   }
   /// True when a store from a tensor on `device_index` keeps device copies (the tier is on and
   /// lives on that device).
@@ -190,12 +195,29 @@ class StoreState {
   std::atomic<const StorageManager*> storage_manager{nullptr};
 
  private:
-  // Guards index, Entry::state, closed, next_guard. Private: taken through lock_index() only,
+  // Guards index_, Entry::state, closed_, next_guard_. Private: taken through lock_index() only,
   // whose IndexLock every function that needs the lock asks for.
   mutable std::mutex mutex_;
   StoreIndex index_;
+  bool closed_ = false;
+  uint64_t next_guard_ = 0;
 
  public:
+  /// True once close() ran (then every call that changes the index throws; check_open).
+  [[nodiscard]] bool is_closed(const IndexLock& lock) const {
+    (void)lock;
+    return closed_;
+  }
+  /// close(): later calls throw hss::Error. Once set, never cleared.
+  void mark_closed(const IndexLock& lock) {
+    (void)lock;
+    closed_ = true;
+  }
+  /// A new store call's guard: the keys it marks with it are off limits to its own evictions.
+  [[nodiscard]] uint64_t new_guard(const IndexLock& lock) {
+    (void)lock;
+    return ++next_guard_;
+  }
   /// The index, for a holder of the lock only (its token): no walk, publish or erase compiles
   /// without it.
   [[nodiscard]] StoreIndex& index(const IndexLock& lock) {
@@ -206,8 +228,6 @@ class StoreState {
     (void)lock;
     return index_;
   }
-  bool closed = false;
-  uint64_t next_guard = 0;
 
   struct Counters {
     std::atomic<uint64_t> stores{0}, chunks_written{0}, retrieves{0}, hit_tokens{0}, miss_tokens{0},

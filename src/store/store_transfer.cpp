@@ -285,7 +285,7 @@ void StoreTransfer::reserve_import(std::span<const Chunk> chunks,
   {
     const auto lock = store_.lock_index();
     store_.check_open(lock);
-    const uint64_t guard = ++store_.next_guard;  // the keys of this chunk list are off limits
+    const uint64_t guard = store_.new_guard(lock);  // the keys of this chunk list are off limits
     for (const Chunk& chunk : chunks) {
       if (detail::KeyRecord* record = store_.index(lock).find(chunk.key)) record->guard = guard;
     }
