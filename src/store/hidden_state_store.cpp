@@ -53,7 +53,7 @@ bool HiddenStateStore::Impl::has_chunk(const CacheEngineKey& key, Slot slot) con
 bool HiddenStateStore::Impl::drop_key(const CacheEngineKey& key) {
   const auto lock = state.lock_index();
   state.check_open(lock);
-  return state.index(lock).erase(key) > 0;
+  return state.drop_key(lock, key);
 }
 
 std::vector<CacheEngineKey> HiddenStateStore::Impl::lru_keys() const {
@@ -68,11 +68,7 @@ std::vector<CacheEngineKey> HiddenStateStore::Impl::lru_keys() const {
 bool HiddenStateStore::Impl::evict_one_lru() {
   const auto lock = state.lock_index();
   state.check_open(lock);
-  const CacheEngineKey* victim = state.index(lock).eviction_candidate(0, /*freeable_only=*/false);
-  if (victim == nullptr) return false;
-  (void)state.index(lock).erase(*victim);
-  state.counters.hs_evictions.fetch_add(1, std::memory_order_relaxed);
-  return true;
+  return state.evict_for_space(lock, /*guard=*/0, /*freeable_only=*/false);
 }
 
 void HiddenStateStore::Impl::flush() {
@@ -95,7 +91,7 @@ void HiddenStateStore::Impl::close() {
   state.tiers.close();   // the tiers take no more writes (a closed store stores nothing anyway)
   state.leases.clear();  // a closed store exports nothing: its consumers' releases answer false
   const auto lock = state.lock_index();
-  state.index(lock).clear();
+  state.drop_all(lock);
 }
 
 void HiddenStateStore::Impl::check_invariants() const {
@@ -105,8 +101,8 @@ void HiddenStateStore::Impl::check_invariants() const {
   // The free list under the index lock (lock order index -> pool): every grant happens under
   // it, so no granule granted since the snapshot shows up as both free and held. Releases may
   // still come (a detached entry's last reader), but only of granules the index no longer holds.
-  state.pool.free_ids(free_ids);
-  std::vector<uint8_t> owner(state.pool.num_blocks(), 0);
+  state.pool().free_ids(free_ids);
+  std::vector<uint8_t> owner(state.pool().num_blocks(), 0);
   for (uint32_t id : free_ids) {
     if (id >= owner.size()) fail("free granule id " + std::to_string(id) + " out of range");
     if (owner[id]++ != 0) fail("granule " + std::to_string(id) + " is on the free list twice");
@@ -134,7 +130,7 @@ void HiddenStateStore::Impl::check_invariants() const {
       for (size_t j = 0; j < i; ++j) {
         if (record.slots[j]->slot == e.slot) fail("key " + key.to_string() + " has a slot twice");
       }
-      if (e.blocks.size() != state.pool.blocks_for(e.payload_bytes())) {
+      if (e.blocks.size() != state.pool().blocks_for(e.payload_bytes())) {
         fail("entry of key " + key.to_string() + " holds " + std::to_string(e.blocks.size()) +
              " granules for " + std::to_string(e.payload_bytes()) + " bytes");
       }
@@ -156,9 +152,9 @@ void HiddenStateStore::Impl::check_invariants() const {
     fail("LRU list and map disagree on the number of keys");
   if (lru_count != state.index(lock).lru_size()) fail("LRU list and its length disagree");
   // Every entry of the index lives in a node of the entry pool (entry_pool.hpp).
-  if (entries > state.entries.nodes_in_use()) {
+  if (entries > state.entry_nodes_in_use()) {
     fail(std::to_string(entries) + " entries in the index but " +
-         std::to_string(state.entries.nodes_in_use()) + " entry nodes in use");
+         std::to_string(state.entry_nodes_in_use()) + " entry nodes in use");
   }
   if (ready_keys != state.index(lock).ready_keys())
     fail("count of cached keys disagrees with the index");
@@ -190,10 +186,10 @@ HiddenStateStats HiddenStateStore::Impl::stats() const {
       s.per_kind[k].bytes_held = totals.bytes;
     }
   }
-  s.pool_capacity_bytes = state.pool.capacity_bytes();
-  s.pool_free_bytes = state.pool.free_blocks() * state.pool.granule_bytes();
-  s.granule_bytes = state.pool.granule_bytes();
-  s.pinned = state.pool.pinned();
+  s.pool_capacity_bytes = state.pool().capacity_bytes();
+  s.pool_free_bytes = state.pool().free_blocks() * state.pool().granule_bytes();
+  s.granule_bytes = state.pool().granule_bytes();
+  s.pinned = state.pool().pinned();
   s.device_path = state.device_path != nullptr;
   s.stores = state.counters.stores.load();
   s.chunks_written = state.counters.chunks_written.load();

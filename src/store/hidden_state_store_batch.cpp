@@ -34,6 +34,7 @@
 #include <string>
 #include <utility>
 
+#include "base/heap_resource.hpp"
 #include "store/read_pipeline.hpp"
 #include "store/write_pipeline.hpp"
 #include "hss/error.hpp"
@@ -158,13 +159,13 @@ std::vector<StoreResult> WritePipeline::store_batch(std::span<const StoreItem> i
     const size_t chunks = chunks_to_write(lists[list_of[i]].chunks, items[i].options.token_offset);
     item_chunks += chunks;
     const RowFormat format = RowFormat::of(storage_for(items[i].hidden_states));
-    granules += chunks * store_.pool.blocks_for(format.payload_bytes(store_.config.chunk_size,
+    granules += chunks * store_.pool().blocks_for(format.payload_bytes(store_.config.chunk_size,
                                                                      items[i].hidden_states.cols));
   }
   // Upstream: the heap, never the process-wide default resource an application may have set.
   std::pmr::monotonic_buffer_resource arena(
       item_chunks * (sizeof(Write) + sizeof(kernels::WriteSegment)) + 64 * sizeof(Write),
-      std::pmr::new_delete_resource());
+      heap_resource());
   std::vector<StorePlan> plans;
   plans.reserve(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
@@ -226,7 +227,7 @@ std::vector<int64_t> ReadPipeline::retrieve_batch_into(
                 list_of[i]};
   }
   // Host items' pins in one arena for the batch (a walk pins at most min(chunks, 4096) entries
-  // per slot: walk_index's reserve); device items' pins go with their launch, so on the
+  // per slot: pin_prefix's reserve); device items' pins go with their launch, so on the
   // heap. Declared before the walks: it outlives their pins.
   size_t pin_bytes = 0;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -235,11 +236,11 @@ std::vector<int64_t> ReadPipeline::retrieve_batch_into(
           std::min<size_t>(lists[list_of[i]].chunks.size(), 4096) * sizeof(detail::EntryRef);
     }
   }
-  std::pmr::monotonic_buffer_resource arena(pin_bytes + 64, std::pmr::new_delete_resource());
+  std::pmr::monotonic_buffer_resource arena(pin_bytes + 64, heap_resource());
   std::vector<Walk> walks;
   walks.reserve(items.size());
   for (const RetrieveItem& item : items) {
-    walks.emplace_back(item.out.device == Device::kCuda ? std::pmr::new_delete_resource() : &arena);
+    walks.emplace_back(item.out.device == Device::kCuda ? heap_resource() : &arena);
   }
   std::vector<int64_t> rows(items.size());
   retrieve_reads(reads, walks, rows, /*name_items=*/true);

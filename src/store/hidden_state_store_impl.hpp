@@ -1,9 +1,10 @@
 #pragma once
 // HiddenStateStore::Impl: the store's parts, each with one job, over the state they share.
 //
-//   StoreState       store_state.{hpp,cpp}               config, pool, entries, index and its
-//                                                        mutex, copy paths, tiers, counters; the
-//                                                        rules every part applies the same way
+//   StoreState       store_state.{hpp,cpp},              the closed catalog (index, LRU, mutex,
+//                    index_lock.hpp, pinned_walk.hpp     pools, entries: private) behind the
+//                                                        write and read transactions; config,
+//                                                        copy paths, tiers, counters
 //   WritePipeline    write_pipeline.hpp,                 every store call (a single store is a
 //                    hidden_state_store_write.cpp, _batch batch of one plan)
 //   ReadPipeline     read_pipeline.hpp,                  every retrieve call and coverage (a

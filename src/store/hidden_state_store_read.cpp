@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "base/heap_resource.hpp"
 #include "base/log.hpp"
 #include "base/nvtx.hpp"
 #include "datapath/launch_groups.hpp"
@@ -32,43 +33,10 @@ ReadPipeline::Walk ReadPipeline::plan_walk(std::span<const Chunk> chunks,
   {
     const auto lock = store_.lock_index();
     store_.check_open(lock);
-    walk_index(lock, w, chunks, slots);
+    store_.pin_prefix(lock, w, chunks, slots);
   }
   walk_finish(w, pending);
   return w;
-}
-
-void ReadPipeline::walk_index(const IndexLock& lock, Walk& w, std::span<const Chunk> chunks,
-                              std::span<const Slot> slots, detail::RecordLookups* lookups) const {
-  w.chunks = chunks;
-  w.slots = slots.size();
-  size_t present = 0;  // chunks whose every slot is held, READY and of a consistent shape
-  w.pinned.reserve(std::min<size_t>(chunks.size(), 4096) * slots.size());
-  for (; present < chunks.size(); ++present) {
-    const Chunk& chunk = chunks[present];
-    const detail::KeyRecord* record = lookups
-                                          ? lookups->find(store_.index(lock), present, chunk.key)
-                                          : store_.index(lock).find(chunk.key);
-    if (record == nullptr) break;
-    // Each slot is found once and pinned; a chunk that misses any slot unpins its slots again.
-    const size_t chunk_pins = w.pinned.size();
-    size_t s = 0;
-    for (; s < slots.size(); ++s) {
-      const EntryRef* entry = record->find(slots[s]);
-      if (entry == nullptr || !(*entry)->ready() || (*entry)->rows != chunk.size()) break;
-      // A hidden dim that changes part-way (a caller bug) ends the prefix there.
-      if (present > 0 && (*entry)->cols != w.pinned[s]->cols) break;
-      w.any_fence = w.any_fence || (*entry)->fence != nullptr;
-      w.pinned.push_back(*entry);
-      if (store_.device_tier) w.device_pins.push_back((*entry)->device_copy);
-    }
-    if (s != slots.size()) {
-      w.pinned.resize(chunk_pins);  // the index still holds them: no entry dies under the lock
-      if (store_.device_tier) w.device_pins.resize(chunk_pins);
-      break;
-    }
-  }
-  w.hits = static_cast<int64_t>(present);
 }
 
 void ReadPipeline::walk_finish(Walk& w, PendingCopies pending,
@@ -92,7 +60,7 @@ void ReadPipeline::walk_finish(Walk& w, PendingCopies pending,
     }
   }
   // Device-path entries: the rows are there once their copy landed; a copy that failed ends the
-  // prefix and its chunk is dropped (apply_walk), never served. A device-output restore never
+  // prefix and its chunk is dropped (StoreState::end_walk), never served. A device-output restore never
   // waits here: it drops what the fences' cached flags say failed (DevicePath::poll() refreshed
   // them before the walk) and orders itself after the distinct fences still pending.
   // Host-path entries carry no fence: their rows are there, nothing to wait for or order after.
@@ -136,20 +104,21 @@ void ReadPipeline::walk_finish(Walk& w, PendingCopies pending,
     }
   }
   w.pinned.resize(hits * w.slots);
-  if (!w.device_pins.empty()) {
-    w.device_pins.resize(hits * w.slots);
-    for (size_t i = 0; i < w.device_pins.size(); ++i) {
-      if (w.device_pins[i] && w.device_pins[i]->copy_failed()) {  // never served
-        w.failed_device_copies.push_back(w.pinned[i]);
-        w.failed_device_copies.push_back(std::move(w.device_pins[i]));
-        w.device_pins[i] = nullptr;
+  if (w.has_device_pins()) {
+    Walk::Pins& copies = w.device->pins;
+    copies.resize(hits * w.slots);
+    for (size_t i = 0; i < copies.size(); ++i) {
+      if (copies[i] && copies[i]->copy_failed()) {  // never served
+        w.device->failed.push_back(w.pinned[i]);
+        w.device->failed.push_back(std::move(copies[i]));
+        copies[i] = nullptr;
       }
     }
     // A device restore orders itself after the device copies' kernels too (they ran on the
     // storing stream; the host entries' fences are on its copy stream).
     if (pending == PendingCopies::kOrderOnDevice) {
       const size_t before = w.fences.size();
-      for (const EntryRef& copy : w.device_pins) {
+      for (const EntryRef& copy : copies) {
         if (copy && copy->fence && !copy->fence->settled()) w.fences.push_back(copy->fence);
       }
       if (w.fences.size() != before) {
@@ -168,50 +137,19 @@ void ReadPipeline::discard_orphan(const Walk& w) noexcept {
   }
 }
 
-void ReadPipeline::apply_walk(const IndexLock& lock, const Walk& w, detail::RecordLookups* lookups,
-                              int64_t touch_from) noexcept {
-  if (w.orphan) {
-    // KV evicted => hidden states evicted (every slot of the key).
-    if (store_.index(lock).find(w.chunks[*w.orphan].key) != nullptr) {
-      (void)store_.index(lock).erase(w.chunks[*w.orphan].key);
-      store_.counters.coupled_evictions.fetch_add(1, std::memory_order_relaxed);
-    }
-  }
-  if (w.failed_copy && store_.index(lock).erase(w.chunks[*w.failed_copy].key) > 0) {
-    store_.counters.copy_failures.fetch_add(1, std::memory_order_relaxed);  // dropped, never served
-  }
-  // A device copy whose kernel failed is dropped (never served; its host entry stays).
-  for (size_t i = 0; i + 1 < w.failed_device_copies.size(); i += 2) {
-    const EntryRef& host = w.failed_device_copies[i];
-    if (host->device_copy == w.failed_device_copies[i + 1]) {
-      host->device_copy.reset();
-      store_.device_tier->errors.fetch_add(1, std::memory_order_relaxed);
-    }
-  }
-  // Reverse order: chunk 0 ends most recent, so pressure evicts the suffix first.
-  for (int64_t i = w.hits - 1; i >= touch_from; --i) {
-    const auto chunk = static_cast<size_t>(i);
-    const CacheEngineKey& key = w.chunks[chunk].key;
-    if (detail::KeyRecord* record = lookups ? lookups->find(store_.index(lock), chunk, key)
-                                            : store_.index(lock).find(key)) {
-      store_.index(lock).touch(*record);
-    }
-  }
-}
-
 uint64_t ReadPipeline::plan_restore(const Walk& w, size_t slot, int64_t row_begin,
                                 std::vector<kernels::GatherSegment>& segments,
                                 bool device_copies) const {
   segments.clear();
   const int64_t cols = w.cols(slot);
-  const auto granule = static_cast<int64_t>(store_.pool.granule_bytes());
-  const bool from_device = device_copies && !w.device_pins.empty();
+  const auto granule = static_cast<int64_t>(store_.pool().granule_bytes());
+  const bool from_device = device_copies && w.has_device_pins();
   uint64_t device_hits = 0;
   for (int64_t i = 0; i < w.hits; ++i) {
     const Chunk& chunk = w.chunks[static_cast<size_t>(i)];
     if (chunk.end <= row_begin) continue;
     const detail::Entry* copy =
-        from_device ? w.device_pins[static_cast<size_t>(i) * w.slots + slot].get() : nullptr;
+        from_device ? w.device->pins[static_cast<size_t>(i) * w.slots + slot].get() : nullptr;
     device_hits += copy != nullptr ? 1 : 0;
     const detail::Entry& entry = copy != nullptr ? *copy : w.entry(i, slot);
     const int64_t first_row = std::max<int64_t>(0, row_begin - chunk.start);
@@ -256,10 +194,10 @@ void ReadPipeline::plan_scaled_restore(const detail::Entry& entry, int64_t first
 }
 
 bool ReadPipeline::reads_device_copies(int device) const {
-  if (!store_.device_tier) return false;
+  if (!store_.has_device_tier()) return false;
   // Another device reads the copies over peer access where CUDA allows it, else the pool.
-  return device == store_.device_tier->device() ||
-         store_.device_path->peer_access(device, store_.device_tier->device());
+  return device == store_.device_tier_device() ||
+         store_.device_path->peer_access(device, store_.device_tier_device());
 }
 
 void ReadPipeline::check_read(const ReadCall& call) const {
@@ -374,7 +312,7 @@ void ReadPipeline::retrieve_reads(std::span<const ReadItem> reads, std::span<Wal
     const auto lock = store_.lock_index();
     store_.check_open(lock);
     for (size_t i = 0; i < reads.size(); ++i) {
-      walk_index(lock, walks[i], reads[i].chunks, reads[i].slots, reads[i].lookups);
+      store_.pin_prefix(lock, walks[i], reads[i].chunks, reads[i].slots, reads[i].lookups);
     }
   }
   for (size_t i = 0; i < reads.size(); ++i) {
@@ -413,7 +351,7 @@ void ReadPipeline::retrieve_reads(std::span<const ReadItem> reads, std::span<Wal
     // The lookups of the walks stay valid unless a key was erased meanwhile (they look again).
     const auto lock = store_.lock_index();
     for (size_t i = 0; i < reads.size(); ++i) {
-      apply_walk(lock, walks[i], reads[i].lookups, touch_from.empty() ? 0 : touch_from[i]);
+      store_.end_walk(lock, walks[i], reads[i].lookups, touch_from.empty() ? 0 : touch_from[i]);
     }
   }
   if (!store_.tiers.empty()) {
@@ -477,7 +415,7 @@ void ReadPipeline::restore_walks(std::span<Walk> walks, std::span<const ReadItem
                                      detail::to_elem_type(out.dtype)};
       if (out.device == Device::kCuda) {
         const bool device_copies =
-            !w.device_pins.empty() && reads_device_copies(out.device_index);
+            w.has_device_pins() && reads_device_copies(out.device_index);
         device_hits += plan_restore(w, s, row_begin, segments.emplace_back(), device_copies);
         groups.add(out.device_index, reads[i].stream, {segments.back(), view}, i);
       } else {
@@ -492,18 +430,19 @@ void ReadPipeline::restore_walks(std::span<Walk> walks, std::span<const ReadItem
   if (groups.empty()) {  // host outputs only (the common call): nothing to hand on
     for (Walk& w : walks) {
       w.pinned.clear();
-      w.device_pins.clear();
+      if (w.device) w.device->pins.clear();
     }
     return;
   }
   // The device copies a restore reads are pinned with the entries until it has read them.
   for (Walk& w : walks) {
-    for (EntryRef& copy : w.device_pins) {
+    if (!w.device) continue;
+    for (EntryRef& copy : w.device->pins) {
       if (copy) w.pinned.push_back(std::move(copy));
     }
-    w.device_pins.clear();
+    w.device->pins.clear();
   }
-  std::pmr::memory_resource* const heap = std::pmr::new_delete_resource();
+  std::pmr::memory_resource* const heap = heap_resource();
   std::vector<std::shared_ptr<Walk::Pins>> walk_pins(walks.size());
   const auto pins_of = [&](size_t i) {
     if (!walk_pins[i]) {
@@ -549,7 +488,7 @@ void ReadPipeline::restore_walks(std::span<Walk> walks, std::span<const ReadItem
     }
   }
   for (Walk& w : walks) w.pinned.clear();  // the walks' own pins drop; device restores hold theirs
-  if (device_hits != 0) store_.device_tier->hits.fetch_add(device_hits, std::memory_order_relaxed);
+  if (device_hits != 0) store_.count_device_hits(device_hits);
 }
 
 int64_t ReadPipeline::coverage(std::span<const Chunk> chunks,

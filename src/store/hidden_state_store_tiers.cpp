@@ -59,7 +59,7 @@ size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
     store_.check_open(lock);
     guard = store_.new_guard(lock);  // this prefix's keys are off limits to its own inserts' evictions
     for (size_t i = 0; i < chunks.size(); ++i) {
-      detail::KeyRecord* record = store_.index(lock).find(chunks[i].key);
+      detail::KeyRecord* record = store_.find_record(lock, chunks[i].key);
       if (record != nullptr) record->guard = guard;
       for (size_t s = 0; s < slots.size(); ++s) {
         const Slot& slot = slots[s];
@@ -81,7 +81,7 @@ size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
 
   // A slot of unknown width (an allocating retrieve, nothing of the slot held) is still bounded:
   // no value larger than the pool, which could never hold it, is read.
-  const uint64_t pool_bytes = store_.pool.capacity_bytes();
+  const uint64_t pool_bytes = store_.pool().capacity_bytes();
   std::vector<detail::TierRequest> requests;
   requests.reserve(missing.size());
   for (const Missing& m : missing) {
@@ -99,8 +99,7 @@ size_t TierReadThrough::read_through(std::span<const Chunk> chunks,
 
 TierReadThrough::InsertResult TierReadThrough::insert_fetched(
     const Chunk& chunk, Slot slot, const detail::TierValue& value, uint64_t guard) {
-  auto entry = store_.entries.make(store_.pool, value.rows, value.cols, value.format, slot);
-  entry->blocks.reserve(store_.pool.blocks_for(entry->payload_bytes()));
+  auto entry = store_.new_entry(value.rows, value.cols, value.format, slot);
   {
     const auto lock = store_.lock_index();
     if (store_.is_closed(lock)) return InsertResult::kNoRoom;
@@ -109,7 +108,7 @@ TierReadThrough::InsertResult TierReadThrough::insert_fetched(
     // PENDING: invisible and not evictable while its bytes are copied in below.
     if (!store_.reserve_entry(lock, chunk.key, entry, guard, nullptr)) return InsertResult::kNoRoom;
   }
-  detail::fill_entry(*entry, store_.pool, value.payload);  // no lock: a copy
+  detail::fill_entry(*entry, store_.pool(), value.payload);  // no lock: a copy
   const auto lock = store_.lock_index();
   (void)store_.commit_entry(lock, chunk.key, *entry);  // unless dropped meanwhile (close, drop_key)
   return InsertResult::kInserted;
@@ -151,7 +150,7 @@ int64_t TierReadThrough::coverage_walk(std::span<const Chunk> chunks, std::span<
   while (from < chunks.size() && chunks[from].end <= local) ++from;
   if (chunk_tiers != nullptr) {
     chunk_tiers->assign(from, "host");
-    if (store_.device_tier) name_device_chunks(chunks.first(from), slots, *chunk_tiers);
+    if (store_.has_device_tier()) name_device_chunks(chunks.first(from), slots, *chunk_tiers);
   }
   if (store_.tiers.empty()) return local;
   const size_t end = store_.kv_prefix_end(chunks, from);

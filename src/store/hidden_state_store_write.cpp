@@ -88,11 +88,11 @@ void WritePipeline::store_plans(std::span<StorePlan> plans, size_t new_keys,
     std::optional<detail::GranuleStash> stash;  // gives its ids back before the lock ends
     // At most one new key per chunk of each distinct list: the map is sized once for a batch,
     // so no item rehashes it (a single store's insert rehashes when it must).
-    if (several) store_.index(lock).reserve_keys(new_keys);
+    if (several) store_.reserve_keys(lock, new_keys);
     if (granules > 0) {
       // The batch's granules from the pool in one lock (GranuleStash: the same grants, fewer
       // pool locks; an estimate too large only holds ids until the locked section ends).
-      context.stash = &stash.emplace(store_.pool, granules);
+      context.stash = &store_.new_stash(lock, stash, granules);
     }
     size_t i = 0;
     try {
@@ -126,10 +126,7 @@ void WritePipeline::store_plans(std::span<StorePlan> plans, size_t new_keys,
       // Groups enqueued before the failure may still be writing these granules: the entries
       // carry their fence, so withdrawing defers the granules' return until it landed.
       if (plan.fence) {
-        for (const Write& w : plan.writes) {
-          w.entry->fence = plan.fence;
-          w.entry->deferred = &store_.deferred;
-        }
+        for (const Write& w : plan.writes) store_.set_fence(*w.entry, plan.fence);
       }
       abort_plan(lock, plan);
     }
@@ -146,7 +143,7 @@ void WritePipeline::store_plans(std::span<StorePlan> plans, size_t new_keys,
   if (!store_.tiers.empty()) {
     for (const StorePlan& plan : plans) {
       for (const Write& w : plan.writes)
-        store_.tiers.write_behind(plan.chunks[w.chunk].key, w.entry, store_.pool);
+        store_.tiers.write_behind(plan.chunks[w.chunk].key, w.entry, store_.pool());
     }
   }
   // Counters added once per counter.
@@ -189,11 +186,11 @@ void WritePipeline::plan_writes(const IndexLock& lock, const TensorView& hidden,
   auto& writes = plan.writes;
   detail::RecordLookups& lookups = *context.lookups;
   size_t max_segments = 0;
-  size_t max_device_segments = 0;
+  const bool device_copies = store_.keeps_device_copies(hidden.device, hidden.device_index);
   writes.reserve(chunks_to_write(chunks, opt.token_offset));
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& chunk = chunks[i];
-    detail::KeyRecord* record = lookups.find(store_.index(lock), i, chunk.key);
+    detail::KeyRecord* record = store_.find_record(lock, chunk.key, &lookups, i);
     // Every key of the caller's token list is off limits to this call's evictions, the chunks
     // before token_offset included: they are the prefix this call extends.
     if (record) record->guard = guard;
@@ -215,32 +212,28 @@ void WritePipeline::plan_writes(const IndexLock& lock, const TensorView& hidden,
       throw InvalidArgument("a chunk of " + std::to_string(chunk.size()) + " rows x " +
                             std::to_string(hidden.cols) + " columns overflows its byte count");
     }
-    auto entry = store_.entries.make(store_.pool, chunk.size(), hidden.cols, format, slot);
-    const size_t need = store_.pool.blocks_for(*bytes);
-    entry->blocks.reserve(need);
+    const size_t need = store_.pool().blocks_for(*bytes);
+    auto entry = store_.new_entry(chunk.size(), hidden.cols, format, slot, need);
     // A scaled entry's segments stop at every row end (one scale each).
     const size_t entry_segments =
         need +
         (format.scales == detail::ScaleLayout::kNone ? 0 : static_cast<size_t>(chunk.size()));
     max_segments += entry_segments;
     EntryRef device;
-    if (store_.keeps_device_copies(hidden.device, hidden.device_index)) {
-      device = store_.entries.make(*store_.device_tier, chunk.size(), hidden.cols, format, slot);
-      device->blocks.reserve(store_.device_tier->pool().blocks_for(*bytes));
-      max_device_segments += entry_segments;  // the same granule: the same segments
+    if (device_copies) {
+      device = store_.new_device_copy(chunk.size(), hidden.cols, format, slot);
     }
+    // Step 1 of the write transaction (store_state.hpp): the record, found or made empty.
     if (record == nullptr) {
-      record = &store_.index(lock).insert_empty(chunk.key, context.slot_hint);
-      record->guard = guard;
+      record = &store_.open_record(lock, chunk.key, nullptr, guard, context.slot_hint);
       lookups.remember(store_.index(lock), i, *record);
-    } else if (record->slots.size() == record->slots.capacity()) {
-      record->slots.reserve(record->slots.size() + context.slot_hint);
+    } else {
+      (void)store_.open_record(lock, chunk.key, record, guard, context.slot_hint);
     }
     record->planned = guard;
     writes.push_back({i, std::move(entry), replaces, nullptr, std::move(device)});  // no throw
   }
   plan.segments.reserve(max_segments);
-  plan.device_segments.reserve(max_device_segments);
 }
 
 void WritePipeline::reserve_and_apply(const IndexLock& lock, const TensorView& hidden,
@@ -265,22 +258,19 @@ void WritePipeline::reserve_and_apply(const IndexLock& lock, const TensorView& h
     if (chunk.start < opt.token_offset) continue;
     if (next_write < writes.size() && writes[next_write].chunk == i) {
       Write& w = writes[next_write];
-      // Every write's record is in the map (found or inserted above) and guarded: evictions
-      // never take it, but any erase makes the lookups look again.
-      detail::KeyRecord* record = lookups.find(store_.index(lock), i, chunk.key);
-      if (w.replaces != nullptr) store_.index(lock).detach_slot(*record, w.replaces);
-      if (!store_.grant_blocks(lock, *w.entry, guard, context.stash))
+      // Step 2 of the write transaction. Every write's record is in the map (found or inserted
+      // above) and guarded: evictions never take it, but any erase makes the lookups look again.
+      const auto find_record = [&] { return store_.find_record(lock, chunk.key, &lookups, i); };
+      if (!store_.reserve(lock, find_record, w.entry, guard, w.replaces, context.stash))
         break;  // stop here: the cached range stays contiguous
       // No room on the device: the entry is stored without a device copy (not a failure).
       if (w.device && !store_.grant_device_blocks(lock, *w.device, guard)) w.device.reset();
-      record = lookups.find(store_.index(lock), i, chunk.key);
-      store_.add_pending_entry(lock, *record, w.entry, guard);
-      w.record = record;
+      w.record = find_record();
       ++next_write;
       ++granted;
       ++plan.cached;
-    } else if (detail::KeyRecord* record = lookups.find(store_.index(lock), i, chunk.key)) {
-      store_.index(lock).touch(*record);  // already cached for the slot with this shape
+    } else if (detail::KeyRecord* record = store_.find_record(lock, chunk.key, &lookups, i)) {
+      store_.touch(lock, *record);  // already cached for the slot with this shape
       ++plan.cached;
     }
   }
@@ -296,8 +286,8 @@ void WritePipeline::drop_empty_records(const IndexLock& lock, StorePlan& plan,
   for (size_t k = from; k < plan.writes.size(); ++k) {
     const size_t chunk = plan.writes[k].chunk;
     if (detail::KeyRecord* record =
-            lookups.find(store_.index(lock), chunk, plan.chunks[chunk].key)) {
-      store_.index(lock).erase_if_empty(*record);
+            store_.find_record(lock, plan.chunks[chunk].key, &lookups, chunk)) {
+      store_.close_record(lock, *record);
     }
   }
 }
@@ -350,22 +340,39 @@ void WritePipeline::copy_plans(std::span<StorePlan> plans) {
 void WritePipeline::write_device_copies(std::span<StorePlan> plans, std::span<const size_t> items,
                                         int device_index, Stream stream) noexcept {
   std::vector<detail::StoreJob> jobs;
+  // The group's device segments, here rather than in each plan (a plan stays small: see
+  // PinnedWalk::DeviceCopies). Reserved whole first, so the jobs' spans into it stay valid;
+  // store_batch reads them as it enqueues (its tables), before this returns.
+  std::pmr::vector<kernels::WriteSegment> segments(heap_resource());
   try {
+    size_t max_segments = 0;
+    for (const size_t i : items) {
+      for (const Write& w : plans[i].writes) {
+        // As plan_writes counts a host entry's: its granules, plus a row end each when scaled.
+        if (w.device) {
+          max_segments += w.device->blocks.size() +
+                          (w.device->format.scales == detail::ScaleLayout::kNone
+                               ? 0
+                               : static_cast<size_t>(w.device->rows));
+        }
+      }
+    }
+    segments.reserve(max_segments);
     jobs.reserve(items.size());
     for (const size_t i : items) {
       StorePlan& plan = plans[i];
-      const size_t first = plan.device_segments.size();
+      const size_t first = segments.size();
       for (const Write& w : plan.writes) {
         if (!w.device) continue;
         const Chunk& chunk = plan.chunks[w.chunk];
         append_entry_segments(*w.device, chunk.start - plan.options->token_offset,
-                              plan.hidden->cols, plan.esize, plan.device_segments);
+                              plan.hidden->cols, plan.esize, segments);
       }
-      if (plan.device_segments.size() == first) continue;
+      if (segments.size() == first) continue;
       const TensorView& hidden = *plan.hidden;
       jobs.push_back({{hidden.data, detail::to_elem_type(hidden.dtype), hidden.cols,
                        hidden.stride()},
-                      std::span<const kernels::WriteSegment>(plan.device_segments).subspan(first)});
+                      std::span<const kernels::WriteSegment>(segments).subspan(first)});
     }
     if (jobs.empty()) return;
     // Device memory is device-mapped: store_batch runs its one kernel straight into it, on the
@@ -374,8 +381,7 @@ void WritePipeline::write_device_copies(std::span<StorePlan> plans, std::span<co
     for (const size_t i : items) {
       for (const Write& w : plans[i].writes) {
         if (!w.device) continue;
-        w.device->fence = fence;
-        w.device->deferred = store_.device_deferred.get();
+        store_.set_fence(*w.device, fence);
       }
     }
   } catch (const std::exception& e) {
@@ -384,7 +390,7 @@ void WritePipeline::write_device_copies(std::span<StorePlan> plans, std::span<co
     for (const size_t i : items) {
       for (const Write& w : plans[i].writes) lost += w.device ? 1 : 0;
     }
-    store_.device_tier->errors.fetch_add(lost, std::memory_order_relaxed);
+    store_.count_device_errors(lost);
     detail::log(detail::LogLevel::kWarn,
                 std::string("device-resident tier: device copies not written: ") + e.what());
     // Their granules go back as the plan ends (no fence: nothing enqueued still writes them).
@@ -425,14 +431,16 @@ kernels::SourceView WritePipeline::plan_segments(StorePlan& plan, const TensorVi
   return {hidden.data, detail::to_elem_type(hidden.dtype), hidden.cols, hidden.stride()};
 }
 
-void WritePipeline::append_entry_segments(const detail::Entry& entry, int64_t src_row0,
-                                          int64_t cols, int64_t esize,
-                                          std::pmr::vector<kernels::WriteSegment>& segments) const {
+// Inlined into both callers (this file only): a call per write cost a one-chunk batch item
+// ~2% of its instructions (callgrind).
+__attribute__((always_inline)) inline void WritePipeline::append_entry_segments(
+    const detail::Entry& entry, int64_t src_row0, int64_t cols, int64_t esize,
+    std::pmr::vector<kernels::WriteSegment>& segments) const {
   if (entry.format.scales != detail::ScaleLayout::kNone) {
     plan_scaled_segments(entry, src_row0, segments);
     return;
   }
-  const auto granule = static_cast<int64_t>(store_.pool.granule_bytes());
+  const auto granule = static_cast<int64_t>(store_.pool().granule_bytes());
   const detail::BlockPool& home = store_.home_pool(entry);
   kernels::for_each_block_piece(
       0, entry.rows * cols, esize, granule,
@@ -464,8 +472,7 @@ void WritePipeline::plan_scaled_segments(const detail::Entry& entry, int64_t src
 
 void WritePipeline::commit_plan(const IndexLock& lock, StorePlan& plan) noexcept {
   for (Write& w : plan.writes) {
-    w.entry->fence = plan.fence;
-    if (plan.fence) w.entry->deferred = &store_.deferred;
+    store_.set_fence(*w.entry, plan.fence);
     // An entry dropped meanwhile (drop_key, close, a coupled eviction) stays detached. Without
     // any erase since phase 1 the record found there is still the key's.
     (void)store_.commit_entry(lock, plan.chunks[w.chunk].key, *w.entry,

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "hss/hidden_state_store.hpp"
+#include "store/pinned_walk.hpp"
 #include "store/store_state.hpp"
 
 namespace hss::detail {
@@ -68,63 +69,20 @@ class ReadPipeline {
   // ---- the walk, shared with the export side (StoreTransfer)
   /// What a prefix walk found, before anything changed: the pinned entries of the prefix
   /// ([chunk][slot] flattened), the chunk whose KV is gone (to drop), the prefix length.
-  struct Walk {
-    /// The walk's pins: on the heap, or in a batch's arena (retrieve_batch_into's host items,
-    /// one allocation for the batch); restore_walks never lets an arena's pins outlive the call.
-    using Pins = std::pmr::vector<EntryRef>;
-    explicit Walk(std::pmr::memory_resource* memory = std::pmr::new_delete_resource())
-        : pinned(memory), device_pins(memory), failed_device_copies(memory) {}
-    Walk(Walk&&) = default;
-    Walk& operator=(Walk&&) = default;
-    Walk(const Walk&) = delete;  // a copy's pins would take the process-wide default resource
-    Walk& operator=(const Walk&) = delete;
-    ~Walk() = default;
-
-    std::span<const Chunk> chunks;
-    size_t slots = 0;
-    Pins pinned;
-    /// The device copies of `pinned` (same index; null where an entry has none), pinned with
-    /// them; empty when the store has no device-resident tier.
-    Pins device_pins;
-    /// Device copies whose kernel failed, each after its host entry (pairs): apply drops them.
-    Pins failed_device_copies;
-    int64_t hits = 0;
-    std::optional<size_t> orphan;       // KV gone here: drop the key, prefix ends here
-    std::optional<size_t> failed_copy;  // a device copy into this chunk failed: drop it
-    int64_t prefix_tokens = 0;
-    std::vector<FenceRef> fences;  // distinct unlanded fences of the prefix (no host wait)
-    bool any_fence = false;  // a pinned entry carries a fence (device path): walk_finish checks
-
-    [[nodiscard]] const Entry& entry(int64_t chunk, size_t slot) const {
-      return *pinned[static_cast<size_t>(chunk) * slots + slot];
-    }
-    [[nodiscard]] int64_t cols(size_t slot) const { return hits == 0 ? 0 : entry(0, slot).cols; }
-  };
-  /// Walks the chunks: slot presence under the lock, KV presence outside it, fence waits. Pins
-  /// what it returns; changes nothing. Throws hss::Error when the store is closed.
-  /// What the walk does about a chunk whose device copy is still in flight:
-  ///   kWaitOnHost     host outputs, exports: wait for the copy; a failed one ends the prefix.
-  ///   kOrderOnDevice  device outputs: no host wait; the restore orders itself after the entries'
-  ///                   fences on the device (Walk::fences); cached failure flags end the prefix.
-  ///   kQuery          coverage(): no host wait and no ordering; the copy counts as there unless a
-  ///                   non-blocking query says it failed (a restore would get its rows).
-  enum class PendingCopies { kWaitOnHost, kOrderOnDevice, kQuery };
+  /// The read transaction (store/pinned_walk.hpp).
+  using Walk = PinnedWalk;
+  /// Walks the chunks: slot presence under the lock (StoreState::pin_prefix), KV presence
+  /// outside it, fence waits (`pending`, pinned_walk.hpp). Pins what it returns; changes
+  /// nothing. Throws hss::Error when the store is closed.
+  using PendingCopies = detail::PendingCopies;
   Walk plan_walk(std::span<const Chunk> chunks, std::span<const Slot> slots,
                  PendingCopies pending = PendingCopies::kWaitOnHost) const;
-  /// Applies a walk, mutex held by the caller: drops the orphan (coupled eviction) and failed
-  /// chunks, touches the prefix in reverse order. Never throws. (retrieve_reads counts.)
-  /// `touch_from`: the chunks before it are touched again later in the same locked section (a
-  /// batch's later item of the same list), so touching them here would not change the order.
-  void apply_walk(const IndexLock& lock, const Walk& w, RecordLookups* lookups = nullptr,
-                  int64_t touch_from = 0) noexcept;
   /// After a walk was applied (no lock held): the backing tiers may drop the orphan's values
   /// (its KV is gone; tiers/backing_tier.hpp, discard).
   void discard_orphan(const Walk& w) noexcept;
  private:
-  /// plan_walk in two parts: the index part (caller holds mutex), then KV and fences (no lock).
-  /// `lookups` (optional): the chunk list's record lookups, shared by the items of a batch.
-  void walk_index(const IndexLock& lock, Walk& w, std::span<const Chunk> chunks,
-                  std::span<const Slot> slots, RecordLookups* lookups = nullptr) const;
+  /// plan_walk's second part, after the index part (StoreState::pin_prefix): KV and fences,
+  /// no lock held.
   /// `kv_answers` (optional): the chunk list's KV answers, shared by the items of a batch.
   void walk_finish(Walk& w, PendingCopies pending, KvAnswers* kv_answers = nullptr) const;
   /// The checks of `outs` against what the walk found (InvalidArgument, nothing changed).

@@ -27,7 +27,7 @@ void for_each_scaled_piece(const StoreState& store, const Entry& entry, int64_t 
     case ScaleLayout::kNone:
       return;
   }
-  const auto granule = static_cast<uint64_t>(store.pool.granule_bytes());
+  const auto granule = static_cast<uint64_t>(store.pool().granule_bytes());
   const uint64_t scale_offset = RowFormat::scale_offset(entry.rows, entry.cols);
   const BlockPool& home = store.home_pool(entry);
   for (int64_t r = first_row; r < entry.rows; ++r) {

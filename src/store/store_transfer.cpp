@@ -94,7 +94,7 @@ void StoreTransfer::refuse_export(const std::string& why, bool bad_request) cons
 
 std::vector<MemoryRegion> StoreTransfer::memory_regions() const {
   return {
-      {reinterpret_cast<uint64_t>(store_.pool.block_address(0)), store_.pool.capacity_bytes(), store_.pool.pinned()}};
+      {reinterpret_cast<uint64_t>(store_.pool().block_address(0)), store_.pool().capacity_bytes(), store_.pool().pinned()}};
 }
 
 ChunkExport StoreTransfer::export_chunks(std::span<const Chunk> chunks,
@@ -130,7 +130,7 @@ ChunkExport StoreTransfer::export_chunks(std::span<const Chunk> chunks,
   ReadPipeline::Walk w = read_.plan_walk(chunks, slots, ReadPipeline::PendingCopies::kWaitOnHost);
   {
     const auto lock = store_.lock_index();
-    read_.apply_walk(lock, w);  // drops an orphan (KV gone here), touches the prefix; no retrieve
+    store_.end_walk(lock, w);  // drops an orphan (KV gone here), touches the prefix; no retrieve
   }
   read_.discard_orphan(w);
   ChunkExport out;
@@ -149,7 +149,7 @@ ChunkExport StoreTransfer::export_chunks(std::span<const Chunk> chunks,
       const EntryRef& entry = w.pinned[c * slots.size() + s];
       // Computed once per entry: its bytes never change while it is READY (or leased).
       std::call_once(entry->digest_once, [&] {
-        const auto pieces = detail::entry_pieces(*entry, store_.pool);
+        const auto pieces = detail::entry_pieces(*entry, store_.pool());
         entry->digest.hash = detail::hash_pieces(pieces);
         if (store_.mac) {
           detail::RemoteHeader header{entry->format, entry->rows, entry->cols,
@@ -168,7 +168,7 @@ ChunkExport StoreTransfer::export_chunks(std::span<const Chunk> chunks,
                                         entry->digest.mac ? detail::kRemoteFlagMac : uint8_t{0}};
       detail::encode_remote_header(header, e.header);
       e.mac = entry->digest.mac;
-      e.extents = entry_extents(*entry, store_.pool);
+      e.extents = entry_extents(*entry, store_.pool());
       bytes += entry->payload_bytes();
       out.entries.push_back(std::move(e));
       pins.push_back(entry);
@@ -268,10 +268,8 @@ void StoreTransfer::reserve_import(std::span<const Chunk> chunks,
     item.header_bytes = e.header;
     item.mac = e.mac;
     // The entry keeps the producer's row format (FP8: its codes and scales, bit for bit).
-    item.entry =
-        store_.entries.make(store_.pool, header->rows, header->cols, header->format, e.slot);
     // Capacity only: granules are granted under the lock (an Entry releases what `blocks` holds).
-    item.entry->blocks.reserve(store_.pool.blocks_for(payload));
+    item.entry = store_.new_entry(header->rows, header->cols, header->format, e.slot);
     items.push_back(std::move(item));
   }
   state.chunks.assign(chunks.begin(), chunks.end());
@@ -286,9 +284,7 @@ void StoreTransfer::reserve_import(std::span<const Chunk> chunks,
     const auto lock = store_.lock_index();
     store_.check_open(lock);
     const uint64_t guard = store_.new_guard(lock);  // the keys of this chunk list are off limits
-    for (const Chunk& chunk : chunks) {
-      if (detail::KeyRecord* record = store_.index(lock).find(chunk.key)) record->guard = guard;
-    }
+    store_.guard_keys(lock, chunks, guard);
     try {
       for (; granted < items.size(); ++granted) {
         Reservation::State::Item& item = items[granted];
@@ -324,7 +320,7 @@ void StoreTransfer::reserve_import(std::span<const Chunk> chunks,
   }
   for (size_t i = 0; i < granted; ++i) {
     if (skipped[i]) continue;
-    state.reserved.push_back({i, entry_extents(*items[i].entry, store_.pool)});
+    state.reserved.push_back({i, entry_extents(*items[i].entry, store_.pool())});
     state.items.push_back(std::move(items[i]));
   }
   // `reserved[k].source_entry` names the source entry: item i is source entry i.
@@ -337,7 +333,7 @@ size_t StoreTransfer::check_import(Reservation::State& state, size_t first,
   size_t failed = 0;
   for (size_t i = first; i < first + count; ++i) {
     Reservation::State::Item& item = state.items[i];
-    const auto pieces = detail::entry_pieces(*item.entry, store_.pool);
+    const auto pieces = detail::entry_pieces(*item.entry, store_.pool());
     item.check = detail::hash_pieces(pieces) == item.header.payload_hash ? Check::kPass
                                                                          : Check::kBadChecksum;
     if (item.check == Check::kPass && store_.mac) {

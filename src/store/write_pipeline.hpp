@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "base/heap_resource.hpp"
 #include "hss/hidden_state_store.hpp"
 #include "store/store_state.hpp"
 
@@ -105,8 +106,8 @@ struct WritePipeline::Write {
 struct WritePipeline::StorePlan {
   // A batch gives every item's vectors one arena (one allocation for the batch instead of two
   // per item); a single store uses the heap.
-  explicit StorePlan(std::pmr::memory_resource* memory = std::pmr::new_delete_resource())
-      : writes(memory), segments(memory), device_segments(memory) {}
+  explicit StorePlan(std::pmr::memory_resource* memory = heap_resource())
+      : writes(memory), segments(memory) {}
 
   // The item: set by the caller of store_plans.
   std::span<const Chunk> chunks;
@@ -118,7 +119,6 @@ struct WritePipeline::StorePlan {
   bool allowed = false;            // the slot passed the allowlists (phase 1)
   std::pmr::vector<Write> writes;  // planned; after phase 1: the granted ones, in chunk order
   std::pmr::vector<kernels::WriteSegment> segments;
-  std::pmr::vector<kernels::WriteSegment> device_segments;  // of the writes' device copies
   FenceRef fence;
   int64_t cached = 0;
   int64_t esize = 0;

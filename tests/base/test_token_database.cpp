@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "hss/config.hpp"
@@ -93,6 +94,36 @@ TEST(TokenDatabase, TokensOutsideUint32AreRejected) {
                InvalidArgument);
   const auto ok = db.process_tokens(std::vector<int64_t>{1, 2, int64_t{UINT32_MAX}, 3});
   EXPECT_EQ(ok.size(), 1u);
+}
+
+TEST(TokenDatabase, TheFirstIdOutsideUint32IsNamedWhereverItIs) {
+  // The range check ORs the ids' high bits over the list, then looks for the first bad one:
+  // every kind of bad id is caught, in a long list too, and the message names the first.
+  ChunkedTokenDatabase db(256, true);
+  const auto message = [&](const auto& tokens) -> std::string {
+    try {
+      (void)db.process_tokens(tokens);
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "no InvalidArgument";
+  };
+  std::vector<int64_t> wide(10000, 7);
+  wide[9999] = -1;
+  wide[5003] = std::numeric_limits<int64_t>::min();
+  wide[7000] = int64_t{1} << 40;
+  EXPECT_NE(message(wide).find("token_ids[5003] = -9223372036854775808"), std::string::npos)
+      << message(wide);
+  wide[5003] = int64_t{UINT32_MAX} + 1;
+  EXPECT_NE(message(wide).find("token_ids[5003] = 4294967296"), std::string::npos);
+  std::vector<int32_t> narrow(1000, 3);
+  narrow[999] = std::numeric_limits<int32_t>::min();
+  narrow[998] = std::numeric_limits<int32_t>::max();  // in range
+  EXPECT_NE(message(narrow).find("token_ids[999] = -2147483648"), std::string::npos);
+  narrow[999] = 0;
+  EXPECT_EQ(db.process_tokens(narrow).size(), 4U);  // 3 full chunks of 256 and the rest
+  std::vector<int64_t> top(300, int64_t{UINT32_MAX});
+  EXPECT_EQ(db.process_tokens(top).size(), 2U);
 }
 
 TEST(TokenDatabase, ChunkSizeMustBePositive) {

@@ -3,7 +3,8 @@
 # DEFINES, `|`-separated), COMPILER checks the syntax of each sample of lock_token_samples/:
 # - holds_the_lock.cpp compiles (the samples are set up right);
 # - every other sample (no token, the index or the mutex reached directly, a forged or copied
-#   token) fails, and for an access reason (a private member, a deleted or missing function),
+#   token, the index changed through its read-only view, the pool's granules or its entry nodes
+#   taken past the write transaction) fails, and for an access reason (a private member, a deleted or missing function),
 #   not for an unrelated error.
 cmake_minimum_required(VERSION 3.25)
 set(samples ${CMAKE_CURRENT_LIST_DIR}/lock_token_samples)
@@ -28,12 +29,13 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "holds_the_lock.cpp must compile:\n${out}")
 endif()
 set(refused 0)
-foreach(name no_token index_without_lock forged_token raw_mutex copied_token)
+foreach(name no_token index_without_lock forged_token raw_mutex copied_token
+             index_changed_directly pool_granted_directly entry_pool_reached)
   check_sample(${name} rc out)
   if(rc EQUAL 0)
     message(FATAL_ERROR "${name}.cpp compiled: the index lock's rule does not hold")
   endif()
-  if(NOT out MATCHES "private|protected|deleted|no matching|too few arguments|candidate expects")
+  if(NOT out MATCHES "private|protected|deleted|no matching|too few arguments|candidate expects|discards qualifiers|passing .const")
     message(FATAL_ERROR "${name}.cpp failed for another reason than the lock's rule:\n${out}")
   endif()
   math(EXPR refused "${refused} + 1")
