@@ -80,11 +80,15 @@ void WritePipeline::store_plans(std::span<StorePlan> plans, size_t new_keys,
   store_.reclaim_device_resources();
   store_.expire_leases();
   const bool several = plans.size() > 1;
+  // Declared before the locked sections: the copies not attached at commit die with the call
+  // (their granules after their fence).
+  DeviceCopies device_copies;
   {
     HSS_RANGE("store/alloc");
     const auto lock = store_.lock_index();
     store_.check_open(lock);
     PlanContext context;
+    context.device_copies = &device_copies;
     std::optional<detail::GranuleStash> stash;  // gives its ids back before the lock ends
     // At most one new key per chunk of each distinct list: the map is sized once for a batch,
     // so no item rehashes it (a single store's insert rehashes when it must).
@@ -119,7 +123,7 @@ void WritePipeline::store_plans(std::span<StorePlan> plans, size_t new_keys,
   // 2. Copies outside the lock. A failure withdraws every plan's reservations: the call is all
   //    or nothing (copies already enqueued land in granules freed once their fence lands).
   try {
-    copy_plans(plans);
+    copy_plans(plans, device_copies);
   } catch (...) {
     const auto lock = store_.lock_index();
     for (StorePlan& plan : plans) {
@@ -136,7 +140,7 @@ void WritePipeline::store_plans(std::span<StorePlan> plans, size_t new_keys,
   // 3. One lock to publish.
   {
     const auto lock = store_.lock_index();
-    for (StorePlan& plan : plans) commit_plan(lock, plan);
+    for (StorePlan& plan : plans) commit_plan(lock, plan, device_copies);
   }
   // Write-behind: the backing tiers borrow each written entry (its fence included) and never
   // make this call wait for their I/O.
@@ -219,9 +223,11 @@ void WritePipeline::plan_writes(const IndexLock& lock, const TensorView& hidden,
         need +
         (format.scales == detail::ScaleLayout::kNone ? 0 : static_cast<size_t>(chunk.size()));
     max_segments += entry_segments;
-    EntryRef device;
+    uint32_t device = Write::kNoDevice;
     if (device_copies) {
-      device = store_.new_device_copy(chunk.size(), hidden.cols, format, slot);
+      context.device_copies->copies.push_back(
+          store_.new_device_copy(chunk.size(), hidden.cols, format, slot));
+      device = static_cast<uint32_t>(context.device_copies->copies.size() - 1);
     }
     // Step 1 of the write transaction (store_state.hpp): the record, found or made empty.
     if (record == nullptr) {
@@ -231,7 +237,8 @@ void WritePipeline::plan_writes(const IndexLock& lock, const TensorView& hidden,
       (void)store_.open_record(lock, chunk.key, record, guard, context.slot_hint);
     }
     record->planned = guard;
-    writes.push_back({i, std::move(entry), replaces, nullptr, std::move(device)});  // no throw
+    writes.push_back(
+        {static_cast<uint32_t>(i), device, std::move(entry), replaces, nullptr});  // no throw
   }
   plan.segments.reserve(max_segments);
 }
@@ -264,7 +271,10 @@ void WritePipeline::reserve_and_apply(const IndexLock& lock, const TensorView& h
       if (!store_.reserve(lock, find_record, w.entry, guard, w.replaces, context.stash))
         break;  // stop here: the cached range stays contiguous
       // No room on the device: the entry is stored without a device copy (not a failure).
-      if (w.device && !store_.grant_device_blocks(lock, *w.device, guard)) w.device.reset();
+      if (Entry* copy = context.device_copies->of(w);
+          copy != nullptr && !store_.grant_device_blocks(lock, *copy, guard)) {
+        context.device_copies->copies[w.device].reset();
+      }
       w.record = find_record();
       ++next_write;
       ++granted;
@@ -299,7 +309,7 @@ size_t WritePipeline::chunks_to_write(std::span<const Chunk> chunks,
   return static_cast<size_t>(chunks.end() - first);
 }
 
-void WritePipeline::copy_plans(std::span<StorePlan> plans) {
+void WritePipeline::copy_plans(std::span<StorePlan> plans, DeviceCopies& device_copies) {
   // Host plans copy now; device plans are grouped per (device, stream), one launch per group.
   detail::LaunchGroups<detail::StoreJob> groups;
   // One range for the call's host copies, opened at the first (a range per plan cost a batch
@@ -332,13 +342,14 @@ void WritePipeline::copy_plans(std::span<StorePlan> plans) {
     }
     for (const size_t i : group.items) plans[i].fence = fence;
     if (store_.keeps_device_copies(Device::kCuda, group.device_index)) {
-      write_device_copies(plans, group.items, group.device_index, group.stream);
+      write_device_copies(plans, group.items, group.device_index, group.stream, device_copies);
     }
   }
 }
 
 void WritePipeline::write_device_copies(std::span<StorePlan> plans, std::span<const size_t> items,
-                                        int device_index, Stream stream) noexcept {
+                                        int device_index, Stream stream,
+                                        DeviceCopies& device_copies) noexcept {
   std::vector<detail::StoreJob> jobs;
   // The group's device segments, here rather than in each plan (a plan stays small: see
   // PinnedWalk::DeviceCopies). Reserved whole first, so the jobs' spans into it stay valid;
@@ -349,11 +360,9 @@ void WritePipeline::write_device_copies(std::span<StorePlan> plans, std::span<co
     for (const size_t i : items) {
       for (const Write& w : plans[i].writes) {
         // As plan_writes counts a host entry's: its granules, plus a row end each when scaled.
-        if (w.device) {
-          max_segments += w.device->blocks.size() +
-                          (w.device->format.scales == detail::ScaleLayout::kNone
-                               ? 0
-                               : static_cast<size_t>(w.device->rows));
+        if (const Entry* copy = device_copies.of(w)) {
+          const bool scaled = copy->format.scales != detail::ScaleLayout::kNone;
+          max_segments += copy->blocks.size() + (scaled ? static_cast<size_t>(copy->rows) : 0);
         }
       }
     }
@@ -363,9 +372,10 @@ void WritePipeline::write_device_copies(std::span<StorePlan> plans, std::span<co
       StorePlan& plan = plans[i];
       const size_t first = segments.size();
       for (const Write& w : plan.writes) {
-        if (!w.device) continue;
+        const Entry* copy = device_copies.of(w);
+        if (copy == nullptr) continue;
         const Chunk& chunk = plan.chunks[w.chunk];
-        append_entry_segments(*w.device, chunk.start - plan.options->token_offset,
+        append_entry_segments(*copy, chunk.start - plan.options->token_offset,
                               plan.hidden->cols, plan.esize, segments);
       }
       if (segments.size() == first) continue;
@@ -380,15 +390,14 @@ void WritePipeline::write_device_copies(std::span<StorePlan> plans, std::span<co
     const detail::FenceRef fence = store_.device_path->store_batch(jobs, device_index, stream);
     for (const size_t i : items) {
       for (const Write& w : plans[i].writes) {
-        if (!w.device) continue;
-        store_.set_fence(*w.device, fence);
+        if (Entry* copy = device_copies.of(w)) store_.set_fence(*copy, fence);
       }
     }
   } catch (const std::exception& e) {
     // The device copies are lost, the host entries stand: the tier is a cache.
     size_t lost = 0;
     for (const size_t i : items) {
-      for (const Write& w : plans[i].writes) lost += w.device ? 1 : 0;
+      for (const Write& w : plans[i].writes) lost += device_copies.of(w) != nullptr ? 1 : 0;
     }
     store_.count_device_errors(lost);
     detail::log(detail::LogLevel::kWarn,
@@ -470,7 +479,8 @@ void WritePipeline::plan_scaled_segments(const detail::Entry& entry, int64_t src
       });
 }
 
-void WritePipeline::commit_plan(const IndexLock& lock, StorePlan& plan) noexcept {
+void WritePipeline::commit_plan(const IndexLock& lock, StorePlan& plan,
+                                const DeviceCopies& device_copies) noexcept {
   for (Write& w : plan.writes) {
     store_.set_fence(*w.entry, plan.fence);
     // An entry dropped meanwhile (drop_key, close, a coupled eviction) stays detached. Without
@@ -479,7 +489,10 @@ void WritePipeline::commit_plan(const IndexLock& lock, StorePlan& plan) noexcept
                               plan.epoch == store_.index(lock).erasures() ? w.record : nullptr);
     // The device copy joins its entry once its kernel was enqueued (it then has a fence); a
     // published entry only (one dropped meanwhile takes no copy).
-    if (w.device && w.device->fence && w.entry->ready()) w.entry->device_copy = w.device;
+    if (w.device != Write::kNoDevice) {
+      const EntryRef& copy = device_copies.copies[w.device];
+      if (copy && copy->fence && w.entry->ready()) w.entry->device_copy = copy;
+    }
   }
 }
 

@@ -78,7 +78,8 @@ struct PinnedWalk {
 /// What the walk does about a chunk whose device copy is still in flight:
 ///   kWaitOnHost     host outputs, exports: wait for the copy; a failed one ends the prefix.
 ///   kOrderOnDevice  device outputs: no host wait; the restore orders itself after the entries'
-///                   fences on the device (PinnedWalk::fences); cached failure flags end the prefix.
+///                   fences on the device (PinnedWalk::fences); cached failure flags end the
+///                   prefix.
 ///   kQuery          coverage(): no host wait and no ordering; the copy counts as there unless a
 ///                   non-blocking query says it failed (a restore would get its rows).
 enum class PendingCopies { kWaitOnHost, kOrderOnDevice, kQuery };

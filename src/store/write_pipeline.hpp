@@ -36,6 +36,7 @@ class WritePipeline {
  private:
   /// Store phases (hidden_state_store_write.cpp).
   struct Write;
+  struct DeviceCopies;
   struct StorePlan;
   struct PlanContext;
   /// Arguments already validated: store_plans for one plan.
@@ -50,7 +51,7 @@ class WritePipeline {
   /// Phase 2: host plans copied now; device plans grouped per (device, stream)
   /// (launch_groups.hpp): a group of one job is DevicePath::store (hidden_state_store_impl), a
   /// group of several one DevicePath::store_batch launch whose fence every plan of it carries.
-  void copy_plans(std::span<StorePlan> plans);
+  void copy_plans(std::span<StorePlan> plans, DeviceCopies& device_copies);
   /// Host stores: merges segments that continue each other in the source and the pool.
   static void merge_host_runs(std::pmr::vector<kernels::WriteSegment>& segments,
                               int64_t cols) noexcept;
@@ -66,7 +67,7 @@ class WritePipeline {
   /// device copies; their fence goes on each copy. A failure loses the device copies only (the
   /// host entries stand), counted in the tier's errors.
   void write_device_copies(std::span<StorePlan> plans, std::span<const size_t> items,
-                           int device_index, Stream stream) noexcept;
+                           int device_index, Stream stream, DeviceCopies& device_copies) noexcept;
   /// The segments of a scaled entry (8-bit storage): one per row and granule, each with its
   /// row's scale address (appended to `segments`, reserved in phase 1).
   void plan_scaled_segments(const Entry& entry, int64_t src_row0,
@@ -84,7 +85,8 @@ class WritePipeline {
   /// or emptied by a replacement, and not filled): a plan that throws or stops early.
   void drop_empty_records(const IndexLock& lock, StorePlan& plan, RecordLookups& lookups,
                           size_t from) noexcept;
-  void commit_plan(const IndexLock& lock, StorePlan& plan) noexcept;
+  void commit_plan(const IndexLock& lock, StorePlan& plan,
+                   const DeviceCopies& device_copies) noexcept;
   void abort_plan(const IndexLock& lock, StorePlan& plan) noexcept;
   /// The chunks a store with `token_offset` may write (those starting at or after it).
   [[nodiscard]] static size_t chunks_to_write(std::span<const Chunk> chunks, int64_t token_offset);
@@ -95,12 +97,24 @@ class WritePipeline {
 };
 
 // The store phases' plan, shared by the single and batch store paths.
+// 40 bytes: the device copy is an index into the call's DeviceCopies, so a batch's writes (and
+// its arena) are no larger for the device-resident tier when the tier is off.
 struct WritePipeline::Write {
-  size_t chunk = 0;
+  static constexpr uint32_t kNoDevice = UINT32_MAX;
+  uint32_t chunk = 0;  // of plan.chunks (a list of 2^32 chunks cannot be held)
+  uint32_t device = kNoDevice;  // its device copy in the call's DeviceCopies, granted in phase 1
   EntryRef entry;
   const Entry* replaces = nullptr;  // an entry of the slot with another shape
   KeyRecord* record = nullptr;      // where phase 1 put it (valid while plan.epoch holds)
-  EntryRef device;  // its device copy (the device-resident tier), granted in phase 1; or null
+};
+
+// The device copies of one store call's writes (the device-resident tier's write-through),
+// Write::device indexes it; null where the copy was not granted. Empty without the tier.
+struct WritePipeline::DeviceCopies {
+  std::vector<EntryRef> copies;
+  [[nodiscard]] Entry* of(const Write& w) const {
+    return w.device == Write::kNoDevice ? nullptr : copies[w.device].get();
+  }
 };
 
 struct WritePipeline::StorePlan {
@@ -130,6 +144,7 @@ struct WritePipeline::PlanContext {
   RecordLookups* lookups = nullptr;  // of the plan's chunk list
   size_t slot_hint = 1;  // slot vector capacity for a new key (items sharing the list)
   GranuleStash* stash = nullptr;  // a batch's granules, one pool lock per refill
+  DeviceCopies* device_copies = nullptr;  // the call's device copies
 };
 
 }  // namespace hss::detail
