@@ -165,21 +165,6 @@ void WritePipeline::store_plans(std::span<StorePlan> plans, size_t new_keys,
   if (written != 0) store_.counters.chunks_written.fetch_add(written, std::memory_order_relaxed);
 }
 
-ElemType WritePipeline::storage_for(const TensorView& hidden) const {
-  switch (store_.config.hidden_state_storage_dtype) {
-    case StorageDType::kFloat32:
-      return ElemType::kFloat32;
-    case StorageDType::kNative:
-      return hidden.dtype != DType::kFloat32 ? detail::to_elem_type(hidden.dtype)
-                                             : ElemType::kFloat32;
-    case StorageDType::kFp8E4M3:
-      return ElemType::kFp8E4M3;
-    case StorageDType::kFp8E5M2:
-      return ElemType::kFp8E5M2;
-  }
-  return ElemType::kFloat32;  // a Config is validated before a store uses it
-}
-
 void WritePipeline::plan_writes(const IndexLock& lock, const TensorView& hidden,
                                 const StoreOptions& opt, ElemType storage, StorePlan& plan,
                                 PlanContext& context, uint64_t guard) {
@@ -268,14 +253,15 @@ void WritePipeline::reserve_and_apply(const IndexLock& lock, const TensorView& h
       // Step 2 of the write transaction. Every write's record is in the map (found or inserted
       // above) and guarded: evictions never take it, but any erase makes the lookups look again.
       const auto find_record = [&] { return store_.find_record(lock, chunk.key, &lookups, i); };
-      if (!store_.reserve(lock, find_record, w.entry, guard, w.replaces, context.stash))
-        break;  // stop here: the cached range stays contiguous
+      KeyRecord* const record =
+          store_.reserve(lock, find_record, w.entry, guard, w.replaces, context.stash);
+      if (record == nullptr) break;  // stop here: the cached range stays contiguous
       // No room on the device: the entry is stored without a device copy (not a failure).
       if (Entry* copy = context.device_copies->of(w);
           copy != nullptr && !store_.grant_device_blocks(lock, *copy, guard)) {
         context.device_copies->copies[w.device].reset();
       }
-      w.record = find_record();
+      w.record = record;  // grant_device_blocks erases no record
       ++next_write;
       ++granted;
       ++plan.cached;
@@ -481,12 +467,14 @@ void WritePipeline::plan_scaled_segments(const detail::Entry& entry, int64_t src
 
 void WritePipeline::commit_plan(const IndexLock& lock, StorePlan& plan,
                                 const DeviceCopies& device_copies) noexcept {
+  // Without any erase since phase 1 the records found there are still the keys' (publishing
+  // erases nothing, so this holds for the whole plan).
+  const bool records_hold = plan.epoch == store_.index(lock).erasures();
   for (Write& w : plan.writes) {
     store_.set_fence(*w.entry, plan.fence);
-    // An entry dropped meanwhile (drop_key, close, a coupled eviction) stays detached. Without
-    // any erase since phase 1 the record found there is still the key's.
+    // An entry dropped meanwhile (drop_key, close, a coupled eviction) stays detached.
     (void)store_.commit_entry(lock, plan.chunks[w.chunk].key, *w.entry,
-                              plan.epoch == store_.index(lock).erasures() ? w.record : nullptr);
+                              records_hold ? w.record : nullptr);
     // The device copy joins its entry once its kernel was enqueued (it then has a fence); a
     // published entry only (one dropped meanwhile takes no copy).
     if (w.device != Write::kNoDevice) {

@@ -187,7 +187,7 @@ bool StoreState::reserve_entry(const IndexLock& lock, const CacheEngineKey& key,
     }
     return record;
   };
-  if (reserve(lock, find_record, entry, guard, replaces)) return true;
+  if (reserve(lock, find_record, entry, guard, replaces) != nullptr) return true;
   close_record(lock, *find_record());
   return false;
 }
@@ -279,17 +279,6 @@ void StoreState::reclaim_device_resources() noexcept {
   }
   (void)deferred_.reclaim();
   if (device_deferred_) (void)device_deferred_->reclaim();
-}
-
-void StoreState::check_pointer(const void* data, Device device, int device_index,
-                                           const char* what) const {
-  if (device_path && data != nullptr) {
-    device_path->check_pointer(data, device == Device::kCuda, device_index, what);
-  }
-}
-
-void StoreState::check_stream(Device device, Stream stream) const {
-  if (device_path && device == Device::kCuda) device_path->check_stream(stream);
 }
 
 void StoreState::check_open(const IndexLock& lock) const {

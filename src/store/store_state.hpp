@@ -93,9 +93,15 @@ class StoreState {
   /// Chunks passed by a caller: contiguous from 0, non-empty. InvalidArgument otherwise.
   static void check_chunks(std::span<const Chunk> chunks);
   /// Pointer checks of the device path (device memory of device_index, or not device memory).
-  void check_pointer(const void* data, Device device, int device_index, const char* what) const;
+  void check_pointer(const void* data, Device device, int device_index, const char* what) const {
+    if (device_path && data != nullptr) {
+      device_path->check_pointer(data, device == Device::kCuda, device_index, what);
+    }
+  }
   /// hss::Error (nothing changed) when device work on `stream` would be captured into a graph.
-  void check_stream(Device device, Stream stream) const;
+  void check_stream(Device device, Stream stream) const {
+    if (device_path && device == Device::kCuda) device_path->check_stream(stream);
+  }
   /// How this store's host copies run (strategy, workers, split size).
   [[nodiscard]] HostCopyContext host_copy_context() const;
   /// Outside the index lock, before eviction decisions: refresh fence flags, release finished
@@ -134,16 +140,18 @@ class StoreState {
   /// its granules make room for its replacement; `entry` granted its granules (grant_blocks:
   /// LRU keys not guarded by `guard` evicted while the pool is short; from `stash` when given);
   /// then `entry` PENDING in the key's record, which `find_record()` answers (a record moves when
-  /// another key is erased: an eviction). False when the pool had no room: nothing of `entry`
-  /// taken, the replaced entry stays detached, and the record of step 1 may be empty
-  /// (close_record).
+  /// another key is erased: an eviction). Answers the record, or null when the pool had no
+  /// room: nothing of `entry` taken, the replaced entry stays detached, and the record of step 1
+  /// may be empty (close_record).
   template <typename FindRecord>
-  bool reserve(const IndexLock& lock, FindRecord&& find_record, const EntryRef& entry,
-               uint64_t guard, const Entry* replaces, GranuleStash* stash = nullptr) noexcept {
+  KeyRecord* reserve(const IndexLock& lock, FindRecord&& find_record, const EntryRef& entry,
+                     uint64_t guard, const Entry* replaces,
+                     GranuleStash* stash = nullptr) noexcept {
     if (replaces != nullptr) index_.detach_slot(*find_record(), replaces);
-    if (!grant_blocks(lock, *entry, guard, stash)) return false;
-    index_.add_pending(*find_record(), entry, guard);
-    return true;
+    if (!grant_blocks(lock, *entry, guard, stash)) return nullptr;
+    KeyRecord* const record = find_record();
+    index_.add_pending(*record, entry, guard);
+    return record;
   }
   /// Undo of step 1 for a key whose step 2 failed or never ran: its record goes when empty.
   void close_record(const IndexLock& lock, KeyRecord& record) noexcept {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/heap_resource.hpp"
+#include "format/dtype_codes.hpp"
 #include "hss/hidden_state_store.hpp"
 #include "store/store_state.hpp"
 
@@ -146,5 +147,21 @@ struct WritePipeline::PlanContext {
   GranuleStash* stash = nullptr;  // a batch's granules, one pool lock per refill
   DeviceCopies* device_copies = nullptr;  // the call's device copies
 };
+
+// Inline: every store item asks it (a call each cost a batch item more than the switch).
+inline kernels::ElemType WritePipeline::storage_for(const TensorView& hidden) const {
+  switch (store_.config.hidden_state_storage_dtype) {
+    case StorageDType::kFloat32:
+      return kernels::ElemType::kFloat32;
+    case StorageDType::kNative:
+      return hidden.dtype != DType::kFloat32 ? to_elem_type(hidden.dtype)
+                                             : kernels::ElemType::kFloat32;
+    case StorageDType::kFp8E4M3:
+      return kernels::ElemType::kFp8E4M3;
+    case StorageDType::kFp8E5M2:
+      return kernels::ElemType::kFp8E5M2;
+  }
+  return kernels::ElemType::kFloat32;  // a Config is validated before a store uses it
+}
 
 }  // namespace hss::detail
