@@ -13,11 +13,13 @@ class HeapResource final : public std::pmr::memory_resource {
     if (alignment <= __STDCPP_DEFAULT_NEW_ALIGNMENT__) return ::operator new(bytes);
     return ::operator new(bytes, std::align_val_t(alignment));
   }
+  // Unsized deletes: clang 14 declares the sized ones only with -fsized-deallocation.
   void do_deallocate(void* p, size_t bytes, size_t alignment) noexcept override {
+    (void)bytes;
     if (alignment <= __STDCPP_DEFAULT_NEW_ALIGNMENT__) {
-      ::operator delete(p, bytes);
+      ::operator delete(p);
     } else {
-      ::operator delete(p, bytes, std::align_val_t(alignment));
+      ::operator delete(p, std::align_val_t(alignment));
     }
   }
   [[nodiscard]] bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override {
